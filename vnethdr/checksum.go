@@ -1,0 +1,87 @@
+package vnethdr
+
+import (
+	"encoding/binary"
+	"math/bits"
+)
+
+// Sum adds b to the running ones'-complement sum acc as big-endian 16-bit words and returns
+// the unfolded 64-bit accumulator. An odd trailing byte is padded with zero, so Sum must only
+// be chained on even-length pieces except for the last one. Summing 64 bits at a time with
+// add-with-carry is what made wireguard-go's checksum 1.3–2x faster (research/gro.md §b).
+// The bulk is summed with little-endian loads and swapped once (below), which took
+// BenchmarkChecksum/1500 from ~7.6 to ~12 GB/s on the (2-vCPU) development VM.
+func Sum(b []byte, acc uint64) uint64 {
+	var carry uint64
+	if len(b) >= 64 {
+		// Bulk in little-endian loads (no byte swap per word on x86), folded and
+		// byte-swapped once: the ones'-complement sum of byte-swapped words is the
+		// byte-swapped sum (RFC 1071 §2(B)); the explicit LittleEndian keeps this right
+		// on any host. The carry stays in one adc chain across iterations and is added
+		// back once. The bulk is a multiple of 8 bytes, so word alignment is preserved.
+		var le uint64
+		for len(b) >= 64 {
+			le, carry = bits.Add64(le, binary.LittleEndian.Uint64(b[0:]), carry)
+			le, carry = bits.Add64(le, binary.LittleEndian.Uint64(b[8:]), carry)
+			le, carry = bits.Add64(le, binary.LittleEndian.Uint64(b[16:]), carry)
+			le, carry = bits.Add64(le, binary.LittleEndian.Uint64(b[24:]), carry)
+			le, carry = bits.Add64(le, binary.LittleEndian.Uint64(b[32:]), carry)
+			le, carry = bits.Add64(le, binary.LittleEndian.Uint64(b[40:]), carry)
+			le, carry = bits.Add64(le, binary.LittleEndian.Uint64(b[48:]), carry)
+			le, carry = bits.Add64(le, binary.LittleEndian.Uint64(b[56:]), carry)
+			b = b[64:]
+		}
+		le += carry // cannot overflow: after a carry-out le ≤ 2^64-2
+		acc, carry = bits.Add64(acc, uint64(bits.ReverseBytes16(Fold(le))), 0)
+		acc += carry
+	}
+	for len(b) >= 32 {
+		acc, carry = bits.Add64(acc, binary.BigEndian.Uint64(b[0:]), 0)
+		acc, carry = bits.Add64(acc, binary.BigEndian.Uint64(b[8:]), carry)
+		acc, carry = bits.Add64(acc, binary.BigEndian.Uint64(b[16:]), carry)
+		acc, carry = bits.Add64(acc, binary.BigEndian.Uint64(b[24:]), carry)
+		acc += carry
+		b = b[32:]
+	}
+	for len(b) >= 8 {
+		acc, carry = bits.Add64(acc, binary.BigEndian.Uint64(b), 0)
+		acc += carry
+		b = b[8:]
+	}
+	if len(b) >= 4 {
+		acc, carry = bits.Add64(acc, uint64(binary.BigEndian.Uint32(b)), 0)
+		acc += carry
+		b = b[4:]
+	}
+	if len(b) >= 2 {
+		acc, carry = bits.Add64(acc, uint64(binary.BigEndian.Uint16(b)), 0)
+		acc += carry
+		b = b[2:]
+	}
+	if len(b) == 1 {
+		acc, carry = bits.Add64(acc, uint64(b[0])<<8, 0)
+		acc += carry
+	}
+	return acc
+}
+
+// Fold reduces a Sum accumulator to 16 bits (not complemented).
+func Fold(acc uint64) uint16 {
+	acc = (acc >> 32) + (acc & 0xffffffff)
+	acc = (acc >> 32) + (acc & 0xffffffff)
+	acc = (acc >> 16) + (acc & 0xffff)
+	acc = (acc >> 16) + (acc & 0xffff)
+	return uint16(acc)
+}
+
+// Checksum returns the internet checksum (complemented) of b seeded with acc.
+func Checksum(b []byte, acc uint64) uint16 { return ^Fold(Sum(b, acc)) }
+
+// PseudoHeaderSum returns the unfolded sum of the TCP/UDP pseudo-header for IPv4 (4-byte
+// addresses) or IPv6 (16-byte addresses) with the given L4 protocol and L4 length.
+func PseudoHeaderSum(proto uint8, src, dst []byte, l4Len int) uint64 {
+	acc := Sum(src, 0)
+	acc = Sum(dst, acc)
+	acc, carry := bits.Add64(acc, uint64(proto)+uint64(uint32(l4Len)), 0)
+	return acc + carry
+}

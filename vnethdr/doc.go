@@ -1,0 +1,75 @@
+// Package vnethdr encodes and decodes the virtio_net_hdr that precedes every frame on a TAP
+// opened with IFF_VNET_HDR (and on netmap VALE ports), locates packet headers, computes
+// internet checksums, and does software GSO: it turns a 64 KiB TSO/USO super-frame from
+// the TAP into MTU-sized, fully checksummed frames for a peer that cannot take offloads
+// (QEMU's socket/stream/dgram backends carry no header at all, wire.md §3.1).
+//
+// # Header
+//
+// Two layouts are used (wire.md §2.1): the legacy 10-byte header (flags, gso_type,
+// hdr_len, gso_size, csum_start, csum_offset) and the 12-byte mrg_rxbuf / virtio 1.0
+// header that appends num_buffers. Longer headers (20-byte hash report) can be encoded:
+// the bytes after num_buffers are written as zero, and ignored on decode. Multi-byte
+// fields are always little-endian — virtio 1.0 says so, and the TAP's legacy "host order"
+// is little-endian on x86_64 (wire.md §1.5, §2.2) — and Hdr encodes them explicitly so the
+// code does not depend on the host's byte order. On a TAP read the bytes past offset 10
+// are undefined (wire.md §1.5); callers set num_buffers themselves.
+//
+// # Trust rules
+//
+// Everything in a header, from the kernel or from a peer, is input to be checked, never
+// an instruction to be followed blindly:
+//   - hdr_len is only a hint (the kernel reports skb_headlen, which can span the whole
+//     first segment, wire.md §1.7). It is never used: the header length is re-derived by
+//     ParseLayout from the IP and TCP/UDP headers.
+//   - csum_start/csum_offset are bounds-checked before use. For GSO frames csum_start
+//     must point exactly at the L4 header and csum_offset at its checksum field (16 TCP,
+//     6 UDP): that is what the kernel's tcp_gso_segment/__udp_gso_segment insist on
+//     (research/gro.md §c.1), and anything else means the header and frame disagree.
+//   - IP lengths, not the frame length, bound the packet; Ethernet padding after the IP
+//     packet is never treated as payload (research/gro.md §c.6).
+//   - A checksum produced by Split is computed over the bytes actually sent, never
+//     derived from the partial value in the input, so a corrupt partial sum cannot be
+//     "laundered" into a valid-looking segment.
+//
+// # Software GSO
+//
+// Split copies the re-derived headers (Ethernet, optional VLAN tag, IP with options or
+// extension headers, TCP/UDP) in front of each gso_size slice of payload and fixes them
+// up the way Linux tcp_gso_segment and wireguard-go's gsoSplit do (research/gro.md §d):
+// IPv4 ID incremented per segment (first ID + i), IPv4 total length and header checksum
+// or IPv6 payload length rewritten, TCP sequence advanced by i × gso_size, FIN and PSH
+// kept only on the last segment and CWR only on the first; for USO each segment gets its
+// own UDP length. Every L4 checksum is computed in full over pseudo-header and segment.
+// The caller owns all memory: it passes out buffers and a sizes slice; nothing is
+// allocated and nothing is written unless every segment fits. A full IPv4 TSO frame
+// (65535 - 20 - 20 = 65495 payload bytes) needs 46 buffers at an MSS of 1448 and 123 at
+// the classic minimum MSS of 536; USO frames are capped by the kernel at 64 or 128
+// segments (UDP_MAX_SEGMENTS, wire.md §1.6). Smaller MSS values (Linux allows down to
+// tcp_min_snd_mss = 48) need more buffers than a sane caller provides: such frames fail
+// with ErrTooManySegments and are dropped and counted.
+//
+// Segment is the TAP→port entry point: GSO frames are split, NEEDS_CSUM frames get their
+// checksum completed in place (CompleteChecksum, which follows the virtio rule — sum from
+// csum_start to the end, the field already holding the pseudo-header sum — and the
+// kernel's skb_checksum_help in never storing 0), other frames pass untouched.
+//
+// # What is not supported
+//
+//   - UFO (GSOUDP, IP fragmentation of a large UDP datagram): rejected with
+//     ErrUnsupportedGSO; no current kernel produces it (wire.md §1.4).
+//   - UDP-tunnel GSO and the 20/24-byte header extensions' semantics (hash report,
+//     tunnel offsets): not interpreted.
+//   - IPv4 options are carried as-is into every segment (Linux TSO does the same); they
+//     are not filtered by the "copied" bit the way IP fragmentation would.
+//   - IPv6 GSO frames with a Routing header that still has segments left are rejected:
+//     their pseudo-header uses a destination address not in the IPv6 header.
+//   - GSO on IP fragments, on frames with two VLAN tags (QinQ), and with gso_size 0 is
+//     rejected; BIG TCP (IPv4 total length 0 / IPv6 jumbograms) is not parsed.
+//   - RSC_INFO headers: csum_start/csum_offset then carry counters, so NEEDS_CSUM
+//     together with RSC_INFO is rejected.
+//
+// The package never logs and keeps no state; every error wraps one of the sentinels
+// (ErrMalformed, ErrNotIP, ErrBadHeader, ErrUnsupportedGSO, ErrTooManySegments,
+// ErrShortBuffer, ErrShortHeader) whose doc says how a caller reacts: drop and count.
+package vnethdr
