@@ -1,0 +1,81 @@
+package tapdev
+
+import (
+	"strings"
+	"testing"
+
+	"tapgro/vnethdr"
+)
+
+// Tests that need neither root nor Linux.
+
+func TestNormalizeOffloads(t *testing.T) {
+	const (
+		csum = vnethdr.OffloadCSUM
+		tso4 = vnethdr.OffloadTSO4
+		tso6 = vnethdr.OffloadTSO6
+		ecn  = vnethdr.OffloadTSOECN
+		ufo  = vnethdr.OffloadUFO
+		uso4 = vnethdr.OffloadUSO4
+		uso6 = vnethdr.OffloadUSO6
+	)
+	tests := []struct {
+		name     string
+		in, want vnethdr.Offloads
+	}{
+		{"none", 0, 0},
+		{"csum only", csum, csum},
+		{"tso without csum", tso4 | tso6, 0},
+		{"everything without csum", tso4 | tso6 | ecn | ufo | uso4 | uso6, 0},
+		{"tso4", csum | tso4, csum | tso4},
+		{"ecn without tso", csum | ecn, csum},
+		{"ecn with tso6", csum | tso6 | ecn, csum | tso6 | ecn},
+		{"uso4 alone", csum | uso4, csum},
+		{"uso6 alone", csum | uso6, csum},
+		{"uso pair", csum | uso4 | uso6, csum | vnethdr.OffloadUSO},
+		{"ufo", csum | ufo, csum | ufo},
+		{"unknown bits dropped", csum | 0x80 | 0x100, csum},
+		{"all", 0x7f, 0x7f},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := normalizeOffloads(tt.in); got != tt.want {
+				t.Errorf("normalizeOffloads(%s) = %s, want %s", tt.in, got, tt.want)
+			}
+		})
+	}
+}
+
+func TestDescribeMismatch(t *testing.T) {
+	tests := []struct {
+		name                  string
+		wantMQ, tap, vnet, mq bool
+		wantSubstr            string // "" = no error
+	}{
+		{"good single", false, true, true, false, ""},
+		{"good mq", true, true, true, true, ""},
+		{"no vnet_hdr", false, true, false, false,
+			`tap "tap0" exists without vnet_hdr; recreate it with: ip tuntap del dev tap0 mode tap && ip tuntap add dev tap0 mode tap vnet_hdr`},
+		{"no vnet_hdr mq", true, true, false, true,
+			"ip tuntap add dev tap0 mode tap vnet_hdr multi_queue"},
+		{"mq exists, single asked", false, true, true, true,
+			`tap "tap0" exists with multi_queue but a single queue was asked for`},
+		{"single exists, mq asked", true, true, true, false,
+			`tap "tap0" exists without multi_queue but multiqueue was asked for`},
+		{"tun", false, false, true, false,
+			"ip tuntap del dev tap0 mode tun && ip tuntap add dev tap0 mode tap vnet_hdr"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err := describeMismatch("tap0", tt.wantMQ, tt.tap, tt.vnet, tt.mq)
+			switch {
+			case tt.wantSubstr == "" && err != nil:
+				t.Fatalf("unexpected error: %v", err)
+			case tt.wantSubstr != "" && err == nil:
+				t.Fatalf("no error, want one containing %q", tt.wantSubstr)
+			case err != nil && !strings.Contains(err.Error(), tt.wantSubstr):
+				t.Fatalf("error %q does not contain %q", err, tt.wantSubstr)
+			}
+		})
+	}
+}
