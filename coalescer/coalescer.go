@@ -1,0 +1,348 @@
+package coalescer
+
+import (
+	"bytes"
+	"fmt"
+	"hash/maphash"
+
+	"tapgro/vnethdr"
+)
+
+// Defaults and limits.
+const (
+	DefaultMaxFlows    = 64
+	DefaultMaxSegments = 64
+
+	// maxIPLen bounds an aggregate's IP length (IPv4 total length / IPv6 40 + payload
+	// length; Linux gro_max_size default, research/gro.md §a "Max size").
+	maxIPLen = 65535
+	// maxL2 is the largest L2 header we coalesce: Ethernet + one 802.1Q tag.
+	maxL2 = vlanHdrLen
+	// udpMaxSegments is UDP_MAX_SEGMENTS on kernels before 2024 (wire.md §1.6); a
+	// larger USO frame is rejected with EINVAL by those kernels.
+	udpMaxSegments = 64
+)
+
+// Config selects what the engine coalesces. The zero value of MaxFlows/MaxSegments
+// means the default; VnetHdrLen must be 10 or 12.
+type Config struct {
+	MaxFlows    int  // flow table size (bounded, preallocated); default 64
+	MaxSegments int  // segments per aggregate; default 64 (UDP is capped at 64 regardless)
+	VnetHdrLen  int  // 10 or 12: bytes of virtio_net_hdr written before each output packet
+	DisableTCP  bool // --gro off for TCP
+	UDP         bool // coalesce UDP into GSO_UDP_L4 (only when the TAP accepted USO4|USO6)
+	ECN         bool // output accepts GSO_ECN (TUN_F_TSO_ECN): a CWR segment may start an aggregate
+
+	// Trace, if non-nil, is called once per decision (merge, start, bypass, flush)
+	// with the length of the frame or packet concerned. It runs on the packet path:
+	// keep it cheap (main rate-limits its log lines).
+	Trace func(r Reason, frameLen int)
+}
+
+// Coalescer is the userspace GRO engine. It is not safe for concurrent use: one
+// goroutine (the port → TAP pipeline) owns it; Stats may be read from anywhere.
+type Coalescer struct {
+	cfg      Config
+	emit     func(pkt []byte)
+	seed     maphash.Seed
+	maxSegs  int
+	off      bool // neither TCP nor UDP coalescing: skip parsing entirely
+	aggs     []agg
+	buckets  []int32 // hash bucket → first agg index, -1 if empty
+	mask     uint64
+	free     []int32 // stack of unused agg indices
+	oldest   int32   // start-order list of held aggregates, -1 if none
+	youngest int32
+	held     int
+	p        pkt // scratch for the frame being added
+	stats    Stats
+}
+
+// agg is one open aggregate: a copy of the head frame, with the payloads of the merged
+// segments appended after the head's IP packet, and what the merge rules compare.
+type agg struct {
+	buf        []byte // [VnetHdrLen headroom][frame], cap VnetHdrLen+18+65535
+	key        flowKey
+	hash       uint64
+	hnext      int32 // next agg in the same hash bucket
+	prev, next int32 // start-order list
+	start      int64
+
+	v6, udp bool
+	l2      int // offsets within the frame, as in pkt
+	l4Off   int
+	payOff  int
+	end     int // L2 + current IP length: where the next payload goes
+	headLen int // the head frame's length as received (padding included)
+	segs    int
+	gsoSize int
+	pseudo  uint64 // folded pseudo-header sum without the length
+
+	ipSig  uint32
+	lastID uint16
+	idMode uint8
+
+	flags   uint8 // head's TCP flags without PSH/FIN/CWR
+	cwr     bool
+	ack     uint32
+	nextSeq uint32
+	win     uint16
+	partial bool // head arrived with NEEDS_CSUM; a lone head keeps that header
+	headHdr vnethdr.Hdr
+	capSegs int
+}
+
+// IPv4 ID modes of an aggregate (Linux inet_gro_flush; README "Clarifications").
+const (
+	idUnknown = iota // one segment so far
+	idIncr           // ID grows by exactly 1 per segment
+	idFixed          // ID constant, DF set
+)
+
+// New returns a Coalescer that hands every output packet to emit. All memory is
+// allocated here: MaxFlows aggregate buffers of 65535+VnetHdrLen+18 bytes each (4.2 MB
+// at the defaults). emit's argument is [virtio_net_hdr][Ethernet frame] and is valid only
+// during the call; emit must not call back into the Coalescer.
+// New panics if cfg.VnetHdrLen is neither 10 nor 12 (a programming error).
+func New(cfg Config, emit func(pkt []byte)) *Coalescer {
+	c := &Coalescer{emit: emit, seed: maphash.MakeSeed()}
+	c.configure(cfg)
+	return c
+}
+
+// Stats returns the counters.
+func (c *Coalescer) Stats() *Stats { return &c.stats }
+
+// Held returns the number of aggregates currently held.
+func (c *Coalescer) Held() int { return c.held }
+
+// Oldest returns the start time of the oldest held aggregate, for the I/O loop's poll
+// deadline in timer mode.
+func (c *Coalescer) Oldest() (t int64, ok bool) {
+	if c.oldest < 0 {
+		return 0, false
+	}
+	return c.aggs[c.oldest].start, true
+}
+
+// SetConfig applies new settings between batches. Everything held is flushed first
+// (counted as batch_end); buffers are reallocated only if MaxFlows or VnetHdrLen grew.
+func (c *Coalescer) SetConfig(cfg Config) {
+	c.Flush()
+	c.configure(cfg)
+}
+
+func (c *Coalescer) configure(cfg Config) {
+	if cfg.VnetHdrLen != vnethdr.Len && cfg.VnetHdrLen != vnethdr.LenMrgRxbuf {
+		panic(fmt.Sprintf("coalescer: VnetHdrLen %d, want %d or %d", cfg.VnetHdrLen, vnethdr.Len, vnethdr.LenMrgRxbuf))
+	}
+	if cfg.MaxFlows <= 0 {
+		cfg.MaxFlows = DefaultMaxFlows
+	}
+	if cfg.MaxSegments <= 0 {
+		cfg.MaxSegments = DefaultMaxSegments
+	}
+	c.cfg = cfg
+	c.maxSegs = cfg.MaxSegments
+	c.off = cfg.DisableTCP && !cfg.UDP
+
+	bufLen := cfg.VnetHdrLen + maxL2 + maxIPLen
+	if len(c.aggs) < cfg.MaxFlows || (len(c.aggs) > 0 && len(c.aggs[0].buf) < bufLen) {
+		c.aggs = make([]agg, cfg.MaxFlows)
+		for i := range c.aggs {
+			c.aggs[i].buf = make([]byte, bufLen)
+		}
+	}
+	nb := 1
+	for nb < 2*cfg.MaxFlows {
+		nb <<= 1
+	}
+	if cap(c.buckets) < nb {
+		c.buckets = make([]int32, nb)
+	}
+	c.buckets = c.buckets[:nb]
+	for i := range c.buckets {
+		c.buckets[i] = -1
+	}
+	c.mask = uint64(nb - 1)
+	if cap(c.free) < cfg.MaxFlows {
+		c.free = make([]int32, 0, cfg.MaxFlows)
+	}
+	c.free = c.free[:0]
+	for i := cfg.MaxFlows - 1; i >= 0; i-- {
+		c.free = append(c.free, int32(i))
+	}
+	c.oldest, c.youngest, c.held = -1, -1, 0
+}
+
+// note counts a decision and reports it to the trace hook.
+func (c *Coalescer) note(r Reason, n int) {
+	c.stats.Reason(r).Add(1)
+	if c.cfg.Trace != nil {
+		c.cfg.Trace(r, n)
+	}
+}
+
+// out hands one packet to emit.
+func (c *Coalescer) out(b []byte, segs int) {
+	c.stats.Packets.Add(1)
+	c.stats.SegsPerPacket[histBucket(segs)].Add(1)
+	c.emit(b)
+}
+
+// Add offers one frame. buf[:VnetHdrLen] is free headroom, buf[VnetHdrLen:] the Ethernet
+// frame. in is the header the frame arrived with (nil or zero for ports without one):
+// NEEDS_CSUM or DATA_VALID means its L4 checksum is trusted; a GSO frame is never merged
+// (its flow is flushed, then it passes through with its header). now (monotonic ns) is
+// used only by FlushExpired. A frame that is not merged is emitted without copying, with
+// a freshly written header in the headroom; an aggregate held for its flow is always
+// emitted first, so no frame overtakes held data of its own flow.
+func (c *Coalescer) Add(buf []byte, in *vnethdr.Hdr, now int64) {
+	c.stats.Segments.Add(1)
+	vl := c.cfg.VnetHdrLen
+	if len(buf) < vl {
+		// No room for a header, so no frame either: there is nothing to deliver.
+		c.note(ReasonMalformed, len(buf))
+		return
+	}
+	frame := buf[vl:]
+	p := &c.p
+	var r Reason
+	switch {
+	case in != nil && in.IsGSO():
+		c.parse(frame, p) // for the flow key only
+		r = ReasonGSOInput
+	case c.off:
+		p.keyed = false
+		r = ReasonDisabled
+	default:
+		r = c.parse(frame, p)
+	}
+	if r != ReasonStarted {
+		c.bypass(buf, in, r)
+		return
+	}
+
+	if i := c.lookup(p); i >= 0 {
+		a := &c.aggs[i]
+		if r = c.mergeCheck(a, p, frame); r == ReasonMerged {
+			c.merge(i, buf, in)
+			return
+		}
+		c.emitAgg(i)
+		c.note(r, len(frame))
+	}
+	c.startAgg(buf, in, now)
+}
+
+// bypass passes an ineligible frame through, after flushing its flow.
+func (c *Coalescer) bypass(buf []byte, in *vnethdr.Hdr, r Reason) {
+	p := &c.p
+	if p.keyed {
+		if i := c.lookup(p); i >= 0 {
+			a := &c.aggs[i]
+			if r == ReasonPureAck && !a.udp && p.ack == a.ack && p.win == a.win {
+				r = ReasonDupAck
+			}
+			c.emitAgg(i)
+		}
+	}
+	c.note(r, len(buf)-c.cfg.VnetHdrLen)
+	c.pass(buf, in)
+}
+
+// pass emits buf unchanged behind a fresh header: the arrival header for GSO and
+// NEEDS_CSUM frames (the kernel must still complete them), zero otherwise (research/gro.md
+// §c.3: never a stale header).
+func (c *Coalescer) pass(buf []byte, in *vnethdr.Hdr) {
+	vl := c.cfg.VnetHdrLen
+	if len(buf) < vl {
+		return
+	}
+	if in != nil && (in.IsGSO() || in.Flags&vnethdr.FlagNeedsCsum != 0) {
+		h := *in
+		h.NumBuffers = 0
+		_ = h.Encode(buf, vl)
+	} else {
+		vnethdr.Zero(buf, vl)
+	}
+	c.out(buf, 1)
+}
+
+// trusted reports whether the arrival header vouches for the L4 checksum.
+func trusted(in *vnethdr.Hdr) bool {
+	return in != nil && in.Flags&(vnethdr.FlagNeedsCsum|vnethdr.FlagDataValid) != 0
+}
+
+// lookup returns the index of p's flow's aggregate, or -1.
+func (c *Coalescer) lookup(p *pkt) int32 {
+	if c.held == 0 || !p.keyed {
+		return -1
+	}
+	h := c.hashOf(p)
+	for i := c.buckets[h&c.mask]; i >= 0; i = c.aggs[i].hnext {
+		if a := &c.aggs[i]; a.hash == h && a.key == p.key {
+			return i
+		}
+	}
+	return -1
+}
+
+// mergeCheck returns ReasonMerged if p may join a, or why a must be flushed first. It
+// changes nothing except p.idMode. The order follows Linux tcp_gro_receive.
+func (c *Coalescer) mergeCheck(a *agg, p *pkt, frame []byte) Reason {
+	p.idMode = idUnknown
+	if p.flags&tcpCWR != 0 && !p.udp {
+		return ReasonCWR // CWR never joins an aggregate (it may start one)
+	}
+	if p.ipSig != a.ipSig {
+		return ReasonTosTTLChanged
+	}
+	if !p.v6 {
+		switch a.idMode {
+		case idUnknown:
+			switch {
+			case p.id == a.lastID+1:
+				p.idMode = idIncr
+			case p.id == a.lastID && p.df:
+				// RFC 6864: the ID of an atomic datagram carries no meaning.
+				p.idMode = idFixed
+			default:
+				return ReasonIPIDChanged
+			}
+		case idIncr:
+			if p.id != a.lastID+1 {
+				return ReasonIPIDChanged
+			}
+			p.idMode = idIncr
+		case idFixed:
+			if p.id != a.lastID {
+				return ReasonIPIDChanged
+			}
+			p.idMode = idFixed
+		}
+	}
+	if !p.udp {
+		if p.flags&^(tcpPSH|tcpFIN|tcpCWR) != a.flags {
+			return ReasonFlagsChanged
+		}
+		if p.ack != a.ack {
+			return ReasonAckChanged
+		}
+		vl := c.cfg.VnetHdrLen
+		if p.payOff-p.l4Off != a.payOff-a.l4Off ||
+			!bytes.Equal(frame[p.l4Off+tcpHdrLen:p.payOff], a.buf[vl+a.l4Off+tcpHdrLen:vl+a.payOff]) {
+			return ReasonOptionsChanged
+		}
+		if p.seq != a.nextSeq {
+			return ReasonOutOfOrder
+		}
+	}
+	if p.payload > a.gsoSize {
+		return ReasonLargerSegment
+	}
+	if a.end-a.l2+p.payload > maxIPLen {
+		return ReasonOverSize
+	}
+	return ReasonMerged
+}

@@ -1,0 +1,145 @@
+package coalescer
+
+import (
+	"encoding/binary"
+	"testing"
+
+	"tapgro/vnethdr"
+)
+
+// Fuzz input: one config byte, then records [ctl][len16 LE][frame]. ctl bit 0: Flush
+// after the frame; bits 1-2: arrival header none / DATA_VALID / NEEDS_CSUM / GSO TCPv4;
+// bit 3: FlushExpired after the frame.
+
+func fuzzRecord(ctl byte, frame []byte) []byte {
+	return append([]byte{ctl, byte(len(frame)), byte(len(frame) >> 8)}, frame...)
+}
+
+func fuzzSeeds() [][]byte {
+	var seeds [][]byte
+	f := newFlow("tcp4")
+	s := []byte{0x00}
+	for range 4 {
+		s = append(s, fuzzRecord(0, f.seg(300))...)
+	}
+	s = append(s, fuzzRecord(1, f.seg(0))...)
+	seeds = append(seeds, s)
+
+	g, u := newFlow("tcp6", withVLAN(3)), newFlow("udp6")
+	s = []byte{0x03}
+	for range 3 {
+		s = append(s, fuzzRecord(0, g.seg(200))...)
+		s = append(s, fuzzRecord(2, u.seg(100))...)
+	}
+	s = append(s, fuzzRecord(0, g.seg(200, orFlags(tcpPSH)))...)
+	seeds = append(seeds, s)
+
+	f = newFlow("tcp4")
+	s = []byte{0x10}
+	s = append(s, fuzzRecord(4, f.seg(100, partialL4))...)
+	s = append(s, fuzzRecord(4, f.seg(100, partialL4))...)
+	s = append(s, fuzzRecord(6, f.seg(300))...)
+	s = append(s, fuzzRecord(8, f.seg(100, withIPOpt))...)
+	s = append(s, fuzzRecord(1, f.seg(100, withPad(10)))...)
+	seeds = append(seeds, s)
+	return seeds
+}
+
+// fuzzPayload is the L4 payload a frame carries, by vnethdr's independent parser.
+func fuzzPayload(frame []byte) int {
+	l, err := vnethdr.ParseLayout(frame)
+	if err != nil || (!l.IsTCP() && !l.IsUDP()) {
+		return 0
+	}
+	return l.PayloadLen()
+}
+
+func FuzzCoalesce(f *testing.F) {
+	for _, s := range fuzzSeeds() {
+		f.Add(s)
+	}
+	f.Fuzz(runFuzzBody)
+}
+
+func runFuzzBody(t *testing.T, data []byte) {
+	{
+		if len(data) < 1 {
+			return
+		}
+		cb := data[0]
+		cfg := Config{
+			MaxFlows:    1 + int(cb&3),
+			MaxSegments: []int{2, 3, 64, 100}[cb>>2&3],
+			VnetHdrLen:  vnethdr.Len + 2*int(cb>>4&1),
+			UDP:         cb&0x20 == 0,
+			ECN:         cb&0x40 != 0,
+			DisableTCP:  cb&0x80 != 0,
+		}
+		vl := cfg.VnetHdrLen
+		var outPayload, packets int
+		c := New(cfg, func(pkt []byte) {
+			packets++
+			if len(pkt) > vl+maxL2+maxIPLen {
+				t.Fatalf("emitted %d bytes", len(pkt))
+			}
+			var h vnethdr.Hdr
+			if err := h.Decode(pkt, vl); err != nil {
+				t.Fatal(err)
+			}
+			frame := pkt[vl:]
+			outPayload += fuzzPayload(frame)
+			if h.IsGSO() && h.HdrLen != 0xffff { // our own GSO output (inputs use 0xffff)
+				out := make([][]byte, 128)
+				for i := range out {
+					out[i] = make([]byte, int(h.HdrLen)+int(h.GSOSize))
+				}
+				if _, err := vnethdr.Split(frame, &h, out, make([]int, len(out))); err != nil {
+					t.Fatalf("emitted GSO packet rejected by Split: %v (%s)", err, h)
+				}
+			}
+		})
+		var inPayload, frames int
+		rest := data[1:]
+		now := int64(0)
+		for len(rest) >= 3 {
+			ctl, n := rest[0], int(binary.LittleEndian.Uint16(rest[1:]))
+			rest = rest[3:]
+			n = min(n, len(rest))
+			frame := rest[:n]
+			rest = rest[n:]
+			buf := make([]byte, vl+len(frame))
+			copy(buf[vl:], frame)
+			inPayload += fuzzPayload(frame)
+			frames++
+			var in *vnethdr.Hdr
+			switch ctl >> 1 & 3 {
+			case 1:
+				in = &vnethdr.Hdr{Flags: vnethdr.FlagDataValid}
+			case 2:
+				in = &vnethdr.Hdr{Flags: vnethdr.FlagNeedsCsum, CsumStart: 34, CsumOffset: 16}
+			case 3:
+				in = &vnethdr.Hdr{Flags: vnethdr.FlagNeedsCsum, GSOType: vnethdr.GSOTCPv4, GSOSize: 100, HdrLen: 0xffff}
+			}
+			now += 10
+			c.Add(buf, in, now)
+			if ctl&1 != 0 {
+				c.Flush()
+			}
+			if ctl&8 != 0 {
+				c.FlushExpired(now, 15)
+			}
+		}
+		c.Flush()
+		if c.Held() != 0 {
+			t.Fatalf("Held() = %d after Flush", c.Held())
+		}
+		if inPayload != outPayload {
+			t.Fatalf("payload bytes: %d in, %d out", inPayload, outPayload)
+		}
+		st := c.Stats()
+		if st.Segments.Load() != uint64(frames) || st.Packets.Load() != uint64(packets) {
+			t.Fatalf("counters: %d segments, %d packets; saw %d frames, %d packets",
+				st.Segments.Load(), st.Packets.Load(), frames, packets)
+		}
+	}
+}
