@@ -1,0 +1,94 @@
+// Package netmapio connects tapgro to QEMU's socket-family network backends (-netdev
+// stream, socket and dgram) and, later, to netmap ports. Everything on the far side of a
+// Port is untrusted input.
+//
+// # Ports
+//
+// A Port is one live link to a peer. It moves Ethernet frames in batches: ReadBatch
+// fills caller-owned buffers with every frame that is ready, blocking only when none is;
+// WriteBatch hands many frames to the kernel per system call. One goroutine reads and
+// another writes, each owning its half of the port's state, so the data path takes no
+// locks and allocates nothing in steady state (each port preallocates its receive buffer,
+// iovecs, length prefixes and mmsghdrs). The packet path never logs: drops and errors go
+// to the atomic counters in Stats.
+//
+// QEMU's socket-family backends carry no virtio_net_hdr (wire.md §3.1, §3.5): for every
+// Port here VnetHdrLen() == 0 and Accepts() == 0, so frames written to them must be plain,
+// fully checksummed and no larger than the MTU, and the pipelines do GSO splitting and
+// checksum completion before WriteBatch. (Spec.VnetHdr is parsed for a future
+// tapgro-to-tapgro stream mode and is not implemented by StreamPort.)
+//
+// # Framing
+//
+// Stream links (TCP or UNIX; -netdev stream and socket listen=/connect=) carry records
+// of a 4-byte big-endian length followed by that many bytes of Ethernet frame; the length
+// excludes the prefix (wire.md §3.1).
+//
+//	+--------+--------+--------+--------+-------------------------------+
+//	|          length (uint32 BE)       |  Ethernet frame (length bytes) | ...
+//	+--------+--------+--------+--------+-------------------------------+
+//
+// StreamPort reads with one read(2) into a 256 KiB buffer per connection (allocated once),
+// then walks the prefixes with a Deframer: every complete frame is copied out, and a
+// trailing partial frame is moved to the front of the buffer and completed by later
+// reads. It writes up to 512 frames per writev(2) (IOV_MAX is 1024 iovecs: a prefix and
+// a frame each), resuming mid-iovec after short writes, so the peer always sees one
+// contiguous byte stream. When the socket is full, the Go netpoller waits for
+// writability; nothing spins.
+//
+// Datagram links (UDP, or AF_UNIX datagrams; -netdev dgram and socket udp=) carry one
+// frame per datagram with no prefix. DgramPort moves up to 512 datagrams per
+// recvmmsg(2)/sendmmsg(2), sends to the one configured remote address and accepts
+// datagrams from any source, as QEMU does (wire.md §3.2).
+//
+// # Limits
+//
+// A frame is 14 bytes (MinFrame, an Ethernet header) to 69632 bytes (MaxFrame, QEMU's
+// NET_BUFSIZE = 4096 + 65536). On a stream, a length prefix outside that range means the
+// peer is broken or hostile and the stream has lost sync: ReadBatch returns a *FrameError
+// with the length and the limit, counts it in Stats.BadLength, and the caller must Close
+// the Port (QEMU itself drops the connection on an oversized record; passt resets it on a
+// short one). A length of 0 is not rejected by QEMU but we never send one. A stream that
+// ends in the middle of a frame is reported as such (io.ErrUnexpectedEOF). On a datagram
+// link a bad-sized datagram is only dropped and counted (ShortDatagram,
+// OversizeDatagram); oversize ones are detected with MSG_TRUNC. WriteBatch refuses to send
+// a frame outside the range on any port, returning a *FrameError for it.
+//
+// # Roles and reconnecting
+//
+// A Spec (ParseSpec) mirrors QEMU's -netdev syntax from tapgro's side; Spec.QEMUOption
+// prints the matching option for QEMU. An Endpoint (Open) turns a Spec into a sequence of
+// Ports, one live at a time:
+//
+//   - Server (stream server=on, socket listen=): listens and serves one client at a time,
+//     as QEMU's own listeners do. An accept goroutine takes every further connection and
+//     closes it at once, reporting OnReject with the peer's SO_PEERCRED pid/uid (UNIX) or
+//     address (TCP), so a second client gets a clean refusal rather than a hang. When the
+//     live Port is closed, Next hands out the next client. A UNIX socket path is created
+//     with mode 0600 (chmod between bind and listen); an existing path is removed only if
+//     it is a socket that nobody answers on (a leftover of a killed tapgro), a live one
+//     is reported with ErrAddrInUse, and a path that is not a socket is never touched.
+//     Close removes the path only if it is still the inode we created.
+//   - Client (stream server=off, socket connect=): Next dials, retrying with exponential
+//     backoff from 100 ms to 5 s (each failure reported with OnRetry) until it connects
+//     or ctx ends; after a Port dies, the next Next dials again.
+//   - Datagram (socket udp=, dgram): Open binds; Next returns that socket at once, and
+//     after it is closed binds a fresh one at the same address.
+//
+// Why the client side retries and which side to pick: QEMU 7.2 (Debian 12) has no
+// reconnect= for a stream client, so a QEMU client that loses tapgro stays down until QEMU
+// restarts (wire.md §3.3; reconnect= arrived in 8.0, reconnect-ms= in 9.2). A QEMU
+// server, on the other hand, re-arms its listener after a disconnect. So with QEMU 7.2 the
+// arrangement that survives a restart of either process is QEMU server=on and tapgro
+// server=off: tapgro keeps dialling until QEMU listens again. With tapgro as the server,
+// a tapgro restart needs QEMU >= 8.0 with reconnect=. Legacy socket behaves the same way
+// (connect= never reconnects, listen= re-accepts). Datagram links have no connection to
+// lose. While the link is down QEMU silently discards guest transmits.
+//
+// # What this package does not do
+//
+// It does not log, apply policy on remote listening addresses (a non-loopback host is
+// used exactly as given; --allow-remote is the caller's), implement multicast,
+// fd= inherited sockets or vnet headers on streams, or speak netmap yet. It never
+// segments or checksums frames; the pipelines do that before WriteBatch.
+package netmapio

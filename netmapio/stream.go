@@ -1,0 +1,269 @@
+package netmapio
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"syscall"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+
+	"tapgro/vnethdr"
+)
+
+const (
+	// streamBufSize is the receive buffer of one stream connection: room for several
+	// 64 KiB frames per read syscall, allocated once per connection.
+	streamBufSize = 256 << 10
+
+	// maxIov is IOV_MAX (UIO_MAXIOV) on Linux: writev refuses more iovecs with EINVAL.
+	maxIov = 1024
+
+	// maxStreamBatch is how many frames one writev carries: a prefix and a frame each.
+	maxStreamBatch = maxIov / 2
+)
+
+var errNotSocket = errors.New("netmapio: connection has no socket file descriptor")
+
+// StreamPort is a Port over a connected stream socket (*net.UnixConn or *net.TCPConn)
+// speaking QEMU's stream framing: a 4-byte big-endian length, then the Ethernet frame
+// (wire.md §3.1). It carries no vnet header.
+//
+// Reads fill a 256 KiB buffer with one read syscall and return every complete frame in it;
+// writes send up to 512 length-prefixed frames per writev. Neither allocates in steady
+// state. One goroutine may call ReadBatch while another calls WriteBatch.
+type StreamPort struct {
+	portBase
+	conn net.Conn
+	rc   syscall.RawConn
+
+	// Reader state, owned by the ReadBatch goroutine.
+	df      *Deframer
+	badSeen bool
+
+	// Writer state, owned by the WriteBatch goroutine. writev is called from inside
+	// rc.Write with the bound method value writeFn, so that the netpoller, not a busy
+	// loop, waits when the socket buffer is full, and no closure is allocated per batch.
+	prefix     [maxStreamBatch][PrefixLen]byte
+	iov        [maxIov]unix.Iovec
+	wIdx, wEnd int   // iov[wIdx:wEnd] is still to be written
+	wErr       error // errno that ended the current writev loop
+	writeFn    func(fd uintptr) bool
+}
+
+var _ Port = (*StreamPort)(nil)
+
+// NewStreamPort wraps a connected stream socket. It sets TCP_NODELAY on TCP (as QEMU does,
+// wire.md §3.1) and asks for 4 MiB socket buffers. st may be nil for private counters.
+// The Port owns c from now on: Close closes it.
+func NewStreamPort(c net.Conn, st *Stats) (*StreamPort, error) {
+	switch c.(type) {
+	case *net.UnixConn, *net.TCPConn:
+	default:
+		return nil, fmt.Errorf("netmapio: stream port needs a *net.UnixConn or *net.TCPConn, got %T", c)
+	}
+	rc, err := rawConn(c)
+	if err != nil {
+		return nil, err
+	}
+	if tc, ok := c.(*net.TCPConn); ok {
+		_ = tc.SetNoDelay(true) // Go's default already; stated because frames must not wait
+	}
+	setBuffers(c)
+	s := &StreamPort{
+		portBase: newPortBase(c, peerString(c), st),
+		conn:     c,
+		rc:       rc,
+		df:       NewDeframer(streamBufSize, MinFrame, MaxFrame),
+	}
+	s.writeFn = s.writev
+	return s, nil
+}
+
+// VnetHdrLen is 0: QEMU's stream backend never carries a virtio_net_hdr (wire.md §3.5).
+func (s *StreamPort) VnetHdrLen() int { return 0 }
+
+// Accepts is empty: frames must be plain, fully checksummed and no larger than the MTU.
+func (s *StreamPort) Accepts() vnethdr.Offloads { return 0 }
+
+// ReadBatch returns every complete frame already buffered (up to len(bufs)), reading from
+// the socket, and blocking in the netpoller, only when none is complete.
+//
+// A bad length prefix returns a *FrameError and a clean EOF returns an error wrapping
+// ErrClosed and io.EOF; an EOF inside a frame wraps ErrClosed and io.ErrUnexpectedEOF.
+// Frames complete before such a condition are returned first, with a nil error. After an
+// error the caller must Close the port: the stream has lost sync or ended.
+func (s *StreamPort) ReadBatch(bufs [][]byte, sizes []int) (int, error) {
+	want := min(len(bufs), len(sizes))
+	if want == 0 {
+		return 0, nil
+	}
+	for {
+		n, bytes := 0, 0
+		var ferr error
+		for n < want {
+			f, err := s.df.Peek()
+			if err != nil {
+				ferr = err
+				break
+			}
+			if f == nil {
+				break
+			}
+			if len(bufs[n]) < len(f) {
+				ferr = fmt.Errorf("netmapio: read buffer %d holds %d bytes, frame is %d: %w",
+					n, len(bufs[n]), len(f), io.ErrShortBuffer)
+				break
+			}
+			sizes[n] = copy(bufs[n], f)
+			bytes += len(f)
+			s.df.Discard()
+			n++
+		}
+		if n > 0 {
+			s.stats.FramesIn.Add(uint64(n))
+			s.stats.BytesIn.Add(uint64(bytes))
+			return n, nil // any error is sticky and comes back on the next call
+		}
+		if ferr != nil {
+			var fe *FrameError
+			if errors.As(ferr, &fe) && !s.badSeen {
+				s.badSeen = true
+				s.stats.BadLength.Add(1)
+			}
+			return 0, s.fail(ferr)
+		}
+
+		m, err := s.conn.Read(s.df.Space())
+		s.stats.ReadCalls.Add(1)
+		if m > 0 {
+			s.df.Commit(m)
+			continue // a read error, if any, is reported again by the next Read
+		}
+		if err == nil {
+			continue
+		}
+		return 0, s.fail(s.readErr(err))
+	}
+}
+
+func (s *StreamPort) readErr(err error) error {
+	switch {
+	case errors.Is(err, net.ErrClosed):
+		return ErrClosed
+	case errors.Is(err, io.EOF) && s.df.Buffered() > 0:
+		s.stats.Truncated.Add(1)
+		return fmt.Errorf("%w: %s closed the connection mid-frame (%d of %d bytes received): %w",
+			ErrClosed, s.peer, s.df.Buffered(), s.df.Want(), io.ErrUnexpectedEOF)
+	case errors.Is(err, io.EOF):
+		return fmt.Errorf("%w: %s closed the connection: %w", ErrClosed, s.peer, io.EOF)
+	}
+	return fmt.Errorf("netmapio: read from %s: %w", s.peer, err)
+}
+
+// WriteBatch sends the frames in order, up to 512 per writev. A frame shorter than
+// MinFrame or longer than MaxFrame is not sent (QEMU would drop the connection over it):
+// WriteBatch returns the frames before it and a *FrameError, and the connection stays
+// usable. Otherwise it returns only when every frame is in the socket or the connection
+// failed; a partial frame is left behind only on a broken connection.
+func (s *StreamPort) WriteBatch(frames [][]byte) (int, error) {
+	done := 0
+	for done < len(frames) {
+		chunk := frames[done:min(len(frames), done+maxStreamBatch)]
+		k, bytes := 0, 0
+		var bad error
+		for _, f := range chunk {
+			if bad = checkFrameLen(uint64(len(f)), MinFrame, MaxFrame); bad != nil {
+				break
+			}
+			binary.BigEndian.PutUint32(s.prefix[k][:], uint32(len(f)))
+			s.iov[2*k] = unix.Iovec{Base: &s.prefix[k][0], Len: PrefixLen}
+			s.iov[2*k+1] = unix.Iovec{Base: &f[0], Len: uint64(len(f))}
+			bytes += len(f)
+			k++
+		}
+		if k > 0 {
+			s.wIdx, s.wEnd, s.wErr = 0, 2*k, nil
+			err := s.rc.Write(s.writeFn)
+			sent := s.wIdx / 2 // iov pairs fully written
+			clear(s.iov[:2*k]) // do not pin the caller's buffers
+			if err == nil {
+				err = s.wErr
+			}
+			if sent == k {
+				s.stats.FramesOut.Add(uint64(k))
+				s.stats.BytesOut.Add(uint64(bytes))
+			} else {
+				s.countSent(chunk[:sent])
+			}
+			done += sent
+			if err != nil {
+				return done, s.fail(s.writeErr(err))
+			}
+		}
+		if bad != nil {
+			return done, bad
+		}
+	}
+	return done, nil
+}
+
+func (s *StreamPort) countSent(frames [][]byte) {
+	b := 0
+	for _, f := range frames {
+		b += len(f)
+	}
+	s.stats.FramesOut.Add(uint64(len(frames)))
+	s.stats.BytesOut.Add(uint64(b))
+}
+
+func (s *StreamPort) writeErr(err error) error {
+	if errors.Is(err, net.ErrClosed) {
+		return ErrClosed
+	}
+	return fmt.Errorf("netmapio: write to %s: %w", s.peer, err)
+}
+
+// writev runs inside rc.Write. It returns false to make the netpoller wait for
+// writability (EAGAIN; ENOBUFS is treated the same, as backpressure, ecosystem.md B2), and
+// true when iov[wIdx:wEnd] is all written or a hard error is in s.wErr.
+// unix.Writev is not used because it builds a fresh []Iovec (an allocation above 8
+// iovecs) on every call; the iovecs here live in the port.
+func (s *StreamPort) writev(fd uintptr) bool {
+	for s.wIdx < s.wEnd {
+		n, _, errno := unix.Syscall(unix.SYS_WRITEV, fd,
+			uintptr(unsafe.Pointer(&s.iov[s.wIdx])), uintptr(s.wEnd-s.wIdx))
+		s.stats.WriteCalls.Add(1)
+		switch errno {
+		case 0:
+			s.advance(uint64(n))
+		case unix.EINTR:
+		case unix.EAGAIN, unix.ENOBUFS:
+			s.stats.WriteWaits.Add(1)
+			return false
+		default:
+			s.wErr = errno
+			return true
+		}
+	}
+	return true
+}
+
+// advance consumes n written bytes from iov[wIdx:], trimming a partly written iovec so the
+// next writev resumes mid-frame (the peer sees one contiguous byte stream, as with QEMU's
+// own short writes, wire.md §3.1).
+func (s *StreamPort) advance(n uint64) {
+	for n > 0 && s.wIdx < s.wEnd {
+		v := &s.iov[s.wIdx]
+		if n < v.Len {
+			v.Base = (*byte)(unsafe.Add(unsafe.Pointer(v.Base), n))
+			v.Len -= n
+			return
+		}
+		n -= v.Len
+		s.wIdx++
+	}
+}

@@ -1,0 +1,320 @@
+package netmapio
+
+import (
+	"errors"
+	"io"
+	"net"
+	"testing"
+
+	"golang.org/x/sys/unix"
+)
+
+func streamPorts(t testing.TB, kind string) (a, b *StreamPort) {
+	t.Helper()
+	var ca, cb net.Conn
+	if kind == "tcp" {
+		ca, cb = tcpPair(t)
+	} else {
+		ca, cb = unixPair(t, unix.SOCK_STREAM)
+	}
+	a, err := NewStreamPort(ca, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err = NewStreamPort(cb, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { a.Close(); b.Close() })
+	return a, b
+}
+
+func TestStreamRoundTrip(t *testing.T) {
+	for _, kind := range []string{"unix", "tcp"} {
+		t.Run(kind, func(t *testing.T) {
+			checkLeaks(t)
+			a, b := streamPorts(t, kind)
+			var frames [][]byte
+			for i := 0; i < 40; i++ { // enough data to fill socket buffers and force partial writes
+				for j, n := range []int{14, 1514, 9014, 65535 + 14, MaxFrame} {
+					frames = append(frames, frame(n, byte(i*5+j)))
+				}
+			}
+			for _, dir := range []struct{ w, r *StreamPort }{{a, b}, {b, a}} {
+				errc := make(chan error, 1)
+				go func() {
+					n, err := dir.w.WriteBatch(frames)
+					if err == nil && n != len(frames) {
+						err = errors.New("short WriteBatch")
+					}
+					errc <- err
+				}()
+				readFrames(t, dir.r, frames)
+				if err := <-errc; err != nil {
+					t.Fatal(err)
+				}
+			}
+			st := a.stats
+			if st.FramesOut.Load() != uint64(len(frames)) || st.FramesIn.Load() != uint64(len(frames)) {
+				t.Errorf("stats: out %d in %d, want %d each", st.FramesOut.Load(), st.FramesIn.Load(), len(frames))
+			}
+		})
+	}
+}
+
+// A batch of frames already in the socket comes back from one ReadBatch, one read(2).
+func TestStreamManyFramesPerRead(t *testing.T) {
+	a, b := streamPorts(t, "unix")
+	frames := make([][]byte, 64)
+	for i := range frames {
+		frames[i] = frame(1514, byte(i))
+	}
+	if n, err := a.WriteBatch(frames); n != 64 || err != nil {
+		t.Fatalf("WriteBatch = %d, %v", n, err)
+	}
+	if c := a.stats.WriteCalls.Load(); c != 1 {
+		t.Errorf("WriteBatch used %d writev calls, want 1", c)
+	}
+	bufs, sizes := makeBufs(100, MaxFrame)
+	n, err := b.ReadBatch(bufs, sizes)
+	if err != nil || n != 64 {
+		t.Fatalf("ReadBatch = %d, %v; want 64 frames at once", n, err)
+	}
+	if c := b.stats.ReadCalls.Load(); c != 1 {
+		t.Errorf("ReadBatch used %d reads, want 1", c)
+	}
+}
+
+// A peer dribbling one byte per write still yields whole frames, in order.
+func TestStreamOneByteChunks(t *testing.T) {
+	checkLeaks(t)
+	raw, cb := unixPair(t, unix.SOCK_STREAM)
+	defer raw.Close()
+	b, err := NewStreamPort(cb, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	frames := [][]byte{frame(14, 1), frame(1514, 2), frame(60, 3)}
+	var stream []byte
+	for _, f := range frames {
+		stream = append(append(stream, prefixOnly(uint32(len(f)))...), f...)
+	}
+	go func() {
+		for i := range stream {
+			if _, err := raw.Write(stream[i : i+1]); err != nil {
+				return
+			}
+		}
+	}()
+	readFrames(t, b, frames)
+}
+
+func TestStreamBadLength(t *testing.T) {
+	for _, tt := range []struct {
+		l     uint32
+		limit int
+	}{{13, MinFrame}, {0, MinFrame}, {MaxFrame + 1, MaxFrame}} {
+		raw, cb := unixPair(t, unix.SOCK_STREAM)
+		b, err := NewStreamPort(cb, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		good := frame(100, 7)
+		msg := append(append(prefixOnly(100), good...), prefixOnly(tt.l)...)
+		msg = append(msg, make([]byte, 20)...)
+		if _, err := raw.Write(msg); err != nil {
+			t.Fatal(err)
+		}
+		readFrames(t, b, [][]byte{good})
+		bufs, sizes := makeBufs(4, MaxFrame)
+		n, err := b.ReadBatch(bufs, sizes)
+		var fe *FrameError
+		if n != 0 || !errors.As(err, &fe) || fe.Length != uint64(tt.l) || fe.Limit != tt.limit {
+			t.Fatalf("len %d: ReadBatch = %d, %v; want FrameError{%d, %d}", tt.l, n, err, tt.l, tt.limit)
+		}
+		if got := b.stats.BadLength.Load(); got != 1 {
+			t.Errorf("BadLength = %d, want 1", got)
+		}
+		// The caller closes on a FrameError; the peer sees the connection end.
+		b.Close()
+		if _, err := raw.Read(make([]byte, 1)); err != io.EOF {
+			t.Errorf("peer read after Close: %v, want EOF", err)
+		}
+		raw.Close()
+	}
+}
+
+func TestStreamEOF(t *testing.T) {
+	// Clean EOF between frames.
+	raw, cb := unixPair(t, unix.SOCK_STREAM)
+	b, _ := NewStreamPort(cb, nil)
+	defer b.Close()
+	raw.Close()
+	bufs, sizes := makeBufs(1, MaxFrame)
+	_, err := b.ReadBatch(bufs, sizes)
+	if !errors.Is(err, ErrClosed) || !errors.Is(err, io.EOF) {
+		t.Errorf("clean EOF: %v, want ErrClosed and io.EOF", err)
+	}
+
+	// EOF in the middle of a frame.
+	raw, cb = unixPair(t, unix.SOCK_STREAM)
+	b2, _ := NewStreamPort(cb, nil)
+	defer b2.Close()
+	raw.Write(append(prefixOnly(1514), make([]byte, 100)...))
+	raw.Close()
+	_, err = b2.ReadBatch(bufs, sizes)
+	if !errors.Is(err, ErrClosed) || !errors.Is(err, io.ErrUnexpectedEOF) {
+		t.Errorf("EOF mid-frame: %v, want ErrClosed and io.ErrUnexpectedEOF", err)
+	}
+	if b2.stats.Truncated.Load() != 1 {
+		t.Errorf("Truncated = %d, want 1", b2.stats.Truncated.Load())
+	}
+	t.Log(err)
+}
+
+func TestStreamCloseUnblocksRead(t *testing.T) {
+	checkLeaks(t)
+	a, _ := streamPorts(t, "unix")
+	errc := make(chan error)
+	go func() {
+		bufs, sizes := makeBufs(1, MaxFrame)
+		_, err := a.ReadBatch(bufs, sizes)
+		errc <- err
+	}()
+	a.Close()
+	if err := <-errc; !errors.Is(err, ErrClosed) {
+		t.Errorf("ReadBatch after Close: %v, want ErrClosed", err)
+	}
+}
+
+func TestStreamWriteRejectsBadFrame(t *testing.T) {
+	a, b := streamPorts(t, "unix")
+	good := frame(60, 1)
+	n, err := a.WriteBatch([][]byte{good, frame(13, 2), good})
+	var fe *FrameError
+	if n != 1 || !errors.As(err, &fe) || fe.Length != 13 {
+		t.Fatalf("WriteBatch = %d, %v; want 1 and a FrameError for 13", n, err)
+	}
+	n, err = a.WriteBatch([][]byte{frame(MaxFrame+1, 3)})
+	if n != 0 || !errors.As(err, &fe) || fe.Limit != MaxFrame {
+		t.Fatalf("WriteBatch = %d, %v; want 0 and a FrameError over MaxFrame", n, err)
+	}
+	// The connection is still usable.
+	if n, err := a.WriteBatch([][]byte{good}); n != 1 || err != nil {
+		t.Fatalf("WriteBatch after rejection = %d, %v", n, err)
+	}
+	readFrames(t, b, [][]byte{good, good})
+}
+
+func TestStreamBatchOver512(t *testing.T) {
+	a, b := streamPorts(t, "unix")
+	frames := make([][]byte, 1300)
+	for i := range frames {
+		frames[i] = frame(64+i%700, byte(i))
+	}
+	done := make(chan int)
+	go func() { n, _ := a.WriteBatch(frames); done <- n }()
+	readFrames(t, b, frames)
+	if n := <-done; n != len(frames) {
+		t.Fatalf("WriteBatch = %d, want %d", n, len(frames))
+	}
+	if c := a.stats.WriteCalls.Load(); c < 3 {
+		t.Errorf("%d writev calls for 1300 frames, want >= 3 (512 per call)", c)
+	}
+}
+
+func TestStreamZeroAllocs(t *testing.T) {
+	a, b := streamPorts(t, "unix")
+	frames := make([][]byte, 64)
+	for i := range frames {
+		frames[i] = frame(1514, byte(i))
+	}
+	bufs, sizes := makeBufs(64, MaxFrame)
+	allocs := testing.AllocsPerRun(200, func() {
+		if n, err := a.WriteBatch(frames); n != 64 || err != nil {
+			t.Fatalf("WriteBatch = %d, %v", n, err)
+		}
+		for got := 0; got < 64; {
+			n, err := b.ReadBatch(bufs, sizes)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got += n
+		}
+	})
+	if allocs != 0 {
+		t.Errorf("%v allocations per WriteBatch+ReadBatch, want 0", allocs)
+	}
+}
+
+func BenchmarkStreamWriteBatch(b *testing.B) {
+	ca, raw := unixPair(b, unix.SOCK_STREAM)
+	p, err := NewStreamPort(ca, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer p.Close()
+	setBuffers(raw)
+	buf := make([]byte, 1<<20)
+	go func() { // drain
+		for {
+			if _, err := raw.Read(buf); err != nil {
+				return
+			}
+		}
+	}()
+	defer raw.Close()
+	frames := make([][]byte, 64)
+	for i := range frames {
+		frames[i] = frame(1514, byte(i))
+	}
+	b.SetBytes(64 * 1514)
+	b.ReportAllocs()
+	for b.Loop() {
+		if n, err := p.WriteBatch(frames); n != 64 || err != nil {
+			b.Fatal(n, err)
+		}
+	}
+	b.ReportMetric(float64(p.stats.WriteCalls.Load())/float64(b.N), "writev/op")
+}
+
+func BenchmarkStreamReadBatch(b *testing.B) {
+	raw, cb := unixPair(b, unix.SOCK_STREAM)
+	p, err := NewStreamPort(cb, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer p.Close()
+	setBuffers(raw)
+	var stream []byte
+	for i := 0; i < 64; i++ {
+		stream = append(append(stream, prefixOnly(1514)...), frame(1514, byte(i))...)
+	}
+	done := make(chan struct{})
+	go func() { // feed
+		defer close(done)
+		for {
+			if _, err := raw.Write(stream); err != nil {
+				return
+			}
+		}
+	}()
+	bufs, sizes := makeBufs(64, MaxFrame)
+	b.SetBytes(64 * 1514)
+	b.ReportAllocs()
+	for b.Loop() {
+		for got := 0; got < 64; {
+			n, err := p.ReadBatch(bufs, sizes)
+			if err != nil {
+				b.Fatal(err)
+			}
+			got += n
+		}
+	}
+	b.StopTimer()
+	b.ReportMetric(float64(p.stats.ReadCalls.Load())/float64(b.N), "read/op")
+	p.Close()
+	raw.Close()
+	<-done
+}
