@@ -133,3 +133,22 @@ func (d *Device) linkAddrs() ([]netip.Prefix, error) {
 	}
 	return out, nil
 }
+
+// LinkInfo reports the device's MAC address and the addresses now on its link, whoever
+// assigned them. tapgro announces them to each new peer (see main's announce.go).
+func (d *Device) LinkInfo() (net.HardwareAddr, []netip.Prefix, error) {
+	h, err := netlink.NewHandleAt(d.ns)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer h.Close()
+	var link netlink.Link
+	if err := retryDump(func() (err error) { link, err = h.LinkByName(d.name); return err }); err != nil {
+		return nil, nil, err
+	}
+	addrs, err := d.linkAddrs()
+	if err != nil {
+		return nil, nil, err
+	}
+	return link.Attrs().HardwareAddr, addrs, nil
+}

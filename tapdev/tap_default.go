@@ -3,6 +3,8 @@
 package tapdev
 
 import (
+	"net"
+	"net/netip"
 	"time"
 
 	"tapgro/vnethdr"
@@ -53,6 +55,11 @@ func (d *Device) SetReadDeadline(t time.Time) error { return ErrUnsupported }
 
 // ConfigureLink returns ErrUnsupported.
 func (d *Device) ConfigureLink(lc LinkConfig) error { return ErrUnsupported }
+
+// LinkInfo returns ErrUnsupported.
+func (d *Device) LinkInfo() (net.HardwareAddr, []netip.Prefix, error) {
+	return nil, nil, ErrUnsupported
+}
 
 // Close returns ErrUnsupported.
 func (d *Device) Close() error { return ErrUnsupported }
