@@ -1,0 +1,252 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net/netip"
+	"strings"
+	"time"
+
+	"github.com/sirupsen/logrus"
+
+	"tapgro/netmapio"
+	"tapgro/vnethdr"
+)
+
+// options is everything the command line can say. Zero values are never used: parseFlags
+// fills every field, so the datapath never guesses.
+type options struct {
+	tap         string
+	netdev      netmapio.Spec
+	addrs       []netip.Prefix
+	mtu         int
+	txQueueLen  int
+	vnetHdrLen  int
+	multiQueue  bool
+	gro         bool
+	udpGRO      bool
+	groFlush    string // "batch" or "timer"
+	rscInterval time.Duration
+	maxFlows    int
+	offload     offloadChoice
+	logLevel    logrus.Level
+	logFormat   string
+	metricsAddr string
+	allowRemote bool
+	batch       int
+}
+
+// offloadChoice is --offload: auto (everything the kernel accepts that tapgro can fill in
+// software), off, or an explicit list.
+type offloadChoice struct {
+	auto bool
+	set  vnethdr.Offloads
+}
+
+func (o offloadChoice) String() string {
+	if o.auto {
+		return "auto"
+	}
+	if o.set == 0 {
+		return "off"
+	}
+	return o.set.String()
+}
+
+func parseOffloads(s string) (offloadChoice, error) {
+	switch s {
+	case "auto", "":
+		return offloadChoice{auto: true}, nil
+	case "off", "none":
+		return offloadChoice{}, nil
+	}
+	var set vnethdr.Offloads
+	for _, name := range strings.Split(s, ",") {
+		switch strings.TrimSpace(name) {
+		case "csum":
+			set |= vnethdr.OffloadCSUM
+		case "tso4":
+			set |= vnethdr.OffloadTSO4
+		case "tso6":
+			set |= vnethdr.OffloadTSO6
+		case "tso_ecn", "ecn":
+			set |= vnethdr.OffloadTSOECN
+		case "uso":
+			set |= vnethdr.OffloadUSO
+		case "ufo":
+			set |= vnethdr.OffloadUFO
+		default:
+			return offloadChoice{}, fmt.Errorf("--offload: unknown offload %q (want auto, off, or a list of csum,tso4,tso6,tso_ecn,uso)", name)
+		}
+	}
+	// The kernel processes every bit only together with CSUM (wire.md §1.4); saying so
+	// here beats an EINVAL from TUNSETOFFLOAD later.
+	if set != 0 && set&vnethdr.OffloadCSUM == 0 {
+		return offloadChoice{}, fmt.Errorf("--offload %q: every offload needs csum as well (the kernel rejects TSO/USO without TUN_F_CSUM)", s)
+	}
+	return offloadChoice{set: set}, nil
+}
+
+type prefixList []netip.Prefix
+
+func (p *prefixList) String() string {
+	var s []string
+	for _, x := range *p {
+		s = append(s, x.String())
+	}
+	return strings.Join(s, ",")
+}
+
+func (p *prefixList) Set(v string) error {
+	pr, err := netip.ParsePrefix(v)
+	if err != nil {
+		return fmt.Errorf("want an address with prefix length such as 198.18.0.1/24 or fd00:198:18::1/64: %w", err)
+	}
+	*p = append(*p, pr)
+	return nil
+}
+
+func onOff(name, v string) (bool, error) {
+	switch v {
+	case "on", "true", "1", "yes":
+		return true, nil
+	case "off", "false", "0", "no":
+		return false, nil
+	}
+	return false, fmt.Errorf("--%s: want on or off, got %q", name, v)
+}
+
+const usageText = `tapgro bridges a TAP device (IFF_VNET_HDR) and a QEMU network port, coalescing
+the guest's MTU-sized TCP/UDP segments into 64 KB GSO packets (userspace GRO).
+
+Usage:
+  tapgro --tap NAME --netdev SPEC [flags]
+  tapgro demo        run two tapgro datapaths in two network namespaces and measure them
+
+SPEC mirrors QEMU's -netdev syntax from tapgro's side:
+  stream,server=on|off,addr.type=unix,addr.path=PATH
+  stream,server=on|off,addr.type=inet,addr.host=HOST,addr.port=PORT
+  socket,listen=HOST:PORT | socket,connect=HOST:PORT | socket,udp=HOST:PORT,localaddr=HOST:PORT
+  dgram,local.type=inet,local.host=H,local.port=N,remote.type=inet,remote.host=H,remote.port=N
+  dgram,local.type=unix,local.path=P,remote.type=unix,remote.path=P
+
+Flags:
+`
+
+// parseFlags turns argv into options. It never exits: errors go back to the caller, which
+// prints them once, so tests can drive it with their own argument lists.
+func parseFlags(args []string, stderr io.Writer) (*options, error) {
+	fs := flag.NewFlagSet("tapgro", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprint(stderr, usageText)
+		fs.PrintDefaults()
+	}
+	o := &options{}
+	var addrs prefixList
+	var netdev, gro, udpGRO, offload, logLevel string
+	fs.StringVar(&o.tap, "tap", "", "TAP device to create or attach to (required)")
+	fs.StringVar(&netdev, "netdev", "", "QEMU-side port, see SPEC above (required)")
+	fs.Var(&addrs, "addr", "address with prefix for the TAP, e.g. 198.18.0.1/24 (repeatable; IPv4 and IPv6)")
+	fs.IntVar(&o.mtu, "mtu", 0, "TAP MTU, 68..65521; the guest's MTU must match (0 leaves it as it is)")
+	fs.IntVar(&o.txQueueLen, "txqueuelen", 0, "TAP transmit queue length in packets (0 leaves the kernel default)")
+	fs.IntVar(&o.vnetHdrLen, "vnet-hdr-len", 10, "virtio_net_hdr length on the TAP: 10 or 12")
+	fs.BoolVar(&o.multiQueue, "multi-queue", false, "open the TAP with IFF_MULTI_QUEUE (must match an existing TAP)")
+	fs.StringVar(&gro, "gro", "on", "coalesce port->TAP TCP segments into GSO packets: on or off")
+	fs.StringVar(&udpGRO, "udp-gro", "on", "also coalesce UDP datagrams (only where the TAP accepts USO): on or off")
+	fs.StringVar(&o.groFlush, "gro-flush", "batch", "when held aggregates are flushed: batch (end of each port read) or timer")
+	fs.DurationVar(&o.rscInterval, "rsc-interval", 50*time.Microsecond, "with --gro-flush=timer: longest time an aggregate is held")
+	fs.IntVar(&o.maxFlows, "gro-flows", 64, "GRO flow table size (aggregates held at once)")
+	fs.StringVar(&offload, "offload", "auto", "TAP offloads: auto, off, or a list of csum,tso4,tso6,tso_ecn,uso")
+	fs.StringVar(&logLevel, "log-level", "info", "panic|fatal|error|warn|info|debug|trace")
+	fs.StringVar(&o.logFormat, "log-format", "text", "text or json")
+	fs.StringVar(&o.metricsAddr, "metrics-addr", "", "serve Prometheus metrics on HOST:PORT (loopback unless --allow-remote)")
+	fs.BoolVar(&o.allowRemote, "allow-remote", false, "allow TCP listeners (metrics, ports) on non-loopback addresses")
+	fs.IntVar(&o.batch, "batch", 64, "frames per read batch on each side")
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	if fs.NArg() > 0 {
+		return nil, fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+	if o.tap == "" {
+		return nil, errors.New("--tap is required")
+	}
+	if len(o.tap) > 15 {
+		return nil, fmt.Errorf("--tap %q: interface names are at most 15 bytes", o.tap)
+	}
+	if netdev == "" {
+		return nil, errors.New("--netdev is required")
+	}
+	spec, err := netmapio.ParseSpec(netdev)
+	if err != nil {
+		return nil, err
+	}
+	o.netdev = spec
+	o.addrs = addrs
+	if o.mtu != 0 && (o.mtu < 68 || o.mtu > 65521) {
+		return nil, fmt.Errorf("--mtu %d: a TAP takes 68..65521", o.mtu)
+	}
+	if o.vnetHdrLen != 10 && o.vnetHdrLen != 12 {
+		return nil, fmt.Errorf("--vnet-hdr-len %d: want 10 or 12", o.vnetHdrLen)
+	}
+	if o.gro, err = onOff("gro", gro); err != nil {
+		return nil, err
+	}
+	if o.udpGRO, err = onOff("udp-gro", udpGRO); err != nil {
+		return nil, err
+	}
+	if o.groFlush != "batch" && o.groFlush != "timer" {
+		return nil, fmt.Errorf("--gro-flush %q: want batch or timer", o.groFlush)
+	}
+	if o.rscInterval <= 0 || o.rscInterval > time.Second {
+		return nil, fmt.Errorf("--rsc-interval %v: want a duration in (0, 1s]", o.rscInterval)
+	}
+	if o.maxFlows < 1 || o.maxFlows > 4096 {
+		return nil, fmt.Errorf("--gro-flows %d: want 1..4096", o.maxFlows)
+	}
+	if o.batch < 1 || o.batch > 512 {
+		return nil, fmt.Errorf("--batch %d: want 1..512", o.batch)
+	}
+	if o.offload, err = parseOffloads(offload); err != nil {
+		return nil, err
+	}
+	if o.logLevel, err = logrus.ParseLevel(logLevel); err != nil {
+		return nil, fmt.Errorf("--log-level: %w", err)
+	}
+	if o.logFormat != "text" && o.logFormat != "json" {
+		return nil, fmt.Errorf("--log-format %q: want text or json", o.logFormat)
+	}
+	if o.metricsAddr != "" && !o.allowRemote {
+		if err := requireLoopback("--metrics-addr", o.metricsAddr); err != nil {
+			return nil, err
+		}
+	}
+	return o, nil
+}
+
+// requireLoopback refuses a listen address that would expose tapgro beyond this host:
+// frames injected into a guest's port, or counters, are nobody else's business.
+func requireLoopback(flagName, hostPort string) error {
+	host, _, ok := strings.Cut(hostPort, ":")
+	if i := strings.LastIndex(hostPort, ":"); i >= 0 {
+		host, ok = hostPort[:i], true
+	}
+	if !ok {
+		return fmt.Errorf("%s %q: want HOST:PORT", flagName, hostPort)
+	}
+	host = strings.Trim(host, "[]")
+	if host == "localhost" {
+		return nil
+	}
+	a, err := netip.ParseAddr(host)
+	if err != nil || !a.IsLoopback() {
+		return fmt.Errorf("%s %q: not a loopback address; add --allow-remote to listen beyond this host", flagName, hostPort)
+	}
+	return nil
+}
+
+// errHelp is returned by parseFlags when -h was asked for: usage was printed, exit 0.
+var errHelp = flag.ErrHelp

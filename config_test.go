@@ -1,0 +1,85 @@
+package main
+
+import (
+	"io"
+	"strings"
+	"testing"
+	"time"
+
+	"tapgro/vnethdr"
+)
+
+func TestParseFlags(t *testing.T) {
+	const nd = "--netdev=stream,server=on,addr.type=unix,addr.path=/tmp/t.sock"
+	good := []struct {
+		name  string
+		args  []string
+		check func(*testing.T, *options)
+	}{
+		{"defaults", []string{"--tap", "tap0", nd}, func(t *testing.T, o *options) {
+			if !o.gro || !o.udpGRO || !o.offload.auto || o.vnetHdrLen != 10 || o.groFlush != "batch" || o.batch != 64 || o.maxFlows != 64 {
+				t.Errorf("unexpected defaults: %+v", o)
+			}
+		}},
+		{"everything", []string{"--tap", "tap0", nd, "--addr", "198.18.0.1/24", "--addr", "fd00:198:18::1/64",
+			"--mtu", "9000", "--gro", "off", "--offload", "csum,tso4", "--log-level", "trace", "--log-format", "json",
+			"--metrics-addr", "127.0.0.1:9100", "--vnet-hdr-len", "12", "--gro-flush", "timer", "--rsc-interval", "300us"},
+			func(t *testing.T, o *options) {
+				if len(o.addrs) != 2 || o.mtu != 9000 || o.gro || o.offload.set != vnethdr.OffloadCSUM|vnethdr.OffloadTSO4 ||
+					o.logFormat != "json" || o.vnetHdrLen != 12 || o.groFlush != "timer" || o.rscInterval != 300*time.Microsecond {
+					t.Errorf("parsed wrong: %+v", o)
+				}
+			}},
+		{"offload off", []string{"--tap", "tap0", nd, "--offload", "off"}, func(t *testing.T, o *options) {
+			if o.offload.auto || o.offload.set != 0 {
+				t.Errorf("--offload off parsed as %v", o.offload)
+			}
+		}},
+		{"remote metrics allowed", []string{"--tap", "tap0", nd, "--metrics-addr", "198.18.0.1:9100", "--allow-remote"}, nil},
+		{"ipv6 loopback metrics", []string{"--tap", "tap0", nd, "--metrics-addr", "[::1]:9100"}, nil},
+	}
+	for _, tc := range good {
+		t.Run(tc.name, func(t *testing.T) {
+			o, err := parseFlags(tc.args, io.Discard)
+			if err != nil {
+				t.Fatalf("parseFlags(%q): %v", tc.args, err)
+			}
+			if tc.check != nil {
+				tc.check(t, o)
+			}
+		})
+	}
+
+	bad := []struct {
+		name string
+		args []string
+		want string // a substring the error must contain: the key at fault
+	}{
+		{"no tap", []string{nd}, "--tap"},
+		{"no netdev", []string{"--tap", "tap0"}, "--netdev"},
+		{"long name", []string{"--tap", "a-very-long-tap-name", nd}, "15 bytes"},
+		{"bad netdev key", []string{"--tap", "tap0", "--netdev", "stream,server=on,adr.type=unix"}, "adr.type"},
+		{"bad mtu", []string{"--tap", "tap0", nd, "--mtu", "70000"}, "--mtu"},
+		{"bad gro", []string{"--tap", "tap0", nd, "--gro", "maybe"}, "--gro"},
+		{"bad offload", []string{"--tap", "tap0", nd, "--offload", "tso9"}, "tso9"},
+		{"offload without csum", []string{"--tap", "tap0", nd, "--offload", "tso4"}, "csum"},
+		{"bad level", []string{"--tap", "tap0", nd, "--log-level", "loud"}, "--log-level"},
+		{"bad format", []string{"--tap", "tap0", nd, "--log-format", "xml"}, "--log-format"},
+		{"remote metrics", []string{"--tap", "tap0", nd, "--metrics-addr", "198.18.0.1:9100"}, "--allow-remote"},
+		{"bad hdr len", []string{"--tap", "tap0", nd, "--vnet-hdr-len", "11"}, "--vnet-hdr-len"},
+		{"bad flush", []string{"--tap", "tap0", nd, "--gro-flush", "sometimes"}, "--gro-flush"},
+		{"stray arg", []string{"--tap", "tap0", nd, "extra"}, "extra"},
+		{"bad addr", []string{"--tap", "tap0", nd, "--addr", "198.18.0.1"}, "prefix"},
+	}
+	for _, tc := range bad {
+		t.Run("bad/"+tc.name, func(t *testing.T) {
+			_, err := parseFlags(tc.args, io.Discard)
+			if err == nil {
+				t.Fatalf("parseFlags(%q) accepted bad input", tc.args)
+			}
+			if !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("error %q does not name %q", err, tc.want)
+			}
+		})
+	}
+}

@@ -1,0 +1,134 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"net"
+	"net/http"
+	"sort"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/sirupsen/logrus"
+
+	"tapgro/netmapio"
+)
+
+// The packet path keeps plain atomic counters; this collector reads them only when
+// Prometheus scrapes, so metrics cost the datapath nothing but the atomic adds.
+
+type metric struct {
+	desc  *prometheus.Desc
+	kind  prometheus.ValueType
+	value func() float64
+	label []string
+}
+
+type collector struct{ metrics []metric }
+
+func (c *collector) Describe(ch chan<- *prometheus.Desc) {
+	for _, m := range c.metrics {
+		ch <- m.desc
+	}
+}
+
+func (c *collector) Collect(ch chan<- prometheus.Metric) {
+	for _, m := range c.metrics {
+		ch <- prometheus.MustNewConstMetric(m.desc, m.kind, m.value(), m.label...)
+	}
+}
+
+// add registers one series. Series of the same name with different label values share a
+// Desc, as the client library requires.
+func (c *collector) add(name, help string, kind prometheus.ValueType, labels prometheus.Labels, v func() float64) {
+	keys := make([]string, 0, len(labels))
+	for k := range labels {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	vals := make([]string, len(keys))
+	for i, k := range keys {
+		vals[i] = labels[k]
+	}
+	for _, m := range c.metrics {
+		if m.desc.String() == prometheus.NewDesc(name, help, keys, nil).String() {
+			c.metrics = append(c.metrics, metric{desc: m.desc, kind: kind, value: v, label: vals})
+			return
+		}
+	}
+	c.metrics = append(c.metrics, metric{desc: prometheus.NewDesc(name, help, keys, nil), kind: kind, value: v, label: vals})
+}
+
+func u(f func() uint64) func() float64 { return func() float64 { return float64(f()) } }
+
+// newCollector lists every metric tapgro exports. The README documents each name.
+func newCollector(b *bridge, ep netmapio.Endpoint) *collector {
+	c := &collector{}
+	for _, d := range []struct {
+		dir string
+		st  *dirStats
+	}{{"tap_to_port", &b.t2p}, {"port_to_tap", &b.p2t}} {
+		l := prometheus.Labels{"direction": d.dir}
+		st := d.st
+		c.add("tapgro_frames_total", "Frames (or GSO packets, towards the TAP) delivered to the far side.", prometheus.CounterValue, l, u(st.Frames.Load))
+		c.add("tapgro_bytes_total", "Ethernet bytes delivered to the far side.", prometheus.CounterValue, l, u(st.Bytes.Load))
+		c.add("tapgro_read_frames_total", "Frames read from the near side.", prometheus.CounterValue, l, u(st.Reads.Load))
+		c.add("tapgro_batches_total", "Read batches processed.", prometheus.CounterValue, l, u(st.Batches.Load))
+		for _, r := range []struct {
+			reason string
+			v      func() uint64
+		}{
+			{"no_peer", st.DropNoPeer.Load},
+			{"malformed", st.DropMalformed.Load},
+			{"port_error", st.DropPortError.Load},
+			{"tap_link_down", st.DropTapEIO.Load},
+			{"tap_error", st.DropTapError.Load},
+		} {
+			c.add("tapgro_dropped_total", "Frames dropped, by reason.", prometheus.CounterValue,
+				prometheus.Labels{"direction": d.dir, "reason": r.reason}, u(r.v))
+		}
+	}
+	c.add("tapgro_gso_segmented_total", "GSO frames from the TAP split in software for the port.", prometheus.CounterValue, nil, u(b.t2p.GSOSegmented.Load))
+	c.add("tapgro_csum_completed_total", "Partial checksums from the TAP completed in software.", prometheus.CounterValue, nil, u(b.t2p.CsumCompleted.Load))
+	c.add("tapgro_gro_gso_write_fallback_total", "GSO writes the kernel refused (EINVAL) and that were re-sent segmented.", prometheus.CounterValue, nil, u(b.p2t.GSOFallback.Load))
+	c.add("tapgro_port_connected", "1 while a peer is connected to the port.", prometheus.GaugeValue, nil, func() float64 {
+		if b.port.Load() != nil {
+			return 1
+		}
+		return 0
+	})
+	addCoalescerMetrics(c, b)
+	addDeviceMetrics(c, b, ep)
+	c.add("tapgro_build_info", "Build version.", prometheus.GaugeValue, prometheus.Labels{"version": version}, func() float64 { return 1 })
+	start := float64(time.Now().Unix())
+	c.add("tapgro_start_time_seconds", "Process start time (Unix seconds).", prometheus.GaugeValue, nil, func() float64 { return start })
+	return c
+}
+
+// serveMetrics serves /metrics and /healthz on addr until the returned func is called.
+func serveMetrics(addr string, b *bridge, ep netmapio.Endpoint, log *logrus.Logger) (func(), error) {
+	reg := prometheus.NewRegistry()
+	if err := reg.Register(newCollector(b, ep)); err != nil {
+		return nil, err
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) { w.Write([]byte("ok\n")) })
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, err
+	}
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	go func() {
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log.WithError(err).Error("metrics server stopped")
+		}
+	}()
+	log.WithField("addr", ln.Addr().String()).Info("serving /metrics")
+	return func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		srv.Shutdown(ctx)
+	}, nil
+}
