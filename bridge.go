@@ -2,6 +2,9 @@ package main
 
 import (
 	"errors"
+	"net"
+	"net/netip"
+	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -52,11 +55,23 @@ type bridgeConfig struct {
 	maxFlows    int
 	tapAccepts  vnethdr.Offloads // what the TAP accepts on write (always: see wire.md §1.4)
 	tapEmits    vnethdr.Offloads // what TUNSETOFFLOAD allowed the TAP to hand us
+	trace       func(r coalescer.Reason, frameLen int)
 }
+
+// tapIO is what the pipelines need of the TAP; *tapdev.Device implements it, and tests
+// substitute an in-memory device so the pipelines run without privileges.
+type tapIO interface {
+	ReadBatch(bufs [][]byte, sizes []int, offset int) (int, error)
+	Write(pkt []byte) (int, error)
+	LinkInfo() (net.HardwareAddr, []netip.Prefix, error)
+	Stats() *tapdev.Stats
+}
+
+var _ tapIO = (*tapdev.Device)(nil)
 
 type bridge struct {
 	cfg bridgeConfig
-	tap *tapdev.Device
+	tap tapIO
 
 	port atomic.Pointer[portRef] // current peer, nil while disconnected
 
@@ -76,7 +91,7 @@ type bridge struct {
 // portRef wraps a Port so the TAP→port goroutine can detect a swap with a pointer compare.
 type portRef struct{ p netmapio.Port }
 
-func newBridge(cfg bridgeConfig, tap *tapdev.Device) *bridge {
+func newBridge(cfg bridgeConfig, tap tapIO) *bridge {
 	return &bridge{cfg: cfg, tap: tap}
 }
 
@@ -258,6 +273,7 @@ func (b *bridge) coalescerConfig() coalescer.Config {
 		DisableTCP:  !b.cfg.gro || b.groKilled.Load(),
 		UDP:         b.cfg.gro && b.cfg.udpGRO && !b.groKilled.Load() && b.cfg.tapAccepts&vnethdr.OffloadUSO == vnethdr.OffloadUSO,
 		ECN:         b.cfg.tapAccepts&vnethdr.OffloadTSOECN != 0,
+		Trace:       b.cfg.trace,
 	}
 }
 
@@ -275,36 +291,79 @@ func (b *bridge) coalescerFor() *coalescer.Coalescer {
 	return b.coal
 }
 
+// portToTap is one connection's port→TAP pipeline: its read buffers carry vnetHdrLen
+// bytes of headroom so a frame the GRO engine passes through gets its header written in
+// place, never copied.
+type portToTap struct {
+	b     *bridge
+	bufs  [][]byte
+	views [][]byte // bufs[i][vnetHdrLen:], what Port.ReadBatch fills
+	sizes []int
+}
+
+func newPortToTap(b *bridge) *portToTap {
+	hl := b.cfg.vnetHdrLen
+	p := &portToTap{
+		b:     b,
+		bufs:  make([][]byte, b.cfg.batch),
+		views: make([][]byte, b.cfg.batch),
+		sizes: make([]int, b.cfg.batch),
+	}
+	for i := range p.bufs {
+		p.bufs[i] = make([]byte, b.frameCap())
+		p.views[i] = p.bufs[i][hl:]
+	}
+	return p
+}
+
 // runPortToTap moves frames from one connected port to the TAP until the port fails or
 // is closed; it returns that error.
-func (b *bridge) runPortToTap(port netmapio.Port) error {
+func (b *bridge) runPortToTap(port netmapio.Port) error { return newPortToTap(b).run(port) }
+
+func (p *portToTap) run(port netmapio.Port) error {
+	b := p.b
 	hl := b.cfg.vnetHdrLen
-	bufs := make([][]byte, b.cfg.batch) // headroom of hl, then the frame
-	views := make([][]byte, b.cfg.batch)
-	sizes := make([]int, b.cfg.batch)
-	for i := range bufs {
-		bufs[i] = make([]byte, b.frameCap())
-		views[i] = bufs[i][hl:]
-	}
+	bufs, views, sizes := p.bufs, p.views, p.sizes
 	coal := b.coalescerFor()
 	st := &b.p2t
 	killed := b.groKilled.Load()
+	interval := b.cfg.rscInterval.Nanoseconds()
+	armed := false // a read deadline is set for the timer flush
 	for {
 		n, err := port.ReadBatch(views, sizes)
+		now := time.Now().UnixNano()
 		if n > 0 {
 			st.Batches.Add(1)
 			st.Reads.Add(uint64(n))
-			now := time.Now().UnixNano()
 			for i := 0; i < n; i++ {
 				coal.Add(bufs[i][:hl+sizes[i]], nil, now)
 			}
-			coal.Flush()
+			// A read batch is what one read from the peer delivered, not what fits in
+			// our buffers: flush only once nothing more is buffered (research/gro.md §d).
+			if !b.cfg.timerFlush && !port.Pending() {
+				coal.Flush()
+			}
 			if k := b.groKilled.Load(); k != killed {
 				killed = k
 				coal.SetConfig(b.coalescerConfig())
 			}
 		}
+		if b.cfg.timerFlush {
+			// Timer mode (QEMU RSC's rsc_interval): hold aggregates across reads, and let
+			// the read deadline be the timer, armed only while something is held.
+			coal.FlushExpired(now, interval)
+			if oldest, ok := coal.Oldest(); ok {
+				port.SetReadDeadline(time.Unix(0, oldest+interval))
+				armed = true
+			} else if armed {
+				port.SetReadDeadline(time.Time{})
+				armed = false
+			}
+		}
 		if err != nil {
+			if errors.Is(err, os.ErrDeadlineExceeded) {
+				continue
+			}
 			coal.Flush()
 			return err
 		}

@@ -22,6 +22,7 @@ import (
 
 	"github.com/sirupsen/logrus"
 
+	"tapgro/coalescer"
 	"tapgro/netmapio"
 	"tapgro/tapdev"
 	"tapgro/vnethdr"
@@ -122,6 +123,9 @@ func run(ctx context.Context, o *options, log *logrus.Logger) error {
 		maxFlows:    o.maxFlows,
 		tapAccepts:  accepts,
 		tapEmits:    set,
+	}
+	if log.IsLevelEnabled(logrus.TraceLevel) {
+		cfg.trace = traceDecisions(log)
 	}
 	b := newBridge(cfg, tap)
 	var killOnce sync.Once
@@ -242,6 +246,28 @@ func supervisorEvents(log *logrus.Logger) netmapio.Events {
 	}
 }
 
+// traceDecisions logs the GRO engine's decisions at trace level, at most 100 a second
+// (a bulk stream makes hundreds of thousands), with a count of what was left out. It runs
+// on the port→TAP goroutine only, so it needs no lock.
+func traceDecisions(log *logrus.Logger) func(coalescer.Reason, int) {
+	var second int64
+	var logged, skipped int
+	return func(r coalescer.Reason, frameLen int) {
+		if now := time.Now().Unix(); now != second {
+			if skipped > 0 {
+				log.WithField("not_logged", skipped).Trace("gro: more decisions in the last second")
+			}
+			second, logged, skipped = now, 0, 0
+		}
+		if logged >= 100 {
+			skipped++
+			return
+		}
+		logged++
+		log.WithFields(logrus.Fields{"decision": r.String(), "frame_len": frameLen}).Trace("gro")
+	}
+}
+
 func onOffString(b bool) string {
 	if b {
 		return "on"
@@ -263,6 +289,13 @@ func logSummary(b *bridge, log *logrus.Logger) {
 		s := c.Stats()
 		f["gro_segments"] = s.Segments.Load()
 		f["gro_packets"] = s.Packets.Load()
+		f["gro_gso_packets"] = s.GSOOut.Load()
+		f["gro_coalesced"] = s.Coalesced.Load()
 	}
+	ts := b.tap.Stats()
+	f["tap_write_einval"] = ts.WriteErrEINVAL.Load()
+	f["gso_write_fallback"] = b.p2t.GSOFallback.Load()
+	f["dropped"] = b.t2p.DropNoPeer.Load() + b.t2p.DropMalformed.Load() + b.t2p.DropPortError.Load() +
+		b.p2t.DropMalformed.Load() + b.p2t.DropTapEIO.Load() + b.p2t.DropTapError.Load()
 	log.WithFields(f).Info("tapgro exiting")
 }

@@ -186,6 +186,9 @@ func (p *DgramPort) ReadBatch(bufs [][]byte, sizes []int) (int, error) {
 			if errors.Is(err, net.ErrClosed) {
 				return 0, ErrClosed
 			}
+			if errors.Is(err, os.ErrDeadlineExceeded) {
+				return 0, err // the caller's timer, not a broken socket
+			}
 			return 0, p.fail(fmt.Errorf("netmapio: receive on %s: %w", p.peer, err))
 		}
 		n, bytes := 0, 0
@@ -214,6 +217,13 @@ func (p *DgramPort) ReadBatch(bufs [][]byte, sizes []int) (int, error) {
 		}
 	}
 }
+
+// SetReadDeadline implements Port.
+func (p *DgramPort) SetReadDeadline(t time.Time) error { return p.conn.SetReadDeadline(t) }
+
+// Pending implements Port. recvmmsg takes whatever is queued in one call, so nothing is
+// ever left buffered in user space.
+func (p *DgramPort) Pending() bool { return false }
 
 // recvmmsg runs inside rc.Read; false means "wait for readability".
 func (p *DgramPort) recvmmsg(fd uintptr) bool {

@@ -2,6 +2,7 @@ package netmapio
 
 import (
 	"errors"
+	"time"
 
 	"tapgro/vnethdr"
 )
@@ -37,6 +38,18 @@ type Port interface {
 	// handed to the kernel; on a stream a partial frame is never left behind unless the
 	// connection is broken.
 	WriteBatch(frames [][]byte) (n int, err error)
+
+	// SetReadDeadline makes a ReadBatch blocked past t return an error wrapping
+	// os.ErrDeadlineExceeded. Unlike every other read error it does not end the
+	// connection: the I/O loop uses it as its timer (GRO timer flush) instead of a Go
+	// timer per flow. The zero time clears it.
+	SetReadDeadline(t time.Time) error
+
+	// Pending reports whether complete frames are already buffered, so ReadBatch would
+	// return at once without a system call. A "read batch" ends when this is false: the
+	// GRO engine flushes there rather than at every ReadBatch (whose size is the
+	// caller's buffer count, not what the peer sent).
+	Pending() bool
 
 	// VnetHdrLen is the virtio_net_hdr length carried with each frame (0 for QEMU's
 	// socket-family backends, which never carry one: wire.md §3.5).

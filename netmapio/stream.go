@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
 	"syscall"
+	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -146,8 +148,20 @@ func (s *StreamPort) ReadBatch(bufs [][]byte, sizes []int) (int, error) {
 		if err == nil {
 			continue
 		}
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			return 0, err // the caller's timer, not a broken stream
+		}
 		return 0, s.fail(s.readErr(err))
 	}
+}
+
+// SetReadDeadline implements Port.
+func (s *StreamPort) SetReadDeadline(t time.Time) error { return s.conn.SetReadDeadline(t) }
+
+// Pending implements Port: a complete frame (or a framing error to report) is buffered.
+func (s *StreamPort) Pending() bool {
+	f, err := s.df.Peek()
+	return f != nil || err != nil
 }
 
 func (s *StreamPort) readErr(err error) error {
