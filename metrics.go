@@ -25,17 +25,30 @@ type metric struct {
 	label []string
 }
 
-type collector struct{ metrics []metric }
+type collector struct {
+	metrics []metric
+	// custom series that are not a single value (histograms).
+	customDesc []*prometheus.Desc
+	custom     []func() prometheus.Metric
+}
 
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, m := range c.metrics {
 		ch <- m.desc
+	}
+	for _, d := range c.customDesc {
+		ch <- d
 	}
 }
 
 func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	for _, m := range c.metrics {
 		ch <- prometheus.MustNewConstMetric(m.desc, m.kind, m.value(), m.label...)
+	}
+	for _, f := range c.custom {
+		if m := f(); m != nil {
+			ch <- m
+		}
 	}
 }
 

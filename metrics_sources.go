@@ -1,8 +1,6 @@
 package main
 
 import (
-	"strconv"
-
 	"github.com/prometheus/client_golang/prometheus"
 
 	"tapgro/coalescer"
@@ -36,11 +34,29 @@ func addCoalescerMetrics(c *collector, b *bridge) {
 		c.add("tapgro_gro_reason_total", "GRO bypass and flush decisions, by reason.", prometheus.CounterValue,
 			prometheus.Labels{"reason": r.String()}, stat(func(s *coalescer.Stats) uint64 { return s.Reason(r).Load() }))
 	}
-	for i := range coalescer.HistBounds {
-		i := i
-		c.add("tapgro_gro_segments_per_packet", "Packets written to the TAP by segment count (non-cumulative buckets: le is the bucket's upper bound).", prometheus.CounterValue,
-			prometheus.Labels{"le": strconv.Itoa(coalescer.HistBounds[i])}, stat(func(s *coalescer.Stats) uint64 { return s.SegsPerPacket[i].Load() }))
-	}
+	// The engine keeps non-cumulative buckets (cheap atomics on the packet path); the
+	// scrape turns them into a Prometheus histogram. Every segment leaves in exactly one
+	// packet, so the sum is the segment count.
+	desc := prometheus.NewDesc("tapgro_gro_segments_per_packet", "Segments per packet written to the TAP by the GRO engine.", nil, nil)
+	c.customDesc = append(c.customDesc, desc)
+	c.custom = append(c.custom, func() prometheus.Metric {
+		b.coalMu.Lock()
+		co := b.coal
+		b.coalMu.Unlock()
+		buckets := make(map[float64]uint64, len(coalescer.HistBounds))
+		var count uint64
+		var sum float64
+		if co != nil {
+			s := co.Stats()
+			for i, bound := range coalescer.HistBounds {
+				count += s.SegsPerPacket[i].Load()
+				buckets[float64(bound)] = count
+			}
+			count += s.SegsPerPacket[len(coalescer.HistBounds)].Load()
+			sum = float64(s.Segments.Load())
+		}
+		return prometheus.MustNewConstHistogram(desc, count, sum, buckets)
+	})
 }
 
 // addDeviceMetrics exports the TAP's and the port's own counters.
@@ -52,4 +68,26 @@ func addDeviceMetrics(c *collector, b *bridge, ep netmapio.Endpoint) {
 	c.add("tapgro_tap_write_errors_total", "TAP writes refused, by errno.", prometheus.CounterValue, prometheus.Labels{"errno": "EIO"}, u(ts.WriteErrEIO.Load))
 	c.add("tapgro_tap_write_errors_total", "TAP writes refused, by errno.", prometheus.CounterValue, prometheus.Labels{"errno": "other"}, u(ts.WriteErrOther.Load))
 	c.add("tapgro_tap_truncated_total", "TAP reads that filled their buffer (possibly truncated).", prometheus.CounterValue, nil, u(ts.Truncated.Load))
+
+	ps := ep.Stats()
+	c.add("tapgro_port_read_syscalls_total", "read/recvmmsg calls on the port.", prometheus.CounterValue, nil, u(ps.ReadCalls.Load))
+	c.add("tapgro_port_write_syscalls_total", "writev/sendmmsg calls on the port.", prometheus.CounterValue, nil, u(ps.WriteCalls.Load))
+	c.add("tapgro_port_write_waits_total", "Times a port write found the socket full and waited (backpressure).", prometheus.CounterValue, nil, u(ps.WriteWaits.Load))
+	for _, r := range []struct {
+		reason string
+		v      func() uint64
+	}{
+		{"bad_length", ps.BadLength.Load},
+		{"truncated", ps.Truncated.Load},
+		{"short_datagram", ps.ShortDatagram.Load},
+		{"oversize_datagram", ps.OversizeDatagram.Load},
+		{"send_refused", ps.SendDrops.Load},
+	} {
+		c.add("tapgro_port_errors_total", "Malformed input from the peer and refused sends, by reason (a bad_length ends that connection).", prometheus.CounterValue,
+			prometheus.Labels{"reason": r.reason}, u(r.v))
+	}
+	c.add("tapgro_port_connects_total", "Peers connected (or datagram sockets opened).", prometheus.CounterValue, nil, u(ps.Connects.Load))
+	c.add("tapgro_port_disconnects_total", "Peer connections ended.", prometheus.CounterValue, nil, u(ps.Disconnects.Load))
+	c.add("tapgro_port_rejects_total", "Extra clients turned away while one was served.", prometheus.CounterValue, nil, u(ps.Rejects.Load))
+	c.add("tapgro_port_retries_total", "Failed dials or accepts, each followed by a backoff wait.", prometheus.CounterValue, nil, u(ps.Retries.Load))
 }

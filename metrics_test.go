@@ -1,0 +1,57 @@
+package main
+
+import (
+	"context"
+	"os"
+	"strings"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"tapgro/netmapio"
+)
+
+type stubEndpoint struct{ st netmapio.Stats }
+
+func (e *stubEndpoint) Next(context.Context) (netmapio.Port, error) { return nil, netmapio.ErrClosed }
+func (e *stubEndpoint) Close() error                                { return nil }
+func (e *stubEndpoint) Addr() string                                { return "stub" }
+func (e *stubEndpoint) Stats() *netmapio.Stats                      { return &e.st }
+
+// Every metric tapgro exports must be documented in the README, one line each, and the
+// collector must be valid for Prometheus (consistent label sets, no duplicates).
+func TestMetricsDocumented(t *testing.T) {
+	b := testBridge(newFakeTap(10, false), true)
+	b.coalescerFor()
+	b.t2p.Frames.Add(3)
+	reg := prometheus.NewRegistry()
+	if err := reg.Register(newCollector(b, &stubEndpoint{})); err != nil {
+		t.Fatal(err)
+	}
+	fams, err := reg.Gather()
+	if err != nil {
+		t.Fatalf("gather: %v", err)
+	}
+	readme, err := os.ReadFile("README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range fams {
+		if !strings.Contains(string(readme), "`"+f.GetName()+"`") {
+			t.Errorf("metric %s is not documented in README.md", f.GetName())
+		}
+		if f.GetName() == "tapgro_frames_total" {
+			found := false
+			for _, m := range f.GetMetric() {
+				for _, l := range m.GetLabel() {
+					if l.GetValue() == "tap_to_port" && m.GetCounter().GetValue() == 3 {
+						found = true
+					}
+				}
+			}
+			if !found {
+				t.Errorf("tapgro_frames_total{direction=tap_to_port} does not read the datapath counter")
+			}
+		}
+	}
+}
