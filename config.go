@@ -34,6 +34,7 @@ type options struct {
 	logLevel    logrus.Level
 	logFormat   string
 	metricsAddr string
+	pprof       bool
 	allowRemote bool
 	batch       int
 }
@@ -163,6 +164,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&logLevel, "log-level", "info", "panic|fatal|error|warn|info|debug|trace")
 	fs.StringVar(&o.logFormat, "log-format", "text", "text or json")
 	fs.StringVar(&o.metricsAddr, "metrics-addr", "", "serve Prometheus metrics on HOST:PORT (loopback unless --allow-remote)")
+	fs.BoolVar(&o.pprof, "pprof", false, "also serve /debug/pprof on --metrics-addr")
 	fs.BoolVar(&o.allowRemote, "allow-remote", false, "allow TCP listeners (metrics, ports) on non-loopback addresses")
 	fs.IntVar(&o.batch, "batch", 64, "frames per read batch on each side")
 	if err := fs.Parse(args); err != nil {
@@ -218,6 +220,9 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	}
 	if o.logFormat != "text" && o.logFormat != "json" {
 		return nil, fmt.Errorf("--log-format %q: want text or json", o.logFormat)
+	}
+	if o.pprof && o.metricsAddr == "" {
+		return nil, errors.New("--pprof needs --metrics-addr")
 	}
 	if o.metricsAddr != "" && !o.allowRemote {
 		if err := requireLoopback("--metrics-addr", o.metricsAddr); err != nil {

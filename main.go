@@ -159,7 +159,7 @@ func run(ctx context.Context, o *options, log *logrus.Logger) error {
 
 	var metricsDone func()
 	if o.metricsAddr != "" {
-		metricsDone, err = serveMetrics(o.metricsAddr, b, ep, log)
+		metricsDone, err = serveMetrics(o.metricsAddr, o.pprof, b, ep, log)
 		if err != nil {
 			return err
 		}

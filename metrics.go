@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"sort"
 	"time"
 
@@ -120,7 +121,7 @@ func newCollector(b *bridge, ep netmapio.Endpoint) *collector {
 }
 
 // serveMetrics serves /metrics and /healthz on addr until the returned func is called.
-func serveMetrics(addr string, b *bridge, ep netmapio.Endpoint, log *logrus.Logger) (func(), error) {
+func serveMetrics(addr string, pprofOn bool, b *bridge, ep netmapio.Endpoint, log *logrus.Logger) (func(), error) {
 	reg := prometheus.NewRegistry()
 	if err := reg.Register(newCollector(b, ep)); err != nil {
 		return nil, err
@@ -128,6 +129,13 @@ func serveMetrics(addr string, b *bridge, ep netmapio.Endpoint, log *logrus.Logg
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) { w.Write([]byte("ok\n")) })
+	if pprofOn {
+		mux.HandleFunc("/debug/pprof/", pprof.Index)
+		mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+		mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	}
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, err

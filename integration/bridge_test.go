@@ -4,6 +4,7 @@ package integration
 
 import (
 	"fmt"
+	"os"
 	"path/filepath"
 	"regexp"
 	"testing"
@@ -57,6 +58,7 @@ var readyRe = regexp.MustCompile(`tapgro ready`)
 
 // pairSetup is two namespaces, each with a tapgro on TAP tg0, joined by one backend.
 type pairSetup struct {
+	dir          string
 	a, b         *netnstest.NS
 	pa, pb       *proc
 	argsA, argsB []string
@@ -69,6 +71,7 @@ func newPair(t *testing.T, be backend, extra ...string) *pairSetup {
 	// backends, so it needs room for a 1514-byte frame plus UDP/IP headers.
 	veth(t, s.a, s.b, 9000)
 	dir := t.TempDir()
+	s.dir = dir
 	s.argsA = append([]string{"--tap", "tg0", "--mtu", "1500", "--addr", "198.18.0.1/24", "--addr", "fd00:198:18::1/64",
 		"--netdev", be.a(dir), "--log-level", "debug"}, extra...)
 	s.argsB = append([]string{"--tap", "tg0", "--mtu", "1500", "--addr", "198.18.0.2/24", "--addr", "fd00:198:18::2/64",
@@ -125,6 +128,13 @@ func TestBackends(t *testing.T) {
 
 			s.pa.stop()
 			s.pb.stop()
+			// A clean shutdown removes the UNIX socket it created (the kill above left a
+			// stale one, which the restarted server replaced because nobody answered).
+			if be.name == "stream-unix" {
+				if _, err := os.Stat(filepath.Join(s.dir, "s.sock")); !os.IsNotExist(err) {
+					t.Errorf("socket path still there after SIGTERM: %v", err)
+				}
+			}
 		})
 	}
 }
