@@ -2,6 +2,7 @@ package main
 
 import (
 	"errors"
+	"math"
 	"net"
 	"net/netip"
 	"os"
@@ -13,6 +14,7 @@ import (
 
 	"tapgro/coalescer"
 	"tapgro/netmapio"
+	"tapgro/rxpool"
 	"tapgro/tapdev"
 	"tapgro/vnethdr"
 )
@@ -20,7 +22,7 @@ import (
 // The bridge is the datapath: two pipelines, each one goroutine that owns its buffers, so
 // nothing on the packet path takes a lock (design.md).
 //
-//	TAP ──ReadBatch──► decode vnet hdr ──► segment / complete csum ──► Port.WriteBatch
+//	TAP ──ReadBatch──► decode vnet hdr ──► segment / complete csum ──► rxpool ──► Port
 //	TAP ◄──Write────── coalescer (GRO) ◄── Port.ReadBatch
 //
 // The TAP→port goroutine lives as long as the TAP: while no peer is connected it keeps
@@ -56,6 +58,7 @@ type bridgeConfig struct {
 	tapAccepts  vnethdr.Offloads // what the TAP accepts on write (always: see wire.md §1.4)
 	tapEmits    vnethdr.Offloads // what TUNSETOFFLOAD allowed the TAP to hand us
 	trace       func(r coalescer.Reason, frameLen int)
+	rx          rxpool.Config // the TAP→port receive pool (--rx-* flags)
 }
 
 // tapIO is what the pipelines need of the TAP; *tapdev.Device implements it, and tests
@@ -77,6 +80,9 @@ type bridge struct {
 
 	t2p dirStats
 	p2t dirStats
+
+	rxStats   rxpool.Stats // the TAP→port receive pool's counters
+	rxBuffers atomic.Int64 // its size in buffers, once the pipeline has started
 
 	// groKilled is set (once, never cleared) when the kernel refused a GSO write: from then
 	// on frames go to the TAP one segment at a time, so the stream survives a kernel that
@@ -116,39 +122,43 @@ func (b *bridge) runTapToPort() error {
 	}
 }
 
-// tapToPort is the state of the TAP→port pipeline. Segments produced by software GSO are
-// carved out of one preallocated arena; everything queued in out is sent with a single
-// WriteBatch at the end of each TAP read batch (or earlier when the arena runs out).
+// tapToPort is the state of the TAP→port pipeline. Every frame for the port is staged
+// in the receive pool (rxpool): plain frames are copied in, GSO frames are split
+// straight into reserved pool buffers. The pool is flushed at the end of each TAP read
+// batch, or earlier when it is full; when the port is full the flush waits for it in the
+// netpoller, so this goroutine stops reading the TAP until the peer catches up.
 type tapToPort struct {
 	b     *bridge
 	bufs  [][]byte
 	sizes []int
 
-	arena []byte
-	used  int
+	pool *rxpool.Pool
+	ref  *portRef      // the port of the batch being processed
+	out  rxpool.Sender // ref's BatchSender, or a blocking adapter
 
-	segs     [][]byte // scratch for Split: views into arena
+	segs     [][]byte // scratch for Split: views into the pool
 	segSizes []int
-	out      [][]byte
 	hdr      vnethdr.Hdr
 }
 
-const (
-	arenaSize = 4 << 20 // 4 MiB: a whole batch of 64 KB GSO frames split at MTU 1500
-	maxOut    = 512     // frames per WriteBatch (IOV_MAX 1024 / 2 iovecs per framed record)
-	maxSegs   = 1024    // segments per GSO frame: 64 KiB at the smallest sane MSS (64)
-)
+// maxSegs is the most segments of one GSO frame: 64 KiB at the smallest sane MSS (64).
+const maxSegs = 1024
 
 func newTapToPort(b *bridge) *tapToPort {
+	pool, err := rxpool.New(b.cfg.rx, &b.rxStats)
+	if err != nil {
+		// parseFlags validated the same Config; only a programming error gets here.
+		panic(err)
+	}
 	p := &tapToPort{
 		b:        b,
 		bufs:     make([][]byte, b.cfg.batch),
 		sizes:    make([]int, b.cfg.batch),
-		arena:    make([]byte, arenaSize),
+		pool:     pool,
 		segs:     make([][]byte, maxSegs),
 		segSizes: make([]int, maxSegs),
-		out:      make([][]byte, 0, maxOut),
 	}
+	b.rxBuffers.Store(int64(pool.Buffers()))
 	for i := range p.bufs {
 		p.bufs[i] = make([]byte, b.frameCap())
 	}
@@ -165,8 +175,14 @@ func (p *tapToPort) process(n int) {
 		st.DropNoPeer.Add(uint64(n))
 		return
 	}
+	p.setPort(ref)
 	hl := b.cfg.vnetHdrLen
 	for i := 0; i < n; i++ {
+		if p.ref == nil {
+			// The port failed mid-batch: the rest of the batch has nowhere to go.
+			st.DropPortError.Add(uint64(n - i))
+			return
+		}
 		pkt := p.bufs[i][:p.sizes[i]]
 		if err := p.hdr.Decode(pkt, hl); err != nil {
 			st.DropMalformed.Add(1)
@@ -181,17 +197,57 @@ func (p *tapToPort) process(n int) {
 				}
 				st.CsumCompleted.Add(1)
 			}
-			p.queue(ref, frame)
+			p.stage(frame)
 			continue
 		}
-		p.split(ref, frame)
+		p.split(frame)
 	}
-	p.flush(ref)
+	if p.ref != nil {
+		p.flush(rxpool.ReasonBatchEnd)
+	}
 }
 
-// split segments one GSO frame into the arena. The arena is flushed first when the
-// segments would not fit, so a frame is never half-queued.
-func (p *tapToPort) split(ref *portRef, frame []byte) {
+// setPort points the pipeline at ref's port, through its non-blocking interface when it
+// has one.
+func (p *tapToPort) setPort(ref *portRef) {
+	if p.ref == ref {
+		return
+	}
+	p.ref = ref
+	if s, ok := ref.p.(netmapio.BatchSender); ok {
+		p.out = s
+	} else {
+		p.out = blockingSender{ref.p}
+	}
+}
+
+// stage copies one plain frame into the pool (one memcpy of at most the MTU).
+func (p *tapToPort) stage(frame []byte) {
+	buf, ok := p.pool.Reserve(len(frame))
+	if !ok {
+		if !p.pool.Fits(len(frame), 1) {
+			p.b.rxStats.Drops[rxpool.DropTooBig].Add(1)
+			return
+		}
+		if !p.flush(rxpool.ReasonPoolFull) {
+			p.b.t2p.DropPortError.Add(1)
+			return
+		}
+		if buf, ok = p.pool.Reserve(len(frame)); !ok {
+			p.b.rxStats.Drops[rxpool.DropTooBig].Add(1)
+			return
+		}
+	}
+	p.pool.Commit(copy(buf, frame))
+	if p.pool.PerFrame() {
+		p.flush(rxpool.ReasonFrame)
+	}
+}
+
+// split segments one GSO frame straight into pool buffers. All segments are reserved
+// before Split runs (the pool is flushed first when they do not fit), so a frame is
+// never half-staged.
+func (p *tapToPort) split(frame []byte) {
 	st := &p.b.t2p
 	lay, err := vnethdr.ParseLayout(frame)
 	if err != nil || p.hdr.GSOSize == 0 {
@@ -201,56 +257,81 @@ func (p *tapToPort) split(ref *portRef, frame []byte) {
 	payload := len(frame) - lay.PayloadOff
 	segCap := lay.PayloadOff + int(p.hdr.GSOSize)
 	nseg := (payload + int(p.hdr.GSOSize) - 1) / int(p.hdr.GSOSize)
-	if nseg < 1 || nseg > maxSegs || nseg*segCap > len(p.arena) {
+	if nseg < 1 || nseg > maxSegs {
 		st.DropMalformed.Add(1)
 		return
 	}
-	if p.used+nseg*segCap > len(p.arena) || len(p.out)+nseg > maxOut {
-		p.flush(ref)
+	if !p.pool.Fits(segCap, nseg) {
+		p.b.rxStats.Drops[rxpool.DropTooBig].Add(1)
+		return
 	}
-	for i := 0; i < nseg; i++ {
-		p.segs[i] = p.arena[p.used : p.used+segCap : p.used+segCap]
-		p.used += segCap
+	if !p.reserve(segCap, nseg) {
+		if !p.flush(rxpool.ReasonPoolFull) {
+			st.DropPortError.Add(1)
+			return
+		}
+		if !p.reserve(segCap, nseg) { // cannot happen: it Fits an empty pool
+			p.b.rxStats.Drops[rxpool.DropTooBig].Add(1)
+			return
+		}
 	}
 	n, err := vnethdr.Split(frame, &p.hdr, p.segs[:nseg], p.segSizes[:nseg])
 	if err != nil {
+		p.pool.Cancel()
 		st.DropMalformed.Add(1)
 		return
 	}
 	st.GSOSegmented.Add(1)
 	for i := 0; i < n; i++ {
-		p.queue(ref, p.segs[i][:p.segSizes[i]])
+		p.pool.Commit(p.segSizes[i])
+	}
+	p.pool.Cancel() // segments Split did not need, if any
+	if p.pool.PerFrame() {
+		p.flush(rxpool.ReasonFrame)
 	}
 }
 
-func (p *tapToPort) queue(ref *portRef, frame []byte) {
-	if len(p.out) == maxOut {
-		p.flush(ref)
+// reserve claims nseg segments of segCap bytes, or none.
+func (p *tapToPort) reserve(segCap, nseg int) bool {
+	for i := 0; i < nseg; i++ {
+		buf, ok := p.pool.Reserve(segCap)
+		if !ok {
+			p.pool.Cancel()
+			return false
+		}
+		p.segs[i] = buf
 	}
-	p.out = append(p.out, frame)
+	return true
 }
 
-// flush hands everything queued to the port in one WriteBatch. A failing port is closed
-// so its port→TAP goroutine ends and the supervisor waits for the next peer; the frames
-// it could not take are counted, not retried, like a NIC whose cable was pulled.
-func (p *tapToPort) flush(ref *portRef) {
+// flush hands everything staged to the port and reports whether the port is still
+// usable. A failing port is closed so its port→TAP goroutine ends and the supervisor
+// waits for the next peer; the frames it could not take are counted, not retried, like
+// a NIC whose cable was pulled.
+func (p *tapToPort) flush(why rxpool.Reason) bool {
 	st := &p.b.t2p
-	if len(p.out) > 0 {
-		n, err := ref.p.WriteBatch(p.out)
-		st.Frames.Add(uint64(n))
-		for _, f := range p.out[:n] {
-			st.Bytes.Add(uint64(len(f)))
-		}
-		if err != nil {
-			st.DropPortError.Add(uint64(len(p.out) - n))
-			ref.p.Close()
-			p.b.port.CompareAndSwap(ref, nil)
-		}
+	staged, _ := p.pool.Queued()
+	n, bytes, err := p.pool.Flush(p.out, why)
+	st.Frames.Add(uint64(n))
+	st.Bytes.Add(uint64(bytes))
+	if err == nil {
+		return true
 	}
-	clear(p.out)
-	p.out = p.out[:0]
-	p.used = 0
+	st.DropPortError.Add(uint64(staged - n))
+	p.pool.Discard(rxpool.DropPortError)
+	p.ref.p.Close()
+	p.b.port.CompareAndSwap(p.ref, nil)
+	p.ref, p.out = nil, nil
+	return false
 }
+
+// blockingSender adapts a Port without BatchSender: WriteBatch blocks until everything
+// is sent, so it never reports ErrWouldBlock and the pool never waits on it.
+type blockingSender struct{ p netmapio.Port }
+
+func (s blockingSender) TryWriteBatch(frames [][]byte) (int, error) { return s.p.WriteBatch(frames) }
+func (s blockingSender) WaitWritable(time.Time) error               { return nil }
+func (s blockingSender) Room() (int, int)                           { return math.MaxInt, math.MaxInt }
 
 // tapWriter writes the coalescer's output to the TAP. It belongs to the port→TAP
 // goroutine of whichever connection is live (one at a time), so it needs no lock.

@@ -6,12 +6,14 @@ import (
 	"fmt"
 	"io"
 	"net/netip"
+	"strconv"
 	"strings"
 	"time"
 
 	"github.com/sirupsen/logrus"
 
 	"tapgro/netmapio"
+	"tapgro/rxpool"
 	"tapgro/vnethdr"
 )
 
@@ -37,6 +39,7 @@ type options struct {
 	pprof       bool
 	allowRemote bool
 	batch       int
+	rx          rxpool.Config // --rx-*: the TAP→port receive pool
 }
 
 // offloadChoice is --offload: auto (everything the kernel accepts that tapgro can fill in
@@ -167,6 +170,13 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.BoolVar(&o.pprof, "pprof", false, "also serve /debug/pprof on --metrics-addr")
 	fs.BoolVar(&o.allowRemote, "allow-remote", false, "allow TCP listeners (metrics, ports) on non-loopback addresses")
 	fs.IntVar(&o.batch, "batch", 64, "frames per read batch on each side")
+	var rxBuf, rxPool, rxThreshold, rxBatch string
+	var rxDelay time.Duration
+	fs.StringVar(&rxBuf, "rx-buf-size", "2048", "TAP->port receive pool: bytes per buffer (a frame spans ceil(len/size) buffers), e.g. 2048 or 4K")
+	fs.StringVar(&rxPool, "rx-pool-bytes", "4M", "TAP->port receive pool: total bytes, the hard cap on frames queued for the port, e.g. 4M")
+	fs.DurationVar(&rxDelay, "rx-flush-delay", rxpool.DefaultFlushDelay, "after the port was full and became writable: longest wait for more room before flushing (0: none)")
+	fs.StringVar(&rxThreshold, "rx-flush-threshold", "auto", "after the port was full: free send-buffer room that flushes at once, in bytes (e.g. 256K) or percent of the buffer (e.g. 50%); auto: room for everything queued, at most 50%")
+	fs.StringVar(&rxBatch, "rx-batch", "on", "batch frames to the port (on), or write every frame on its own (off: the baseline for measurements)")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -212,6 +222,9 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	if o.batch < 1 || o.batch > 512 {
 		return nil, fmt.Errorf("--batch %d: want 1..512", o.batch)
 	}
+	if o.rx, err = parseRxFlags(rxBuf, rxPool, rxThreshold, rxBatch, rxDelay); err != nil {
+		return nil, err
+	}
 	if o.offload, err = parseOffloads(offload); err != nil {
 		return nil, err
 	}
@@ -255,3 +268,72 @@ func requireLoopback(flagName, hostPort string) error {
 
 // errHelp is returned by parseFlags when -h was asked for: usage was printed, exit 0.
 var errHelp = flag.ErrHelp
+
+// parseRxFlags turns the --rx-* flags into the receive pool's Config.
+func parseRxFlags(buf, pool, threshold, batch string, delay time.Duration) (rxpool.Config, error) {
+	var c rxpool.Config
+	var err error
+	if c.BufSize, err = parseBytes("rx-buf-size", buf); err != nil {
+		return c, err
+	}
+	if c.Bytes, err = parseBytes("rx-pool-bytes", pool); err != nil {
+		return c, err
+	}
+	if c.BufSize < rxpool.MinBufSize || c.BufSize > rxpool.MaxBufSize {
+		return c, fmt.Errorf("--rx-buf-size %d: want %d..%d bytes", c.BufSize, rxpool.MinBufSize, rxpool.MaxBufSize)
+	}
+	if c.Bytes < rxpool.MinBytes || c.Bytes > rxpool.MaxBytes || c.Bytes/c.BufSize < 2 {
+		return c, fmt.Errorf("--rx-pool-bytes %d: want %d..%d bytes and at least 2 buffers of --rx-buf-size %d",
+			c.Bytes, rxpool.MinBytes, rxpool.MaxBytes, c.BufSize)
+	}
+	if delay < 0 || delay > rxpool.MaxDelay {
+		return c, fmt.Errorf("--rx-flush-delay %v: want 0..%v", delay, rxpool.MaxDelay)
+	}
+	c.FlushDelay = delay
+	if delay == 0 {
+		c.FlushDelay = -1 // rxpool reads 0 as "default"
+	}
+	switch {
+	case threshold == "auto" || threshold == "":
+	case strings.HasSuffix(threshold, "%"):
+		pct, err := strconv.ParseFloat(strings.TrimSuffix(threshold, "%"), 64)
+		if err != nil || pct <= 0 || pct > 100 {
+			return c, fmt.Errorf("--rx-flush-threshold %q: want a percentage in (0, 100]", threshold)
+		}
+		c.FlushThresholdFrac = pct / 100
+	default:
+		if c.FlushThreshold, err = parseBytes("rx-flush-threshold", threshold); err != nil {
+			return c, fmt.Errorf("%w (or auto, or a percentage such as 50%%)", err)
+		}
+		if c.FlushThreshold < 1 {
+			return c, fmt.Errorf("--rx-flush-threshold %q: want at least 1 byte", threshold)
+		}
+	}
+	batching, err := onOff("rx-batch", batch)
+	if err != nil {
+		return c, err
+	}
+	c.PerFrame = !batching
+	return c, c.Validate()
+}
+
+// parseBytes reads a byte count with an optional K, M or G suffix (powers of 1024).
+func parseBytes(name, v string) (int, error) {
+	mult := 1
+	num := v
+	if n := len(v); n > 0 {
+		switch v[n-1] {
+		case 'k', 'K':
+			mult, num = 1<<10, v[:n-1]
+		case 'm', 'M':
+			mult, num = 1<<20, v[:n-1]
+		case 'g', 'G':
+			mult, num = 1<<30, v[:n-1]
+		}
+	}
+	n, err := strconv.Atoi(num)
+	if err != nil || n < 0 || n > (1<<40)/mult {
+		return 0, fmt.Errorf("--%s %q: want a byte count such as 2048, 512K or 4M", name, v)
+	}
+	return n * mult, nil
+}

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"tapgro/rxpool"
 	"tapgro/vnethdr"
 )
 
@@ -37,6 +38,47 @@ func TestParseFlags(t *testing.T) {
 		}},
 		{"remote metrics allowed", []string{"--tap", "tap0", nd, "--metrics-addr", "198.18.0.1:9100", "--allow-remote"}, nil},
 		{"ipv6 loopback metrics", []string{"--tap", "tap0", nd, "--metrics-addr", "[::1]:9100"}, nil},
+		{"rx defaults", []string{"--tap", "tap0", nd}, func(t *testing.T, o *options) {
+			if o.rx.BufSize != 2048 || o.rx.Bytes != 4<<20 || o.rx.FlushDelay != rxpool.DefaultFlushDelay ||
+				o.rx.FlushThreshold != 0 || o.rx.FlushThresholdFrac != 0 || o.rx.PerFrame {
+				t.Errorf("rx defaults: %+v", o.rx)
+			}
+		}},
+		{"rx-buf-size", []string{"--tap", "tap0", nd, "--rx-buf-size", "4K"}, func(t *testing.T, o *options) {
+			if o.rx.BufSize != 4096 {
+				t.Errorf("--rx-buf-size 4K = %d", o.rx.BufSize)
+			}
+		}},
+		{"rx-pool-bytes", []string{"--tap", "tap0", nd, "--rx-pool-bytes", "16M"}, func(t *testing.T, o *options) {
+			if o.rx.Bytes != 16<<20 {
+				t.Errorf("--rx-pool-bytes 16M = %d", o.rx.Bytes)
+			}
+		}},
+		{"rx-flush-delay", []string{"--tap", "tap0", nd, "--rx-flush-delay", "200us"}, func(t *testing.T, o *options) {
+			if o.rx.FlushDelay != 200*time.Microsecond {
+				t.Errorf("--rx-flush-delay 200us = %v", o.rx.FlushDelay)
+			}
+		}},
+		{"rx-flush-delay 0", []string{"--tap", "tap0", nd, "--rx-flush-delay", "0"}, func(t *testing.T, o *options) {
+			if o.rx.FlushDelay >= 0 {
+				t.Errorf("--rx-flush-delay 0 = %v, want negative (no delay)", o.rx.FlushDelay)
+			}
+		}},
+		{"rx-flush-threshold bytes", []string{"--tap", "tap0", nd, "--rx-flush-threshold", "256K"}, func(t *testing.T, o *options) {
+			if o.rx.FlushThreshold != 256<<10 {
+				t.Errorf("--rx-flush-threshold 256K = %d", o.rx.FlushThreshold)
+			}
+		}},
+		{"rx-flush-threshold percent", []string{"--tap", "tap0", nd, "--rx-flush-threshold", "50%"}, func(t *testing.T, o *options) {
+			if o.rx.FlushThresholdFrac != 0.5 {
+				t.Errorf("--rx-flush-threshold 50%% = %v", o.rx.FlushThresholdFrac)
+			}
+		}},
+		{"rx-batch off", []string{"--tap", "tap0", nd, "--rx-batch", "off"}, func(t *testing.T, o *options) {
+			if !o.rx.PerFrame {
+				t.Error("--rx-batch off did not set PerFrame")
+			}
+		}},
 	}
 	for _, tc := range good {
 		t.Run(tc.name, func(t *testing.T) {
@@ -70,6 +112,15 @@ func TestParseFlags(t *testing.T) {
 		{"bad flush", []string{"--tap", "tap0", nd, "--gro-flush", "sometimes"}, "--gro-flush"},
 		{"stray arg", []string{"--tap", "tap0", nd, "extra"}, "extra"},
 		{"bad addr", []string{"--tap", "tap0", nd, "--addr", "198.18.0.1"}, "prefix"},
+		{"bad rx-buf-size", []string{"--tap", "tap0", nd, "--rx-buf-size", "16"}, "--rx-buf-size"},
+		{"bad rx-buf-size unit", []string{"--tap", "tap0", nd, "--rx-buf-size", "2KB"}, "--rx-buf-size"},
+		{"small rx-pool-bytes", []string{"--tap", "tap0", nd, "--rx-pool-bytes", "64K"}, "--rx-pool-bytes"},
+		{"rx-pool-bytes one buffer", []string{"--tap", "tap0", nd, "--rx-buf-size", "1M", "--rx-pool-bytes", "1M"}, "--rx-pool-bytes"},
+		{"bad rx-flush-delay", []string{"--tap", "tap0", nd, "--rx-flush-delay", "2s"}, "--rx-flush-delay"},
+		{"negative rx-flush-delay", []string{"--tap", "tap0", nd, "--rx-flush-delay", "-1ms"}, "--rx-flush-delay"},
+		{"bad rx-flush-threshold", []string{"--tap", "tap0", nd, "--rx-flush-threshold", "lots"}, "--rx-flush-threshold"},
+		{"bad rx-flush-threshold percent", []string{"--tap", "tap0", nd, "--rx-flush-threshold", "150%"}, "--rx-flush-threshold"},
+		{"bad rx-batch", []string{"--tap", "tap0", nd, "--rx-batch", "sometimes"}, "--rx-batch"},
 	}
 	for _, tc := range bad {
 		t.Run("bad/"+tc.name, func(t *testing.T) {

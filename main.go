@@ -123,6 +123,7 @@ func run(ctx context.Context, o *options, log *logrus.Logger) error {
 		maxFlows:    o.maxFlows,
 		tapAccepts:  accepts,
 		tapEmits:    set,
+		rx:          o.rx,
 	}
 	if log.IsLevelEnabled(logrus.TraceLevel) {
 		cfg.trace = traceDecisions(log)

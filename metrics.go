@@ -114,6 +114,7 @@ func newCollector(b *bridge, ep netmapio.Endpoint) *collector {
 	})
 	addCoalescerMetrics(c, b)
 	addDeviceMetrics(c, b, ep)
+	addRxPoolMetrics(c, b)
 	c.add("tapgro_build_info", "Build version.", prometheus.GaugeValue, prometheus.Labels{"version": version}, func() float64 { return 1 })
 	start := float64(time.Now().Unix())
 	c.add("tapgro_start_time_seconds", "Process start time (Unix seconds).", prometheus.GaugeValue, nil, func() float64 { return start })

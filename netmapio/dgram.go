@@ -55,9 +55,15 @@ type DgramPort struct {
 	wBlock     bool  // EAGAIN waits in the poller (true) or returns to send (false)
 	wAgain     bool  // the last writeFn run stopped on EAGAIN
 	writeFn    func(fd uintptr) bool
+	waiter     *writeWaiter
+	room       *sockRoom
+	peerFull   int // consecutive WaitWritable calls that found our own socket writable
 }
 
-var _ Port = (*DgramPort)(nil)
+var (
+	_ Port        = (*DgramPort)(nil)
+	_ BatchSender = (*DgramPort)(nil)
+)
 
 // NewDgramPort wraps a bound datagram socket. remote is where frames go: a *net.UDPAddr
 // for a UDP socket, a *net.UnixAddr for a unixgram socket. st may be nil.
@@ -111,6 +117,8 @@ func NewDgramPort(c net.Conn, remote net.Addr, st *Stats) (*DgramPort, error) {
 	}
 	p.readFn = p.recvmmsg
 	p.writeFn = p.sendmmsg
+	p.waiter = newWriteWaiter()
+	p.room = newSockRoom()
 	return p, nil
 }
 
@@ -255,7 +263,48 @@ func (p *DgramPort) recvmmsg(fd uintptr) bool {
 // receiver that stays full for dgramSendWait) are dropped and counted in SendDrops, and
 // count as handled: datagram links are lossy and a missing peer must not stop the
 // pipeline. Other errors are fatal to the port.
-func (p *DgramPort) WriteBatch(frames [][]byte) (int, error) {
+func (p *DgramPort) WriteBatch(frames [][]byte) (int, error) { return p.write(frames, false) }
+
+// TryWriteBatch implements BatchSender: like WriteBatch, but the first EAGAIN returns the
+// count handled so far with ErrWouldBlock instead of waiting (datagrams are whole by
+// nature). Datagrams refused for reasons of the moment are still dropped and counted.
+func (p *DgramPort) TryWriteBatch(frames [][]byte) (int, error) { return p.write(frames, true) }
+
+// Shortest and longest wait of WaitWritable for a write-space event (see there).
+const (
+	peerFullMinWait = time.Millisecond
+	peerFullMaxWait = 64 * time.Millisecond
+)
+
+// WaitWritable implements BatchSender. An unconnected AF_UNIX datagram socket answers
+// EAGAIN when the receiver's queue is full (net.unix.max_dgram_qlen, 10 by default) while
+// our own socket still polls writable, so polling would spin. But every datagram stays
+// charged to our socket until the receiver reads it, and freeing it raises a
+// write-space event on our socket: so WaitWritable waits for the next such event in the
+// netpoller, whatever poll says. An event that fired between the failed send and this
+// wait is lost, so the wait is bounded: 1 ms, doubling up to 64 ms while waits keep
+// timing out (a stopped receiver then costs ~16 wake-ups a second), back to 1 ms after
+// a send succeeds. For UDP the event is our own send buffer draining.
+func (p *DgramPort) WaitWritable(deadline time.Time) error {
+	step := min(peerFullMinWait<<min(p.peerFull, 6), peerFullMaxWait)
+	until := time.Now().Add(step)
+	if !deadline.IsZero() && deadline.Before(until) {
+		until = deadline
+	}
+	p.waiter.nextEdge = true
+	err := p.waiter.wait(p.conn, p.rc, until)
+	if errors.Is(err, os.ErrDeadlineExceeded) && (deadline.IsZero() || time.Now().Before(deadline)) {
+		p.peerFull++
+		return nil // our own bound, not the caller's: try sending again
+	}
+	return err
+}
+
+// Room implements BatchSender. For AF_UNIX datagrams the bytes stay charged to us until
+// the receiver reads them; for UDP only until the packet leaves the host.
+func (p *DgramPort) Room() (free, size int) { return p.room.room(p.rc) }
+
+func (p *DgramPort) write(frames [][]byte, try bool) (int, error) {
 	done := 0
 	for done < len(frames) {
 		chunk := frames[done:min(len(frames), done+maxDgramBatch)]
@@ -270,10 +319,18 @@ func (p *DgramPort) WriteBatch(frames [][]byte) (int, error) {
 			k++
 		}
 		if k > 0 {
-			err := p.send(k)
+			var err error
+			if try {
+				err = p.trySend(k)
+			} else {
+				err = p.send(k)
+			}
 			clear(p.wiov[:k])
 			done += p.wIdx
 			if err != nil {
+				if err == ErrWouldBlock {
+					return done, err
+				}
 				return done, p.fail(err)
 			}
 		}
@@ -313,6 +370,26 @@ func (p *DgramPort) send(k int) error {
 	}
 	switch {
 	case err == nil:
+		return nil
+	case errors.Is(err, net.ErrClosed):
+		return ErrClosed
+	}
+	return fmt.Errorf("netmapio: send to %s: %w", p.peer, err)
+}
+
+// trySend pushes wmsgs[0:k] out until the first EAGAIN (ErrWouldBlock). On return wIdx
+// is the number of datagrams sent or dropped.
+func (p *DgramPort) trySend(k int) error {
+	p.wIdx, p.wEnd, p.wErr, p.wBlock, p.wAgain = 0, k, nil, false, false
+	err := p.rc.Write(p.writeFn)
+	if err == nil {
+		err = p.wErr
+	}
+	switch {
+	case err == nil && p.wAgain:
+		return ErrWouldBlock
+	case err == nil:
+		p.peerFull = 0
 		return nil
 	case errors.Is(err, net.ErrClosed):
 		return ErrClosed

@@ -65,3 +65,32 @@ type Port interface {
 	// Close ends the connection and unblocks ReadBatch and WriteBatch.
 	Close() error
 }
+
+// ErrWouldBlock is returned by TryWriteBatch when the socket cannot take the next whole
+// frame right now. It is backpressure, not a failure: the port stays usable, and the
+// caller keeps the frames from the first unsent one on and retries after WaitWritable.
+var ErrWouldBlock = errors.New("netmapio: port cannot take more frames now")
+
+// BatchSender is what the TAP→port pool (package rxpool) needs of a Port to deliver in
+// batches without blocking. StreamPort and DgramPort implement it; a Port that does not
+// is written to with WriteBatch. It belongs to the goroutine that calls WriteBatch.
+type BatchSender interface {
+	// TryWriteBatch is WriteBatch without waiting: it writes frames in order until the
+	// socket is full and then returns how many went out whole, with ErrWouldBlock. On a
+	// stream the kernel may have taken part of the next record: the port remembers how
+	// much, and the next write must begin with that same frame (same memory), which it
+	// resumes mid-record so the peer sees one contiguous byte stream. Callers keep
+	// unsent frames queued in order anyway, so this costs them nothing.
+	TryWriteBatch(frames [][]byte) (n int, err error)
+
+	// WaitWritable blocks in the netpoller until the socket can take data again, the
+	// deadline passes (an error wrapping os.ErrDeadlineExceeded; the zero time means no
+	// deadline), or the port is closed (ErrClosed). It never spins.
+	WaitWritable(deadline time.Time) error
+
+	// Room estimates the free bytes in the socket's send buffer and the buffer's size
+	// (SIOCOUTQ against SO_SNDBUF). Both are in the kernel's accounting units, which
+	// include per-packet overhead, so they are a guide, not a promise. A socket that
+	// cannot tell reports free == size == math.MaxInt.
+	Room() (free, size int)
+}

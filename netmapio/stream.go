@@ -53,10 +53,24 @@ type StreamPort struct {
 	iov        [maxIov]unix.Iovec
 	wIdx, wEnd int   // iov[wIdx:wEnd] is still to be written
 	wErr       error // errno that ended the current writev loop
+	wTry       bool  // TryWriteBatch: stop on EAGAIN instead of waiting
+	wBlocked   bool  // the writev loop stopped on EAGAIN (TryWriteBatch)
 	writeFn    func(fd uintptr) bool
+
+	// A record TryWriteBatch left partly written: the next write must start with the
+	// same frame (same memory, same length) and resumes pendOff bytes into its record.
+	pendBase *byte
+	pendLen  int
+	pendOff  int
+
+	waiter *writeWaiter
+	room   *sockRoom
 }
 
-var _ Port = (*StreamPort)(nil)
+var (
+	_ Port        = (*StreamPort)(nil)
+	_ BatchSender = (*StreamPort)(nil)
+)
 
 // NewStreamPort wraps a connected stream socket. It sets TCP_NODELAY on TCP (as QEMU does,
 // wire.md §3.1) and asks for 4 MiB socket buffers. st may be nil for private counters.
@@ -82,6 +96,8 @@ func NewStreamPort(c net.Conn, st *Stats) (*StreamPort, error) {
 		df:       NewDeframer(streamBufSize, MinFrame, MaxFrame),
 	}
 	s.writeFn = s.writev
+	s.waiter = newWriteWaiter()
+	s.room = newSockRoom()
 	return s, nil
 }
 
@@ -183,7 +199,32 @@ func (s *StreamPort) readErr(err error) error {
 // WriteBatch returns the frames before it and a *FrameError, and the connection stays
 // usable. Otherwise it returns only when every frame is in the socket or the connection
 // failed; a partial frame is left behind only on a broken connection.
-func (s *StreamPort) WriteBatch(frames [][]byte) (int, error) {
+func (s *StreamPort) WriteBatch(frames [][]byte) (int, error) { return s.write(frames, false) }
+
+// TryWriteBatch implements BatchSender: WriteBatch that returns ErrWouldBlock, with the
+// count of whole frames sent, as soon as the socket is full. It never waits. When the
+// kernel took part of a record, the port remembers how much: the next TryWriteBatch or
+// WriteBatch must begin with that same frame (the same memory, as rxpool guarantees by
+// keeping it staged) and resumes inside its record, so the peer sees one contiguous
+// stream. Beginning with any other frame would corrupt the stream: the call fails with
+// ErrPartialRecord instead and the connection must be closed.
+func (s *StreamPort) TryWriteBatch(frames [][]byte) (int, error) { return s.write(frames, true) }
+
+// ErrPartialRecord is returned when a write after a TryWriteBatch that left a record
+// partly written does not begin with that record's frame.
+var ErrPartialRecord = errors.New("netmapio: a partly written record was not resumed with the same frame")
+
+// WaitWritable implements BatchSender.
+func (s *StreamPort) WaitWritable(deadline time.Time) error {
+	return s.waiter.wait(s.conn, s.rc, deadline)
+}
+
+// Room implements BatchSender. For AF_UNIX the bytes stay charged to our buffer until the
+// peer reads them, so Room grows exactly as the peer consumes; for TCP it grows as data is
+// acknowledged, which a peer that stopped reading stops doing once its window closes.
+func (s *StreamPort) Room() (free, size int) { return s.room.room(s.rc) }
+
+func (s *StreamPort) write(frames [][]byte, try bool) (int, error) {
 	done := 0
 	for done < len(frames) {
 		chunk := frames[done:min(len(frames), done+maxStreamBatch)]
@@ -200,9 +241,21 @@ func (s *StreamPort) WriteBatch(frames [][]byte) (int, error) {
 			k++
 		}
 		if k > 0 {
-			s.wIdx, s.wEnd, s.wErr = 0, 2*k, nil
+			s.wIdx, s.wEnd, s.wErr, s.wTry, s.wBlocked = 0, 2*k, nil, try, false
+			if s.pendOff > 0 {
+				if &chunk[0][0] != s.pendBase || len(chunk[0]) != s.pendLen {
+					clear(s.iov[:2*k])
+					return done, s.fail(fmt.Errorf("%w: %d of a %d-byte frame sent, next frame is %d bytes",
+						ErrPartialRecord, s.pendOff, s.pendLen, len(chunk[0])))
+				}
+				s.advance(uint64(s.pendOff))
+				s.pendBase, s.pendLen, s.pendOff = nil, 0, 0
+			}
 			err := s.rc.Write(s.writeFn)
 			sent := s.wIdx / 2 // iov pairs fully written
+			if s.wBlocked && err == nil && s.wErr == nil {
+				s.notePartial(chunk)
+			}
 			clear(s.iov[:2*k]) // do not pin the caller's buffers
 			if err == nil {
 				err = s.wErr
@@ -216,6 +269,9 @@ func (s *StreamPort) WriteBatch(frames [][]byte) (int, error) {
 			done += sent
 			if err != nil {
 				return done, s.fail(s.writeErr(err))
+			}
+			if s.wBlocked {
+				return done, ErrWouldBlock
 			}
 		}
 		if bad != nil {
@@ -256,6 +312,10 @@ func (s *StreamPort) writev(fd uintptr) bool {
 			s.advance(uint64(n))
 		case unix.EINTR:
 		case unix.EAGAIN, unix.ENOBUFS:
+			if s.wTry {
+				s.wBlocked = true
+				return true
+			}
 			s.stats.WriteWaits.Add(1)
 			return false
 		default:
@@ -264,6 +324,24 @@ func (s *StreamPort) writev(fd uintptr) bool {
 		}
 	}
 	return true
+}
+
+// notePartial records how far into its record the writev loop stopped, if it stopped
+// inside one (iov[wIdx] is a trimmed prefix or a frame).
+func (s *StreamPort) notePartial(chunk [][]byte) {
+	r := s.wIdx / 2
+	if s.wIdx >= s.wEnd {
+		return
+	}
+	written := 0
+	if s.wIdx%2 == 0 {
+		written = PrefixLen - int(s.iov[s.wIdx].Len)
+	} else {
+		written = PrefixLen + len(chunk[r]) - int(s.iov[s.wIdx].Len)
+	}
+	if written > 0 {
+		s.pendBase, s.pendLen, s.pendOff = &chunk[r][0], len(chunk[r]), written
+	}
 }
 
 // advance consumes n written bytes from iov[wIdx:], trimming a partly written iovec so the

@@ -1,0 +1,55 @@
+// Package rxpool is the receive-buffer pool of the TAP→port direction: every frame for
+// the peer (a guest's QEMU port) is staged in preallocated buffers and delivered in
+// batches, one system call for many frames, with backpressure instead of loss when the
+// peer falls behind.
+//
+// # Buffers
+//
+// A Pool is one slab of Count × BufSize bytes (default 2048 × 2048 B = 4 MiB) allocated
+// by New, and nothing else is allocated afterwards. As with virtio-net's mergeable
+// receive buffers (wire.md §6.1), a frame larger than one buffer spans several
+// consecutive ones: NumBuffers(n) = ceil(n / BufSize) is what virtio would report in
+// num_buffers (a 65549-byte frame over 2048-byte buffers spans 33). Unlike virtio, the
+// buffers of one frame are always adjacent, so a frame is one contiguous slice and one
+// iovec: a frame that would run past the slab's end skips the remaining buffers there
+// (they are freed together with that frame and counted in SkippedBuffers). Frames are
+// kept in a ring of descriptors and are staged, delivered and freed strictly in order;
+// nothing is ever reordered or duplicated.
+//
+// Staging is Reserve (room for up to maxLen bytes, or false when the pool is full),
+// writing into the returned slice, and Commit(n). Several reservations may be open at
+// once, so software GSO writes its segments straight into the pool; Cancel abandons
+// them. Staged returns the committed frames in order, Release(k) frees the first k.
+//
+// # Delivery and backpressure
+//
+// Flush hands every staged frame to a Sender (netmapio.BatchSender: many
+// length-prefixed records per writev on streams, sendmmsg on datagrams) and returns only
+// when the pool is empty or the port failed. In the unconstrained steady state the
+// caller flushes at the end of each TAP read batch and when the pool is full, and no
+// delay applies. When the port answers ErrWouldBlock the pool's goroutine waits in the
+// port's netpoller until the socket is writable again — and so stops reading the TAP,
+// whose kernel queue then holds or drops like a real NIC's while TCP backs off. Memory
+// stays at the slab; nothing spins.
+//
+// # The delayed flush
+//
+// After a stall, writability alone does not trigger the flush (wire.md §6.2, QEMU's
+// spapr-llan: adding receive buffers re-arms a 500 µs timer instead of flushing at
+// once). The pool waits until the port's free send-buffer room reaches a threshold
+// (default: room for everything queued, at most half the buffer) or FlushDelay has
+// passed since writability returned, whichever is first, and then sends everything in
+// one go, so a slow consumer gets a few large writes rather than many that each find the
+// socket full again. Room is polled every FlushDelay/8 only during that window; an idle
+// or unconstrained pool arms no timer at all. The clock is injectable (Config.Clock) so
+// tests are deterministic.
+//
+// # Limits
+//
+// The pool holds at most Count buffers: a frame (or the segments of one GSO frame)
+// needing more than the whole pool can never be staged, and the caller drops it under
+// DropTooBig. When the port fails, staged frames are discarded under DropPortError.
+//
+// A Pool belongs to one goroutine; only Stats (atomics) may be read concurrently. The
+// package never logs.
+package rxpool
