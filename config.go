@@ -197,6 +197,11 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 		return nil, err
 	}
 	o.netdev = spec
+	// Ports that carry a virtio_net_hdr need the negotiation the datapath does not have
+	// yet (issue 5): refuse them plainly rather than corrupt frames.
+	if spec.VnetHdr || spec.HdrLen > 0 {
+		return nil, fmt.Errorf("--netdev %q: ports that carry a virtio-net header (vnet-hdr=on / vnet-hdr=10|12) are not supported by the datapath yet; use the default (no header)", netdev)
+	}
 	o.addrs = addrs
 	if o.mtu != 0 && (o.mtu < 68 || o.mtu > 65521) {
 		return nil, fmt.Errorf("--mtu %d: a TAP takes 68..65521", o.mtu)

@@ -156,7 +156,7 @@ func run(ctx context.Context, o *options, log *logrus.Logger) error {
 		"gro":          onOffString(o.gro && !b.groKilled.Load()),
 		"netdev":       o.netdev.String(),
 		"version":      version,
-	}).Info("tapgro ready; give QEMU: -netdev " + o.netdev.QEMUOption("n0") + " -device virtio-net-pci,netdev=n0")
+	}).Info("tapgro ready; " + qemuHint(o.netdev))
 
 	var metricsDone func()
 	if o.metricsAddr != "" {
@@ -176,6 +176,15 @@ func run(ctx context.Context, o *options, log *logrus.Logger) error {
 	<-tapErr
 	logSummary(b, log)
 	return err
+}
+
+// qemuHint is the passt-style line that tells the user what to give QEMU.
+func qemuHint(spec netmapio.Spec) string {
+	opt := spec.QEMUOption("n0")
+	if opt == "" {
+		return "this port has no QEMU counterpart (a NIC in netmap mode)"
+	}
+	return "give QEMU: -netdev " + opt + " -device virtio-net-pci,netdev=n0"
 }
 
 // supervise hands each connection the port endpoint yields to the datapath, one at a

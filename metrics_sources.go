@@ -89,5 +89,21 @@ func addDeviceMetrics(c *collector, b *bridge, ep netmapio.Endpoint) {
 	c.add("tapgro_port_connects_total", "Peers connected (or datagram sockets opened).", prometheus.CounterValue, nil, u(ps.Connects.Load))
 	c.add("tapgro_port_disconnects_total", "Peer connections ended.", prometheus.CounterValue, nil, u(ps.Disconnects.Load))
 	c.add("tapgro_port_rejects_total", "Extra clients turned away while one was served.", prometheus.CounterValue, nil, u(ps.Rejects.Load))
+	if nm, ok := ep.(netmapio.NetmapStatser); ok {
+		ns := nm.NetmapStats()
+		c.add("tapgro_netmap_slots_total", "netmap ring slots used, by direction.", prometheus.CounterValue, prometheus.Labels{"direction": "rx"}, u(ns.RxSlots.Load))
+		c.add("tapgro_netmap_slots_total", "netmap ring slots used, by direction.", prometheus.CounterValue, prometheus.Labels{"direction": "tx"}, u(ns.TxSlots.Load))
+		c.add("tapgro_netmap_tx_full_total", "Times the netmap TX ring had no room for the next whole frame.", prometheus.CounterValue, nil, u(ns.TxFull.Load))
+		for _, r := range []struct {
+			reason string
+			v      func() uint64
+		}{
+			{"bad_slot", ns.BadSlot.Load}, {"bad_chain", ns.BadChain.Load}, {"short_frame", ns.ShortFrame.Load},
+			{"long_frame", ns.LongFrame.Load}, {"tx_too_big", ns.TxTooBig.Load}, {"bad_ring", ns.BadRing.Load}, {"stale", ns.Stale.Load},
+		} {
+			c.add("tapgro_netmap_errors_total", "Bad input from the netmap ring and frames it could not carry, by reason.", prometheus.CounterValue,
+				prometheus.Labels{"reason": r.reason}, u(r.v))
+		}
+	}
 	c.add("tapgro_port_retries_total", "Failed dials or accepts, each followed by a backoff wait.", prometheus.CounterValue, nil, u(ps.Retries.Load))
 }

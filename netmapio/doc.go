@@ -1,6 +1,6 @@
 // Package netmapio connects tapgro to QEMU's socket-family network backends (-netdev
-// stream, socket and dgram) and, later, to netmap ports. Everything on the far side of a
-// Port is untrusted input.
+// stream, socket and dgram) and to netmap ports (-netdev netmap: a VALE switch, a NIC in
+// netmap mode, a netmap pipe). Everything on the far side of a Port is untrusted input.
 //
 // # Ports
 //
@@ -12,8 +12,8 @@
 // iovecs, length prefixes and mmsghdrs). The packet path never logs: drops and errors go
 // to the atomic counters in Stats.
 //
-// QEMU's socket-family backends carry no virtio_net_hdr (wire.md §3.1, §3.5): for every
-// Port here VnetHdrLen() == 0 and Accepts() == 0, so frames written to them must be plain,
+// QEMU's socket-family backends carry no virtio_net_hdr (wire.md §3.1, §3.5): for their
+// Ports VnetHdrLen() == 0 and Accepts() == 0, so frames written to them must be plain,
 // fully checksummed and no larger than the MTU, and the pipelines do GSO splitting and
 // checksum completion before WriteBatch. (Spec.VnetHdr is parsed for a future
 // tapgro-to-tapgro stream mode and is not implemented by StreamPort.)
@@ -36,10 +36,57 @@
 // contiguous byte stream. When the socket is full, the Go netpoller waits for
 // writability; nothing spins.
 //
+// Ports also implement BatchSender for the TAP→port receive pool (package rxpool):
+// TryWriteBatch writes until the socket is full and returns ErrWouldBlock instead of
+// waiting (a stream record the kernel took in part is resumed by the next call, which
+// must begin with the same frame), WaitWritable parks in the netpoller, and Room reads
+// SIOCOUTQ against SO_SNDBUF so the pool can wait for enough room to flush in one go.
+//
 // Datagram links (UDP, or AF_UNIX datagrams; -netdev dgram and socket udp=) carry one
 // frame per datagram with no prefix. DgramPort moves up to 512 datagrams per
 // recvmmsg(2)/sendmmsg(2), sends to the one configured remote address and accepts
 // datagrams from any source, as QEMU does (wire.md §3.2).
+//
+// # netmap
+//
+// NetmapPort (spec netmap,ifname=NAME[,vnet-hdr=0|10|12]) opens /dev/netmap, registers
+// the port with the API v14 request (NIOCCTRL, NETMAP_REQ_REGISTER, all NIC rings of
+// the name — or its host rings with "^", both with "*" — and NR_NO_TX_POLL, since it
+// syncs TX itself), maps the region and walks netmap_if → rings → slots → buffers
+// (wire.md §4.1, §4.4). On a VALE port it then sets the virtio-net header length with
+// NETMAP_REQ_PORT_HDR_SET (the port must exist first, so this comes after registering;
+// NR_ACCEPT_VNET_HDR lets a persistent port that already has a header register at all),
+// reads it back, and discards whatever arrived before with the old length. Between VALE
+// ports of equal header length frames cross untouched, so with vnet-hdr=12 (what QEMU
+// uses once the guest acks VERSION_1 or MRG_RXBUF) 64 KB GSO frames pass both ways
+// unsegmented; Accepts() is then CSUM|TSO4|TSO6|TSO_ECN|UFO (UFO by QEMU's rule; no USO:
+// QEMU's netmap backend never offers it and VALE cannot segment it). Without /dev/netmap
+// Open fails with ErrNoNetmap: the module is out-of-tree and must be loaded.
+//
+// Reads run one NIOCRXSYNC per batch (none when Pending), copy every complete packet out
+// and hand the slots back (head = cur) at the next sync. A packet longer than a buffer
+// (2048 bytes by default) spans consecutive slots, all but the last flagged NS_MOREFRAG,
+// at most 64 (wire.md §4.6); a chain cut at tail is not released — head stays at its
+// first slot, cur runs ahead to tail — until the rest arrives. Writes copy each frame
+// into as many TX slots as it needs, header whole in the first, and publish head = cur
+// once per batch before one NIOCTXSYNC; a frame that does not fit whole waits (cur =
+// tail, then poll), so the peer never sees part of one. Only TX ring 0 is used, keeping
+// frames in order. The /dev/netmap descriptor sits in the Go netpoller (netmap's poll
+// registers its wait queues unconditionally on Linux, so epoll works; it is added only
+// after registration, before which poll registers nothing). Every access to the shared
+// region happens inside a RawConn callback, which holds the descriptor open, so Close
+// can unmap safely once the file is closed.
+//
+// The region is written by the kernel on behalf of another process and is not trusted.
+// All access to it is in netmap_unsafe.go: ring offsets, slot counts, buffer sizes and
+// buf_ofs are checked against the mapping when the port opens; every buf_idx and len is
+// checked on use. A bad RX slot drops its packet (NetmapStats.BadSlot), a chain longer
+// than 64 slots or filling the whole ring is dropped (BadChain), an out-of-range or
+// backwards tail, or a TX slot whose buffer lies outside the region, ends the port with a
+// *RingError (BadRing), and the Endpoint registers afresh on the next Next. The ring
+// logic (netmap_ring.go) is OS-independent and is tested against an in-process model of
+// the kernel's memory layout and sync behaviour; it has not been run against a real
+// netmap module here.
 //
 // # Limits
 //
@@ -74,6 +121,8 @@
 //     or ctx ends; after a Port dies, the next Next dials again.
 //   - Datagram (socket udp=, dgram): Open binds; Next returns that socket at once, and
 //     after it is closed binds a fresh one at the same address.
+//   - Attach (netmap): Open registers the port; Next returns it at once, and after it
+//     is closed registers it again (fresh rings; the header length is set again).
 //
 // Why the client side retries and which side to pick: QEMU 7.2 (Debian 12) has no
 // reconnect= for a stream client, so a QEMU client that loses tapgro stays down until QEMU
@@ -89,6 +138,8 @@
 //
 // It does not log, apply policy on remote listening addresses (a non-loopback host is
 // used exactly as given; --allow-remote is the caller's), implement multicast,
-// fd= inherited sockets or vnet headers on streams, or speak netmap yet. It never
-// segments or checksums frames; the pipelines do that before WriteBatch.
+// fd= inherited sockets or vnet headers on streams, use more than one netmap TX ring,
+// or use netmap's zero-copy buffer swapping (frames are copied in and out of the
+// rings). It never segments or checksums frames; the pipelines do that before
+// WriteBatch.
 package netmapio

@@ -76,6 +76,11 @@ type endpoint struct {
 	busy   bool       // server: a client is pending in ready or being served
 	first  *DgramPort // datagram: bound by Open, not yet handed out
 
+	// netmap state: the port registered by Open, not yet handed out, and the counters
+	// shared by every registration.
+	firstNM *NetmapPort
+	nmStats NetmapStats
+
 	// Server state.
 	ln    net.Listener
 	ready chan net.Conn // capacity 1, guarded by busy
@@ -107,6 +112,8 @@ func Open(spec Spec, ev Events) (Endpoint, error) {
 		e.addr = spec.Remote.String()
 	case RoleDatagram:
 		err = e.openDgram()
+	case RoleAttach:
+		err = e.openNetmap()
 	default:
 		err = fmt.Errorf("netmapio: spec has no role: %+v", spec)
 	}
@@ -135,6 +142,8 @@ func (e *endpoint) Next(ctx context.Context) (Port, error) {
 		return e.nextServer(ctx)
 	case RoleClient:
 		return e.nextClient(ctx)
+	case RoleAttach:
+		return e.nextNetmap(ctx)
 	}
 	return e.nextDgram(ctx)
 }
@@ -143,8 +152,8 @@ func (e *endpoint) Close() error {
 	e.closeOnce.Do(func() {
 		e.mu.Lock()
 		e.closed = true
-		act, first := e.active, e.first
-		e.first = nil
+		act, first, firstNM := e.active, e.first, e.firstNM
+		e.first, e.firstNM = nil, nil
 		path, fi := e.path, e.pathFI
 		e.mu.Unlock()
 		e.cancel()
@@ -164,6 +173,9 @@ func (e *endpoint) Close() error {
 		}
 		if first != nil {
 			first.Close()
+		}
+		if firstNM != nil {
+			firstNM.Close()
 		}
 		removeOurs(path, fi)
 	})

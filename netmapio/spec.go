@@ -15,6 +15,7 @@ const (
 	BackendStream Backend = iota + 1 // -netdev stream (QEMU >= 7.2, wire.md §3.3)
 	BackendSocket                    // -netdev socket (legacy, IPv4 only, wire.md §3.2)
 	BackendDgram                     // -netdev dgram (QEMU >= 7.2, wire.md §3.4)
+	BackendNetmap                    // -netdev netmap (QEMU built with CONFIG_NETMAP, wire.md §4)
 )
 
 func (b Backend) String() string {
@@ -25,6 +26,8 @@ func (b Backend) String() string {
 		return "socket"
 	case BackendDgram:
 		return "dgram"
+	case BackendNetmap:
+		return "netmap"
 	}
 	return "Backend(" + strconv.Itoa(int(b)) + ")"
 }
@@ -36,6 +39,7 @@ const (
 	RoleServer   Role = iota + 1 // listen on Local, serve one client at a time
 	RoleClient                   // dial Remote, retrying with backoff
 	RoleDatagram                 // bind Local, send to Remote, receive from anyone
+	RoleAttach                   // netmap: register the port IfName; no connection to make
 )
 
 func (r Role) String() string {
@@ -46,6 +50,8 @@ func (r Role) String() string {
 		return "client"
 	case RoleDatagram:
 		return "datagram"
+	case RoleAttach:
+		return "attach"
 	}
 	return "Role(" + strconv.Itoa(int(r)) + ")"
 }
@@ -104,6 +110,10 @@ type Spec struct {
 	// (tapgro-to-tapgro only; QEMU's stream backend never carries one, wire.md §3.1).
 	// Parsed and stored only: the stream port does not implement it yet.
 	VnetHdr bool
+	// IfName is the netmap port (netmap:eth0, vale0:1, a pipe) and HdrLen its
+	// virtio_net_hdr length (0, 10 or 12; non-zero only on VALE ports, wire.md §4.7).
+	IfName string
+	HdrLen int
 }
 
 // keys each backend accepts; anything else is rejected by name.
@@ -112,6 +122,7 @@ var specKeys = map[Backend][]string{
 	BackendSocket: {"id", "listen", "connect", "udp", "localaddr"},
 	BackendDgram: {"id", "local.type", "local.host", "local.port", "local.path",
 		"remote.type", "remote.host", "remote.port", "remote.path"},
+	BackendNetmap: {"id", "ifname", "vnet-hdr"},
 }
 
 // ParseSpec parses a --netdev value written the way QEMU's -netdev is written, but from
@@ -122,16 +133,19 @@ var specKeys = map[Backend][]string{
 //	socket,listen=[H]:P | socket,connect=H:P | socket,udp=H:P,localaddr=[H]:P
 //	dgram,local.type=inet,local.host=H,local.port=N,remote.type=inet,remote.host=H,remote.port=N
 //	dgram,local.type=unix,local.path=P,remote.type=unix,remote.path=P
+//	netmap,ifname=NAME[,vnet-hdr=0|10|12]
 //
 // id= is accepted and ignored; stream also takes vnet-hdr=on|off. A comma inside a value is
 // written ",," as QEMU does. server defaults to off as in QEMU. For socket, an empty host
 // in listen= or localaddr= means 127.0.0.1 (QEMU would take all addresses): tapgro never
 // listens beyond loopback unless told to. Port 0 on an address tapgro binds picks a free
-// port (Endpoint.Addr reports it).
+// port (Endpoint.Addr reports it). netmap's NAME is netmap:IFNAME (a NIC; "^" after it
+// means its host rings, "*" both), valeSWITCH:PORT or a pipe (netmap:NAME{N, NAME}N);
+// vnet-hdr (default 0) is the VALE port's virtio_net_hdr length.
 func ParseSpec(s string) (Spec, error) {
 	parts := splitOpts(s)
 	if len(parts) == 0 || parts[0] == "" {
-		return Spec{}, fmt.Errorf("netdev: empty spec (want stream, socket or dgram)")
+		return Spec{}, fmt.Errorf("netdev: empty spec (want stream, socket, dgram or netmap)")
 	}
 	var sp Spec
 	switch parts[0] {
@@ -141,8 +155,10 @@ func ParseSpec(s string) (Spec, error) {
 		sp.Backend = BackendSocket
 	case "dgram":
 		sp.Backend = BackendDgram
+	case "netmap":
+		sp.Backend = BackendNetmap
 	default:
-		return Spec{}, fmt.Errorf("netdev: unknown backend %q (want stream, socket or dgram)", parts[0])
+		return Spec{}, fmt.Errorf("netdev: unknown backend %q (want stream, socket, dgram or netmap)", parts[0])
 	}
 	kv := make(map[string]string, len(parts)-1)
 	for _, p := range parts[1:] {
@@ -166,6 +182,8 @@ func ParseSpec(s string) (Spec, error) {
 		err = sp.parseSocket(kv)
 	case BackendDgram:
 		err = sp.parseDgram(kv)
+	case BackendNetmap:
+		err = sp.parseNetmap(kv)
 	}
 	if err != nil {
 		return Spec{}, err
@@ -448,6 +466,11 @@ func (s Spec) String() string {
 	case BackendDgram:
 		writeAddr(&b, "local", s.Local)
 		writeAddr(&b, "remote", s.Remote)
+	case BackendNetmap:
+		b.WriteString(",ifname=" + esc(s.IfName))
+		if s.HdrLen != 0 {
+			b.WriteString(",vnet-hdr=" + strconv.Itoa(s.HdrLen))
+		}
 	}
 	return b.String()
 }
@@ -464,8 +487,16 @@ func writeAddr(b *strings.Builder, prefix string, a Addr) {
 // QEMUOption is the -netdev value to give QEMU so it meets this spec: the mirror image
 // (tapgro server means QEMU client, datagram local and remote swap). A wildcard listening
 // host becomes loopback, since QEMU must dial a concrete address. vnet-hdr has no QEMU
-// counterpart and is left out.
+// counterpart and is left out. For netmap it is QEMU's own port on the same VALE switch
+// (named after id), or the other end of a pipe; a NIC has no counterpart ("").
 func (s Spec) QEMUOption(id string) string {
+	if s.Backend == BackendNetmap {
+		ifn := netmapQEMUIfname(s.IfName, id)
+		if ifn == "" {
+			return ""
+		}
+		return "netmap,id=" + esc(id) + ",ifname=" + esc(ifn)
+	}
 	m := s
 	switch s.Role {
 	case RoleServer:

@@ -184,10 +184,9 @@ func TestDgramTryWriteBatch(t *testing.T) {
 	if a.stats.SendDrops.Load() != 0 {
 		t.Fatalf("%d datagrams dropped while filling", a.stats.SendDrops.Load())
 	}
-	// A caller that retries after each WaitWritable must not spin while the receiver
-	// stays full: five rounds take at least the 1 ms minimum wait (a spurious wake-up
-	// may end one round early, not all of them).
-	start := time.Now()
+	// A caller that retries after each WaitWritable while the receiver stays full keeps
+	// getting ErrWouldBlock and loses nothing. (That it does not spin is a property of
+	// WaitWritable's bounded waits; timing is not asserted in tests.)
 	for i := 0; i < 5; i++ {
 		if err := a.WaitWritable(time.Time{}); err != nil {
 			t.Fatal(err)
@@ -195,9 +194,6 @@ func TestDgramTryWriteBatch(t *testing.T) {
 		if n, err := a.TryWriteBatch(batch[:1]); n != 0 || !errors.Is(err, ErrWouldBlock) {
 			t.Fatalf("TryWriteBatch to a full receiver = %d, %v", n, err)
 		}
-	}
-	if d := time.Since(start); d < time.Millisecond {
-		t.Errorf("5 rounds of WaitWritable and TryWriteBatch to a full receiver took %v: a caller would spin", d)
 	}
 	if free, size := a.Room(); size <= 0 || free > size {
 		t.Errorf("Room = %d of %d", free, size)

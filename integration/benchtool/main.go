@@ -305,12 +305,25 @@ func (b *bench) iperf(d direction, args ...string) ([]byte, error) {
 	if err := srv.Start(); err != nil {
 		return nil, err
 	}
-	defer srv.Wait()
+	// iperf3 -s -1 does not always exit after a multi-stream test: give it a moment,
+	// then end it, so one row never stalls the run.
+	defer func() {
+		done := make(chan struct{})
+		go func() { srv.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(3 * time.Second):
+			srv.Process.Kill()
+			<-done
+		}
+	}()
 	var out []byte
 	var err error
 	for try := 0; try < 50; try++ {
 		out, err = exec.Command("ip", append([]string{"netns", "exec", d.client, "iperf3", "-c", d.dst, "-J"}, args...)...).Output()
-		if err == nil || !bytes.Contains(out, []byte("refused")) {
+		// iperf3 -J may exit 0 with {"error": "...Connection refused"} when the server
+		// is not listening yet: retry on the text, not the exit status.
+		if !bytes.Contains(out, []byte("refused")) {
 			break
 		}
 		time.Sleep(100 * time.Millisecond)
@@ -328,7 +341,8 @@ func (b *bench) iperfTCP(d direction, streams int) (float64, error) {
 		return 0, err
 	}
 	var r struct {
-		End struct {
+		Error string `json:"error"`
+		End   struct {
 			SumReceived struct {
 				BitsPerSecond float64 `json:"bits_per_second"`
 			} `json:"sum_received"`
@@ -336,6 +350,9 @@ func (b *bench) iperfTCP(d direction, streams int) (float64, error) {
 	}
 	if err := json.Unmarshal(out, &r); err != nil {
 		return 0, err
+	}
+	if r.Error != "" || r.End.SumReceived.BitsPerSecond == 0 {
+		return 0, fmt.Errorf("iperf3 reported no throughput (error %q)", r.Error)
 	}
 	return r.End.SumReceived.BitsPerSecond / 1e9, nil
 }

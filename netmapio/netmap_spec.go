@@ -1,0 +1,122 @@
+package netmapio
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+)
+
+// netmap register modes (nmreq_register.nr_mode, wire.md §4.1).
+const (
+	nrRegAllNIC = 1 // every NIC ring (a VALE port's or pipe's own rings)
+	nrRegSW     = 2 // the host stack rings ("^")
+	nrRegNICSW  = 3 // both ("*")
+)
+
+// nmName is an ifname= value decoded the way libnetmap decodes a port spec (wire.md §4.3):
+// "netmap:" is dropped, "valeX:Y" is kept whole, a trailing "^" or "*" picks the host
+// rings or all rings. One-ring suffixes ("-NN") are not supported: Linux interface names
+// may themselves contain "-NN".
+type nmName struct {
+	kernel string // nmreq_header.nr_name
+	mode   uint32
+	vale   bool
+	bridge string // VALE switch ("vale0") when vale
+	port   string // VALE port ("1") when vale
+}
+
+// nmNameMax: nr_name is 64 bytes including the terminating NUL.
+const nmNameMax = 63
+
+func parseNetmapName(s string) (nmName, error) {
+	if s == "" {
+		return nmName{}, fmt.Errorf("netdev: netmap needs key \"ifname\"")
+	}
+	if strings.HasPrefix(s, "vale") {
+		b, p, ok := strings.Cut(s, ":")
+		switch {
+		case !ok || p == "":
+			return nmName{}, fmt.Errorf("netdev: bad value %q for key \"ifname\": a VALE port is valeSWITCH:PORT", s)
+		case !isIdent(b) || len(b) > 15:
+			return nmName{}, fmt.Errorf("netdev: bad value %q for key \"ifname\": the switch name %q must be at most 15 letters, digits or '_'", s, b)
+		case !isIdent(p) || len(p) > 15:
+			return nmName{}, fmt.Errorf("netdev: bad value %q for key \"ifname\": the port name %q must be at most 15 letters, digits or '_'", s, p)
+		}
+		return nmName{kernel: s, mode: nrRegAllNIC, vale: true, bridge: b, port: p}, nil
+	}
+	k := strings.TrimPrefix(s, "netmap:")
+	mode := uint32(nrRegAllNIC)
+	switch {
+	case strings.HasSuffix(k, "^"):
+		k, mode = k[:len(k)-1], nrRegSW
+	case strings.HasSuffix(k, "*"):
+		k, mode = k[:len(k)-1], nrRegNICSW
+	}
+	if k == "" || len(k) > nmNameMax || strings.ContainsAny(k, " \t/,:@^*\x00") {
+		return nmName{}, fmt.Errorf("netdev: bad value %q for key \"ifname\": want netmap:IFNAME[^|*], valeX:Y or a pipe netmap:NAME{N / NAME}N", s)
+	}
+	return nmName{kernel: k, mode: mode}, nil
+}
+
+func isIdent(s string) bool {
+	if s == "" {
+		return false
+	}
+	for _, c := range []byte(s) {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_') {
+			return false
+		}
+	}
+	return true
+}
+
+func (sp *Spec) parseNetmap(kv map[string]string) error {
+	sp.Role = RoleAttach
+	name, err := parseNetmapName(kv["ifname"])
+	if err != nil {
+		return err
+	}
+	sp.IfName = kv["ifname"]
+	if v, ok := kv["vnet-hdr"]; ok {
+		n, err := strconv.Atoi(v)
+		if err != nil || (n != 0 && n != 10 && n != 12) {
+			return fmt.Errorf("netdev: bad value %q for key \"vnet-hdr\" (want 0, 10 or 12)", v)
+		}
+		if n != 0 && !name.vale {
+			return fmt.Errorf("netdev: vnet-hdr=%d needs a VALE port (valeX:Y); %q carries plain frames", n, sp.IfName)
+		}
+		sp.HdrLen = n
+	}
+	return nil
+}
+
+// netmapQEMUIfname is the ifname QEMU should open to meet this port: another port on the
+// same VALE switch (named after the netdev id when that is a valid port name), or the
+// other end of a pipe. A NIC has no counterpart: QEMU cannot share it ("").
+func netmapQEMUIfname(ifname, id string) string {
+	n, err := parseNetmapName(ifname)
+	if err != nil {
+		return ""
+	}
+	if n.vale {
+		p := id
+		if !isIdent(p) || len(p) > 15 {
+			p = "qemu"
+		}
+		if p == n.port {
+			p += "_q"
+		}
+		return n.bridge + ":" + p
+	}
+	if i := strings.IndexAny(n.kernel, "{}"); i >= 0 && n.mode == nrRegAllNIC {
+		other := byte('}')
+		if n.kernel[i] == '}' {
+			other = '{'
+		}
+		return "netmap:" + n.kernel[:i] + string(other) + n.kernel[i+1:]
+	}
+	return ""
+}
+
+// nmDevicePath is netmap's control device; it exists only while the module is loaded.
+const nmDevicePath = "/dev/netmap"
