@@ -39,8 +39,32 @@ func scrape(t testing.TB, ns *netnstest.NS, addr string) map[string]float64 {
 	if err != nil {
 		t.Fatalf("read metrics: %v", err)
 	}
+	return parseSamples(string(body))
+}
+
+// scrapeQuiet is scrape for goroutines other than the test's: errors give an empty map.
+func scrapeQuiet(ns *netnstest.NS, addr string) map[string]float64 {
 	out := map[string]float64{}
-	sc := bufio.NewScanner(strings.NewReader(string(body)))
+	var c net.Conn
+	if err := ns.Do(func() (err error) {
+		c, err = net.DialTimeout("tcp", addr, 5*time.Second)
+		return err
+	}); err != nil {
+		return out
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	fmt.Fprintf(c, "GET /metrics HTTP/1.0\r\nHost: %s\r\n\r\n", addr)
+	body, err := io.ReadAll(c)
+	if err != nil {
+		return out
+	}
+	return parseSamples(string(body))
+}
+
+func parseSamples(body string) map[string]float64 {
+	out := map[string]float64{}
+	sc := bufio.NewScanner(strings.NewReader(body))
 	for sc.Scan() {
 		l := sc.Text()
 		if l == "" || l[0] == '#' {
@@ -86,10 +110,9 @@ func TestRxPoolReceiverStopped(t *testing.T) {
 		cpu    float64
 		stalls float64
 	}
-	// One TCP flow has at most its window (a few MB) in flight, less than the UNIX
-	// socket's 8 MiB buffer: with the receiver frozen, its ACKs stop and the flow stops
-	// before the port fills. Eight more flows beside it put more in flight than the
-	// socket holds, so A's pool must wait.
+	// TCP flows stop by themselves once the frozen receiver's ACKs stop, long before they
+	// fill the port's socket buffer; unthrottled UDP beside the checked TCP transfer does
+	// not back off, so A's pool must run into the full socket and wait.
 	requireTool(t, "iperf3")
 	srv := exec.Command("ip", "netns", "exec", s.b.Name, "iperf3", "-s", "-1", "-p", "5302")
 	if err := srv.Start(); err != nil {
@@ -97,7 +120,7 @@ func TestRxPoolReceiverStopped(t *testing.T) {
 	}
 	defer func() { srv.Process.Kill(); srv.Wait() }()
 	time.Sleep(200 * time.Millisecond)
-	cl := exec.Command("ip", "netns", "exec", s.a.Name, "iperf3", "-c", "198.18.0.2", "-p", "5302", "-P", "8", "-t", "6")
+	cl := exec.Command("ip", "netns", "exec", s.a.Name, "iperf3", "-c", "198.18.0.2", "-p", "5302", "-u", "-b", "0", "-l", "1400", "-t", "12")
 	if err := cl.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -105,24 +128,38 @@ func TestRxPoolReceiverStopped(t *testing.T) {
 
 	res := make(chan cpuResult, 1)
 	go func() {
-		time.Sleep(700 * time.Millisecond) // the transfer is at full speed by now
+		time.Sleep(700 * time.Millisecond) // the transfer is running by now
+		before := scrapeQuiet(s.a, metricsAddr)["tapgro_rx_stalls_total"]
 		pid := s.pb.cmd.Process.Pid
 		syscall.Kill(pid, syscall.SIGSTOP)
-		time.Sleep(300 * time.Millisecond) // A fills B's socket and blocks
+		defer syscall.Kill(pid, syscall.SIGCONT)
+		// Wait until A's pool has actually run into the full socket (how long that takes
+		// depends on the machine's load, so it is awaited, not assumed), then measure A's
+		// CPU over 2.5 s of waiting.
+		deadline := time.Now().Add(20 * time.Second)
+		for scrapeQuiet(s.a, metricsAddr)["tapgro_rx_stalls_total"] <= before {
+			if time.Now().After(deadline) {
+				res <- cpuResult{cpu: -1}
+				return
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
 		c0 := cpuSeconds(t, s.pa.cmd.Process.Pid)
-		time.Sleep(2700 * time.Millisecond)
+		time.Sleep(2500 * time.Millisecond)
 		c1 := cpuSeconds(t, s.pa.cmd.Process.Pid)
-		syscall.Kill(pid, syscall.SIGCONT)
 		res <- cpuResult{cpu: c1 - c0}
 	}()
-	d := transfer(t, s.a, s.b, "198.18.0.2", 7101, 1<<30)
+	d := transfer(t, s.a, s.b, "198.18.0.2", 7101, 256<<20)
 	r := <-res
 	m := scrape(t, s.a, metricsAddr)
-	t.Logf("1 GiB through a 3 s SIGSTOP of the receiving tapgro in %v; sender tapgro CPU %.2fs over 2.7 s of the stop; "+
+	t.Logf("256 MiB through a SIGSTOP of the receiving tapgro in %v; sender tapgro CPU %.2fs over 2.5 s of the stop; "+
 		"stalls %.0f, blocked %.2fs, max buffers in use %.0f of %.0f, flushes: batch_end %.0f pool_full %.0f threshold %.0f deadline %.0f",
 		d, r.cpu, m["tapgro_rx_stalls_total"], m["tapgro_rx_blocked_seconds_total"], m["tapgro_rx_buffers_in_use_max"], m["tapgro_rx_buffers"],
 		m[`tapgro_rx_flushes_total{reason="batch_end"}`], m[`tapgro_rx_flushes_total{reason="pool_full"}`],
 		m[`tapgro_rx_flushes_total{reason="threshold"}`], m[`tapgro_rx_flushes_total{reason="deadline"}`])
+	if r.cpu < 0 {
+		t.Fatalf("A's pool never ran into the stopped receiver's full socket within 20 s")
+	}
 	if m["tapgro_rx_stalls_total"] < 1 || m["tapgro_rx_blocked_seconds_total"] < 2 {
 		t.Errorf("the sender's pool never waited for the stopped receiver: stalls %v, blocked %vs",
 			m["tapgro_rx_stalls_total"], m["tapgro_rx_blocked_seconds_total"])

@@ -91,6 +91,7 @@ func main() {
 	out := flag.String("out", "BENCHMARKS.md", "markdown report")
 	png := flag.String("png", "BENCHMARKS.png", "bar chart (TCP bulk medians)")
 	only := flag.String("cases", "", "comma-separated case numbers to run (default all)")
+	withQEMU := flag.Bool("qemu", true, "add TCP rows for a real QEMU guest under TCG (needs qemu-system-x86_64)")
 	flag.Parse()
 	if os.Geteuid() != 0 {
 		fatal("needs root (network namespaces and TAP devices)")
@@ -172,6 +173,34 @@ func main() {
 				res[t.name][d.name][c.name] = r
 				b.teardown()
 			}
+		}
+	}
+	if _, err := exec.LookPath("qemu-system-x86_64"); *withQEMU && err == nil {
+		kernel, initrd, err := guestImage(b.work)
+		if err != nil {
+			fatal("%v", err)
+		}
+		for _, c := range qemuCases {
+			fmt.Fprintf(os.Stderr, "== %s\n", c.name)
+			for _, d := range dirs {
+				r := &row{}
+				for i := 0; i < b.reps; i++ {
+					v, err := b.qemuTCP(c, kernel, initrd, d.client == b.nsHost)
+					if err != nil {
+						fatal("%s / %s: %v", c.name, d.name, err)
+					}
+					r.vals = append(r.vals, v)
+				}
+				fmt.Fprintf(os.Stderr, "   %-38s %-14s %v Gbit/s\n", tests[0].name, d.name, fmtVals(r.vals))
+				if res[tests[0].name] == nil {
+					res[tests[0].name] = map[string]map[string]*row{}
+				}
+				if res[tests[0].name][d.name] == nil {
+					res[tests[0].name][d.name] = map[string]*row{}
+				}
+				res[tests[0].name][d.name][c.name] = r
+			}
+			sel = append(sel, c)
 		}
 	}
 	if err := b.report(*out, *png, sel, tests, dirs, res); err != nil {
