@@ -58,17 +58,19 @@ func (b *bench) qemuTCP(c caseDef, kernel, initrd string, reverse bool) (float64
 	args := append([]string{"--tap", "tg0", "--mtu", strconv.Itoa(b.mtu), "--addr", "198.18.0.1/24", "--log-level", "warn",
 		"--netdev", "stream,server=on,addr.type=unix,addr.path=" + sock}, c.args...)
 	b.start("host", b.nsHost, b.tapgro, args...)
-	srv := exec.Command("ip", "netns", "exec", b.nsHost, "iperf3", "-s", "-1", "-B", "198.18.0.1")
-	if err := srv.Start(); err != nil {
-		return 0, err
-	}
-	defer func() { srv.Process.Kill(); srv.Wait() }()
+	// tapgro binds its socket after the TAP has its address, so once the socket exists
+	// the iperf3 server can bind 198.18.0.1.
 	for i := 0; i < 50; i++ {
 		if _, err := os.Stat(sock); err == nil {
 			break
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
+	srv := exec.Command("ip", "netns", "exec", b.nsHost, "iperf3", "-s", "-1", "-B", "198.18.0.1")
+	if err := srv.Start(); err != nil {
+		return 0, err
+	}
+	defer func() { srv.Process.Kill(); srv.Wait() }()
 	rev := ""
 	if reverse {
 		rev = " -R"
