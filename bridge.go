@@ -43,8 +43,11 @@ type dirStats struct {
 	DropTapEIO    atomic.Uint64 // port→TAP: TAP link is down
 	DropTapError  atomic.Uint64 // port→TAP: other write errors
 	GSOFallback   atomic.Uint64 // port→TAP: GSO writes refused with EINVAL and re-sent segmented
-	GSOSegmented  atomic.Uint64 // TAP→port: GSO frames split in software
-	CsumCompleted atomic.Uint64 // TAP→port: NEEDS_CSUM completed in software
+	GSOSegmented  atomic.Uint64 // GSO frames split in software (TAP→port: for the port; port→TAP: kinds the TAP refuses)
+	// GSOPassthrough counts GSO frames handed on whole: TAP→port to a port that accepts
+	// them (vnet-hdr), port→TAP from a vnet-hdr port to the TAP.
+	GSOPassthrough atomic.Uint64
+	CsumCompleted  atomic.Uint64 // TAP→port: NEEDS_CSUM completed in software
 }
 
 type bridgeConfig struct {
@@ -90,15 +93,49 @@ type bridge struct {
 	groKilled atomic.Bool
 	onGROKill func(error) // called once, from the port→TAP goroutine
 
-	coalMu sync.Mutex // guards coal between connections (metrics read it too)
-	coal   *coalescer.Coalescer
+	// tapKilled are the offloads (TSO4, TSO6, TSO_ECN, USO) whose GSO writes the kernel
+	// refused with EINVAL although the frame was valid: from then on frames of that kind
+	// are split before the write (sticky, like groKilled). onOffloadKill is called once
+	// per offload, from the port→TAP goroutine.
+	tapKilled     atomic.Uint32
+	onOffloadKill func(vnethdr.Offloads, error)
+
+	// Runtime switches (offload_control.go): read by the port→TAP goroutine at batch boundaries
+	// whenever reconf changed.
+	groOn    atomic.Bool
+	udpGROOn atomic.Bool
+	reconf   atomic.Uint32
+
+	// neg is the last negotiation (negotiate.go), for metrics and `tapgro ctl status`;
+	// negMu serialises renegotiation and guards negIn.
+	neg   atomic.Pointer[negotiation]
+	negMu sync.Mutex
+	negIn negInput
+	// onNegotiated, if set, is called (under negMu) with every new negotiation.
+	onNegotiated func(*negotiation)
+
+	coalMu     sync.Mutex // guards coal between connections (metrics read it too)
+	coal       *coalescer.Coalescer
+	coalWriter *tapWriter // coal's output; owned by the live port→TAP goroutine
 }
 
 // portRef wraps a Port so the TAP→port goroutine can detect a swap with a pointer compare.
-type portRef struct{ p netmapio.Port }
+// hdrLen and accepts are read once when the port is adopted (newPortRef).
+type portRef struct {
+	p       netmapio.Port
+	hdrLen  int              // vnet header in front of every frame to and from the port
+	accepts vnethdr.Offloads // what the port may be handed whole
+}
+
+func newPortRef(p netmapio.Port) *portRef {
+	return &portRef{p: p, hdrLen: p.VnetHdrLen(), accepts: p.Accepts()}
+}
 
 func newBridge(cfg bridgeConfig, tap tapIO) *bridge {
-	return &bridge{cfg: cfg, tap: tap}
+	b := &bridge{cfg: cfg, tap: tap}
+	b.groOn.Store(cfg.gro)
+	b.udpGROOn.Store(cfg.udpGRO)
+	return b
 }
 
 // frameCap is the largest frame either side may hand us plus its vnet header: QEMU's
@@ -132,13 +169,17 @@ type tapToPort struct {
 	bufs  [][]byte
 	sizes []int
 
-	pool *rxpool.Pool
-	ref  *portRef      // the port of the batch being processed
-	out  rxpool.Sender // ref's BatchSender, or a blocking adapter
+	pool    *rxpool.Pool
+	ref     *portRef         // the port of the batch being processed
+	out     rxpool.Sender    // ref's BatchSender, or a blocking adapter
+	hl      int              // ref's vnet header length (0: plain frames)
+	accepts vnethdr.Offloads // ref's Accepts: what passes whole
 
-	segs     [][]byte // scratch for Split: views into the pool
+	segs     [][]byte // scratch for Split: views into the pool, after the port's header
+	segBufs  [][]byte // the same reservations, header included
 	segSizes []int
 	hdr      vnethdr.Hdr
+	outHdr   vnethdr.Hdr // the header written for the port
 }
 
 // maxSegs is the most segments of one GSO frame: 64 KiB at the smallest sane MSS (64).
@@ -156,6 +197,7 @@ func newTapToPort(b *bridge) *tapToPort {
 		sizes:    make([]int, b.cfg.batch),
 		pool:     pool,
 		segs:     make([][]byte, maxSegs),
+		segBufs:  make([][]byte, maxSegs),
 		segSizes: make([]int, maxSegs),
 	}
 	b.rxBuffers.Store(int64(pool.Buffers()))
@@ -189,18 +231,26 @@ func (p *tapToPort) process(n int) {
 			continue
 		}
 		frame := pkt[hl:]
-		if !p.hdr.IsGSO() {
-			if p.hdr.Flags&vnethdr.FlagNeedsCsum != 0 {
-				if vnethdr.CompleteChecksum(frame, &p.hdr) != nil {
-					st.DropMalformed.Add(1)
-					continue
-				}
-				st.CsumCompleted.Add(1)
+		// Per frame, not per negotiation: frames read under an older TUNSETOFFLOAD
+		// setting are handled right too. A plain port accepts nothing, so only plain
+		// frames pass it as they are.
+		switch {
+		case p.accepts.AcceptsFrame(&p.hdr):
+			if p.hdr.IsGSO() {
+				st.GSOPassthrough.Add(1)
 			}
 			p.stage(frame)
-			continue
+		case p.hdr.IsGSO():
+			p.split(frame)
+		default: // a partial checksum the port cannot take
+			if vnethdr.CompleteChecksum(frame, &p.hdr) != nil {
+				st.DropMalformed.Add(1)
+				continue
+			}
+			st.CsumCompleted.Add(1)
+			p.hdr.Flags &^= vnethdr.FlagNeedsCsum
+			p.stage(frame)
 		}
-		p.split(frame)
 	}
 	if p.ref != nil {
 		p.flush(rxpool.ReasonBatchEnd)
@@ -214,6 +264,7 @@ func (p *tapToPort) setPort(ref *portRef) {
 		return
 	}
 	p.ref = ref
+	p.hl, p.accepts = ref.hdrLen, ref.accepts
 	if s, ok := ref.p.(netmapio.BatchSender); ok {
 		p.out = s
 	} else {
@@ -221,11 +272,13 @@ func (p *tapToPort) setPort(ref *portRef) {
 	}
 }
 
-// stage copies one plain frame into the pool (one memcpy of at most the MTU).
+// stage copies one frame into the pool (one memcpy: at most the MTU for a plain port),
+// behind the port's vnet header built from p.hdr when the port carries one.
 func (p *tapToPort) stage(frame []byte) {
-	buf, ok := p.pool.Reserve(len(frame))
+	n := p.hl + len(frame)
+	buf, ok := p.pool.Reserve(n)
 	if !ok {
-		if !p.pool.Fits(len(frame), 1) {
+		if !p.pool.Fits(n, 1) {
 			p.b.rxStats.Drops[rxpool.DropTooBig].Add(1)
 			return
 		}
@@ -233,12 +286,16 @@ func (p *tapToPort) stage(frame []byte) {
 			p.b.t2p.DropPortError.Add(1)
 			return
 		}
-		if buf, ok = p.pool.Reserve(len(frame)); !ok {
+		if buf, ok = p.pool.Reserve(n); !ok {
 			p.b.rxStats.Drops[rxpool.DropTooBig].Add(1)
 			return
 		}
 	}
-	p.pool.Commit(copy(buf, frame))
+	if p.hl > 0 {
+		p.portHeader(len(frame))
+		_ = p.outHdr.Encode(buf, p.hl) // cannot fail: buf holds n ≥ hl bytes
+	}
+	p.pool.Commit(p.hl + copy(buf[p.hl:], frame))
 	if p.pool.PerFrame() {
 		p.flush(rxpool.ReasonFrame)
 	}
@@ -255,7 +312,7 @@ func (p *tapToPort) split(frame []byte) {
 		return
 	}
 	payload := len(frame) - lay.PayloadOff
-	segCap := lay.PayloadOff + int(p.hdr.GSOSize)
+	segCap := p.hl + lay.PayloadOff + int(p.hdr.GSOSize)
 	nseg := (payload + int(p.hdr.GSOSize) - 1) / int(p.hdr.GSOSize)
 	if nseg < 1 || nseg > maxSegs {
 		st.DropMalformed.Add(1)
@@ -283,7 +340,9 @@ func (p *tapToPort) split(frame []byte) {
 	}
 	st.GSOSegmented.Add(1)
 	for i := 0; i < n; i++ {
-		p.pool.Commit(p.segSizes[i])
+		// A plain segment behind an all-zero header (research/gro.md §c.3).
+		vnethdr.Zero(p.segBufs[i], p.hl)
+		p.pool.Commit(p.hl + p.segSizes[i])
 	}
 	p.pool.Cancel() // segments Split did not need, if any
 	if p.pool.PerFrame() {
@@ -299,7 +358,8 @@ func (p *tapToPort) reserve(segCap, nseg int) bool {
 			p.pool.Cancel()
 			return false
 		}
-		p.segs[i] = buf
+		p.segBufs[i] = buf
+		p.segs[i] = buf[p.hl:]
 	}
 	return true
 }
@@ -339,7 +399,13 @@ type tapWriter struct {
 	b   *bridge
 	hdr vnethdr.Hdr
 
-	// fallback buffers are allocated on first use: only a kernel that refuses GSO needs them.
+	// hdrPort is set while the live connection's port carries vnet headers: its GSO
+	// frames reach write() whole and may be of a kind the TAP does not take.
+	hdrPort bool
+
+	// fallback buffers are allocated on first use: only a kernel that refuses GSO, or a
+	// GSO kind from a vnet-hdr port the TAP does not take, needs them.
+	slab          []byte
 	fallback      [][]byte
 	fallbackViews [][]byte
 	fallbackSize  []int
@@ -347,15 +413,23 @@ type tapWriter struct {
 
 // coalescerConfig derives the GRO engine's settings from what the TAP accepts.
 func (b *bridge) coalescerConfig() coalescer.Config {
+	gro := b.groOn.Load() && !b.groKilled.Load()
+	acc := b.tapWrite()
 	return coalescer.Config{
 		MaxFlows:    b.cfg.maxFlows,
 		MaxSegments: 64,
 		VnetHdrLen:  b.cfg.vnetHdrLen,
-		DisableTCP:  !b.cfg.gro || b.groKilled.Load(),
-		UDP:         b.cfg.gro && b.cfg.udpGRO && !b.groKilled.Load() && b.cfg.tapAccepts&vnethdr.OffloadUSO == vnethdr.OffloadUSO,
-		ECN:         b.cfg.tapAccepts&vnethdr.OffloadTSOECN != 0,
+		DisableTCP:  !gro,
+		UDP:         gro && b.udpGROOn.Load() && acc&vnethdr.OffloadUSO == vnethdr.OffloadUSO,
+		ECN:         acc&vnethdr.OffloadTSOECN != 0,
 		Trace:       b.cfg.trace,
 	}
+}
+
+// tapWrite is what frames written to the TAP may carry: what the kernel accepts on
+// write, minus the offloads it has refused since.
+func (b *bridge) tapWrite() vnethdr.Offloads {
+	return b.cfg.tapAccepts &^ vnethdr.Offloads(b.tapKilled.Load())
 }
 
 // coalescerFor returns the bridge's single GRO engine, creating it on first use. It is
@@ -365,6 +439,7 @@ func (b *bridge) coalescerFor() *coalescer.Coalescer {
 	defer b.coalMu.Unlock()
 	if b.coal == nil {
 		w := &tapWriter{b: b}
+		b.coalWriter = w
 		b.coal = coalescer.New(b.coalescerConfig(), w.write)
 	} else {
 		b.coal.SetConfig(b.coalescerConfig())
@@ -372,42 +447,52 @@ func (b *bridge) coalescerFor() *coalescer.Coalescer {
 	return b.coal
 }
 
-// portToTap is one connection's port→TAP pipeline: its read buffers carry vnetHdrLen
-// bytes of headroom so a frame the GRO engine passes through gets its header written in
-// place, never copied.
+// portToTap is one connection's port→TAP pipeline. Its read buffers put the Ethernet
+// frame at offset head = max(TAP header, port header): the port's own header (if any)
+// lands just before it, and the TAP's header is written in place over the same headroom
+// when the GRO engine passes a frame through, so nothing is copied.
 type portToTap struct {
 	b     *bridge
 	bufs  [][]byte
-	views [][]byte // bufs[i][vnetHdrLen:], what Port.ReadBatch fills
+	views [][]byte // bufs[i][head-phl:], what Port.ReadBatch fills
 	sizes []int
+	phl   int // the port's vnet header length
+	head  int // where the Ethernet frame starts in bufs[i]
+	hdr   vnethdr.Hdr
 }
 
-func newPortToTap(b *bridge) *portToTap {
-	hl := b.cfg.vnetHdrLen
+func newPortToTap(b *bridge, phl int) *portToTap {
+	head := max(b.cfg.vnetHdrLen, phl)
 	p := &portToTap{
 		b:     b,
 		bufs:  make([][]byte, b.cfg.batch),
 		views: make([][]byte, b.cfg.batch),
 		sizes: make([]int, b.cfg.batch),
+		phl:   phl,
+		head:  head,
 	}
 	for i := range p.bufs {
-		p.bufs[i] = make([]byte, b.frameCap())
-		p.views[i] = p.bufs[i][hl:]
+		p.bufs[i] = make([]byte, head+netmapio.MaxFrame)
+		p.views[i] = p.bufs[i][head-phl:]
 	}
 	return p
 }
 
 // runPortToTap moves frames from one connected port to the TAP until the port fails or
 // is closed; it returns that error.
-func (b *bridge) runPortToTap(port netmapio.Port) error { return newPortToTap(b).run(port) }
+func (b *bridge) runPortToTap(port netmapio.Port) error {
+	return newPortToTap(b, port.VnetHdrLen()).run(port)
+}
 
 func (p *portToTap) run(port netmapio.Port) error {
 	b := p.b
 	hl := b.cfg.vnetHdrLen
 	bufs, views, sizes := p.bufs, p.views, p.sizes
 	coal := b.coalescerFor()
+	b.coalWriter.hdrPort = p.phl > 0
 	st := &b.p2t
 	killed := b.groKilled.Load()
+	gen := b.reconf.Load()
 	interval := b.cfg.rscInterval.Nanoseconds()
 	armed := false // a read deadline is set for the timer flush
 	for {
@@ -416,18 +501,22 @@ func (p *portToTap) run(port netmapio.Port) error {
 		if n > 0 {
 			st.Batches.Add(1)
 			st.Reads.Add(uint64(n))
-			for i := 0; i < n; i++ {
-				coal.Add(bufs[i][:hl+sizes[i]], nil, now)
+			// Runtime switches (SetGRO, SetUDPGRO) apply from this batch on.
+			p.refresh(coal, &killed, &gen)
+			if p.phl == 0 {
+				for i := 0; i < n; i++ {
+					coal.Add(bufs[i][:hl+sizes[i]], nil, now)
+				}
+			} else {
+				p.addWithHeaders(coal, n, now)
 			}
 			// A read batch is what one read from the peer delivered, not what fits in
 			// our buffers: flush only once nothing more is buffered (research/gro.md §d).
 			if !b.cfg.timerFlush && !port.Pending() {
 				coal.Flush()
 			}
-			if k := b.groKilled.Load(); k != killed {
-				killed = k
-				coal.SetConfig(b.coalescerConfig())
-			}
+			// A kernel that refused a GSO write during this batch.
+			p.refresh(coal, &killed, &gen)
 		}
 		if b.cfg.timerFlush {
 			// Timer mode (QEMU RSC's rsc_interval): hold aggregates across reads, and let
@@ -451,9 +540,26 @@ func (p *portToTap) run(port netmapio.Port) error {
 	}
 }
 
+// refresh applies new engine settings between batches when a kernel refused GSO or a
+// runtime switch changed; SetConfig flushes what the engine holds first, so nothing is
+// lost or reordered.
+func (p *portToTap) refresh(coal *coalescer.Coalescer, killed *bool, gen *uint32) {
+	b := p.b
+	if k, g := b.groKilled.Load(), b.reconf.Load(); k != *killed || g != *gen {
+		*killed, *gen = k, g
+		coal.SetConfig(b.coalescerConfig())
+	}
+}
+
 // write is the coalescer's output: one write() per packet, which is the point of GRO.
 func (w *tapWriter) write(pkt []byte) {
 	st := &w.b.p2t
+	if w.hdrPort && w.refused(pkt) {
+		// A GSO kind from the port that the TAP does not take (or no longer takes).
+		st.GSOSegmented.Add(1)
+		w.split(pkt)
+		return
+	}
 	_, err := w.b.tap.Write(pkt)
 	if err == nil {
 		st.Frames.Add(1)
@@ -474,27 +580,65 @@ func (w *tapWriter) isGSO(pkt []byte) bool {
 	return w.hdr.Decode(pkt, w.b.cfg.vnetHdrLen) == nil && w.hdr.IsGSO()
 }
 
-// writeSegmented re-sends a GSO packet the kernel refused as plain segments and turns GRO
-// off for good: a kernel that rejects one valid GSO frame rejects them all
-// (research/gro.md §c.1). w.hdr holds the refused packet's header (set by isGSO).
+// writeSegmented re-sends a GSO packet the kernel refused as plain segments and turns
+// that offload off for good — and GRO with it for TCP: a kernel that rejects one valid
+// GSO frame rejects them all (research/gro.md §c.1). w.hdr holds the refused packet's
+// header (set by isGSO).
 func (w *tapWriter) writeSegmented(pkt []byte, cause error) {
 	b := w.b
 	st := &b.p2t
-	hl := b.cfg.vnetHdrLen
 	st.GSOFallback.Add(1)
-	if !b.groKilled.Swap(true) && b.onGROKill != nil {
-		b.onGROKill(cause)
+	off := offloadOf(&w.hdr)
+	if off&^vnethdr.OffloadUSO != 0 || off == 0 {
+		// TCP GSO refused: the GRO engine's TCP output is the same kind.
+		if !b.groKilled.Swap(true) && b.onGROKill != nil {
+			b.onGROKill(cause)
+		}
 	}
-	if w.fallback == nil {
+	if off != 0 {
+		if old := vnethdr.Offloads(b.tapKilled.Or(uint32(off))); old&off != off {
+			b.reconf.Add(1) // the engine's UDP/ECN settings follow tapWrite
+			if b.onOffloadKill != nil {
+				b.onOffloadKill(off&^old, cause)
+			}
+		}
+	}
+	w.split(pkt)
+}
+
+// split writes the GSO packet pkt (its header decoded into w.hdr) to the TAP as plain
+// segments.
+func (w *tapWriter) split(pkt []byte) {
+	b := w.b
+	st := &b.p2t
+	hl := b.cfg.vnetHdrLen
+	frame := pkt[hl:]
+	lay, err := vnethdr.ParseLayout(frame)
+	if err != nil || w.hdr.GSOSize == 0 {
+		st.DropMalformed.Add(1)
+		return
+	}
+	// One slab, carved into nseg segments of hl + headers + gso_size; it grows to the
+	// largest frame seen and is then reused, so only the first fallback allocates.
+	segCap := hl + lay.PayloadOff + int(w.hdr.GSOSize)
+	nseg := (lay.PayloadLen() + int(w.hdr.GSOSize) - 1) / int(w.hdr.GSOSize)
+	if nseg < 1 || nseg > maxSegs {
+		st.DropMalformed.Add(1)
+		return
+	}
+	if w.fallbackSize == nil {
 		w.fallback = make([][]byte, maxSegs)
 		w.fallbackViews = make([][]byte, maxSegs)
 		w.fallbackSize = make([]int, maxSegs)
-		for i := range w.fallback {
-			w.fallback[i] = make([]byte, b.frameCap())
-			w.fallbackViews[i] = w.fallback[i][hl:]
-		}
 	}
-	n, err := vnethdr.Split(pkt[hl:], &w.hdr, w.fallbackViews, w.fallbackSize)
+	if need := segCap * nseg; len(w.slab) < need {
+		w.slab = make([]byte, need)
+	}
+	for i := 0; i < nseg; i++ {
+		w.fallback[i] = w.slab[i*segCap : (i+1)*segCap]
+		w.fallbackViews[i] = w.fallback[i][hl:]
+	}
+	n, err := vnethdr.Split(frame, &w.hdr, w.fallbackViews[:nseg], w.fallbackSize[:nseg])
 	if err != nil {
 		st.DropMalformed.Add(1)
 		return

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/netip"
+	"os"
 	"strconv"
 	"strings"
 	"time"
@@ -40,6 +41,17 @@ type options struct {
 	allowRemote bool
 	batch       int
 	rx          rxpool.Config // --rx-*: the TAP→port receive pool
+
+	// Operations (security.go, lifecycle.go, health.go).
+	socketMode  os.FileMode   // --socket-mode: UNIX socket paths tapgro creates
+	socketGroup int           // --socket-group as a gid; 0 leaves the creator's group
+	user        *account      // --user/--group: drop to this after opening everything
+	logFile     string        // --log-file: reopened on SIGHUP; "" is stderr
+	healthStall time.Duration // --health-stall: /healthz fails after this long stalled
+
+	// Runtime control (ctl.go).
+	ctlSocket        string // --ctl-socket; "" disables the control socket
+	ctlSocketDefault bool   // ctlSocket is the default path: failing to create it only warns
 }
 
 // offloadChoice is --offload: auto (everything the kernel accepts that tapgro can fill in
@@ -128,13 +140,19 @@ the guest's MTU-sized TCP/UDP segments into 64 KB GSO packets (userspace GRO).
 Usage:
   tapgro --tap NAME --netdev SPEC [flags]
   tapgro demo        run two tapgro datapaths in two network namespaces and measure them
+  tapgro ctl REQUEST query or change a running tapgro (tapgro ctl --help)
 
 SPEC mirrors QEMU's -netdev syntax from tapgro's side:
   stream,server=on|off,addr.type=unix,addr.path=PATH
   stream,server=on|off,addr.type=inet,addr.host=HOST,addr.port=PORT
   socket,listen=HOST:PORT | socket,connect=HOST:PORT | socket,udp=HOST:PORT,localaddr=HOST:PORT
+  stream,server=on,addr.type=fd,addr.str=N   a listening socket passed as fd N (systemd: N=3)
+  stream,server=off,addr.type=fd,addr.str=N | socket,fd=N   a connected stream passed as fd N
   dgram,local.type=inet,local.host=H,local.port=N,remote.type=inet,remote.host=H,remote.port=N
   dgram,local.type=unix,local.path=P,remote.type=unix,remote.path=P
+
+Environment (a flag on the command line wins over its variable):
+  TAPGRO_GRO=on|off  TAPGRO_UDP_GRO=on|off  TAPGRO_OFFLOAD=auto|off|LIST   as --gro, --udp-gro, --offload
 
 Flags:
 `
@@ -170,6 +188,14 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.BoolVar(&o.pprof, "pprof", false, "also serve /debug/pprof on --metrics-addr")
 	fs.BoolVar(&o.allowRemote, "allow-remote", false, "allow TCP listeners (metrics, ports) on non-loopback addresses")
 	fs.IntVar(&o.batch, "batch", 64, "frames per read batch on each side")
+	var socketMode, socketGroup, userName, groupName string
+	fs.StringVar(&socketMode, "socket-mode", "0600", "permissions (octal) of the UNIX socket paths tapgro creates; widen with care: whoever can connect can inject frames into the guest")
+	fs.StringVar(&socketGroup, "socket-group", "", "group (name or gid) of the UNIX socket paths tapgro creates, e.g. with --socket-mode 0660")
+	fs.StringVar(&userName, "user", "", "after opening the TAP, the port and the metrics listener, drop privileges to this user (name or uid)")
+	fs.StringVar(&groupName, "group", "", "with --user: the group to drop to (name or gid; default the user's primary group)")
+	fs.StringVar(&o.logFile, "log-file", "", "append the log to this file instead of stderr; SIGHUP reopens it (for logrotate)")
+	fs.DurationVar(&o.healthStall, "health-stall", 10*time.Second, "/healthz fails once a direction has had traffic pending without progress for this long")
+	fs.StringVar(&o.ctlSocket, "ctl-socket", "", "`PATH` of the control socket tapgro ctl talks to (mode 0600; default "+ctlDefaultDir+"/TAP.ctl; \"\" disables it)")
 	var rxBuf, rxPool, rxThreshold, rxBatch string
 	var rxDelay time.Duration
 	fs.StringVar(&rxBuf, "rx-buf-size", "2048", "TAP->port receive pool: bytes per buffer (a frame spans ceil(len/size) buffers), e.g. 2048 or 4K")
@@ -178,6 +204,9 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&rxThreshold, "rx-flush-threshold", "auto", "after the port was full: free send-buffer room that flushes at once, in bytes (e.g. 256K) or percent of the buffer (e.g. 50%); auto: room for everything queued, at most 50%")
 	fs.StringVar(&rxBatch, "rx-batch", "on", "batch frames to the port (on), or write every frame on its own (off: the baseline for measurements)")
 	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	if err := applyEnv(fs, os.LookupEnv); err != nil {
 		return nil, err
 	}
 	if fs.NArg() > 0 {
@@ -189,6 +218,11 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	if len(o.tap) > 15 {
 		return nil, fmt.Errorf("--tap %q: interface names are at most 15 bytes", o.tap)
 	}
+	ctlSock, ctlDefault, err := resolveCtlSocket(fs, o.ctlSocket, o.tap)
+	if err != nil {
+		return nil, err
+	}
+	o.ctlSocket, o.ctlSocketDefault = ctlSock, ctlDefault
 	if netdev == "" {
 		return nil, errors.New("--netdev is required")
 	}
@@ -197,11 +231,6 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 		return nil, err
 	}
 	o.netdev = spec
-	// Ports that carry a virtio_net_hdr need the negotiation the datapath does not have
-	// yet (issue 5): refuse them plainly rather than corrupt frames.
-	if spec.VnetHdr || spec.HdrLen > 0 {
-		return nil, fmt.Errorf("--netdev %q: ports that carry a virtio-net header (vnet-hdr=on / vnet-hdr=10|12) are not supported by the datapath yet; use the default (no header)", netdev)
-	}
 	o.addrs = addrs
 	if o.mtu != 0 && (o.mtu < 68 || o.mtu > 65521) {
 		return nil, fmt.Errorf("--mtu %d: a TAP takes 68..65521", o.mtu)
@@ -246,6 +275,25 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 		if err := requireLoopback("--metrics-addr", o.metricsAddr); err != nil {
 			return nil, err
 		}
+	}
+	if !o.allowRemote {
+		for _, a := range exposedAddrs(o) {
+			return nil, fmt.Errorf("--netdev %q: tapgro would accept frames on %s, which is not a loopback address; add --allow-remote to listen beyond this host", netdev, a)
+		}
+	}
+	if o.socketMode, err = parseSocketMode(socketMode); err != nil {
+		return nil, err
+	}
+	if socketGroup != "" {
+		if o.socketGroup, err = lookupGroup("--socket-group", socketGroup); err != nil {
+			return nil, err
+		}
+	}
+	if o.user, err = parseAccount(userName, groupName); err != nil {
+		return nil, err
+	}
+	if o.healthStall < time.Second {
+		return nil, fmt.Errorf("--health-stall %v: want at least 1s (the health monitor samples once a second)", o.healthStall)
 	}
 	return o, nil
 }

@@ -134,3 +134,74 @@ func TestParseFlags(t *testing.T) {
 		})
 	}
 }
+
+// TAPGRO_GRO, TAPGRO_UDP_GRO and TAPGRO_OFFLOAD set the switches a flag does not; a
+// flag on the command line wins; a bad value is reported under the variable's name.
+func TestParseFlagsEnv(t *testing.T) {
+	const nd = "--netdev=stream,server=on,addr.type=unix,addr.path=/tmp/t.sock"
+	for _, c := range []struct {
+		name    string
+		env     map[string]string
+		args    []string
+		gro     bool
+		udpGRO  bool
+		offload string
+		err     string
+	}{
+		{name: "no environment", gro: true, udpGRO: true, offload: "auto"},
+		{name: "environment only", env: map[string]string{"TAPGRO_GRO": "off", "TAPGRO_UDP_GRO": "off", "TAPGRO_OFFLOAD": "csum,tso4"},
+			offload: "csum,tso4"},
+		{name: "flags win", env: map[string]string{"TAPGRO_GRO": "off", "TAPGRO_UDP_GRO": "off", "TAPGRO_OFFLOAD": "off"},
+			args: []string{"--gro", "on", "--udp-gro=on", "--offload", "csum,tso6"}, gro: true, udpGRO: true, offload: "csum,tso6"},
+		{name: "some from each", env: map[string]string{"TAPGRO_GRO": "off", "TAPGRO_OFFLOAD": "off"},
+			args: []string{"--gro", "on"}, gro: true, udpGRO: true, offload: "off"},
+		{name: "empty is unset", env: map[string]string{"TAPGRO_GRO": "", "TAPGRO_OFFLOAD": ""}, gro: true, udpGRO: true, offload: "auto"},
+		{name: "bad gro", env: map[string]string{"TAPGRO_GRO": "maybe"}, err: `TAPGRO_GRO="maybe"`},
+		{name: "bad udp gro", env: map[string]string{"TAPGRO_UDP_GRO": "2"}, err: `TAPGRO_UDP_GRO="2"`},
+		{name: "bad offload", env: map[string]string{"TAPGRO_OFFLOAD": "tso4"}, err: `TAPGRO_OFFLOAD="tso4"`},
+		{name: "bad env hidden by a flag", env: map[string]string{"TAPGRO_GRO": "maybe"}, args: []string{"--gro", "off"},
+			udpGRO: true, offload: "auto"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			for _, k := range []string{"TAPGRO_GRO", "TAPGRO_UDP_GRO", "TAPGRO_OFFLOAD"} {
+				t.Setenv(k, "")
+			}
+			for k, v := range c.env {
+				t.Setenv(k, v)
+			}
+			o, err := parseFlags(append([]string{"--tap", "tap0", nd}, c.args...), io.Discard)
+			if c.err != "" {
+				if err == nil || !strings.Contains(err.Error(), c.err) {
+					t.Fatalf("err = %v, want one naming %s", err, c.err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if o.gro != c.gro || o.udpGRO != c.udpGRO || o.offload.String() != c.offload {
+				t.Errorf("gro %v udp-gro %v offload %s; want %v %v %s", o.gro, o.udpGRO, o.offload, c.gro, c.udpGRO, c.offload)
+			}
+		})
+	}
+}
+
+// --ctl-socket: the default path is per TAP, "" disables it, an explicit path is kept.
+func TestParseFlagsCtlSocket(t *testing.T) {
+	const nd = "--netdev=stream,server=on,addr.type=unix,addr.path=/tmp/t.sock"
+	o, err := parseFlags([]string{"--tap", "tap0", nd}, io.Discard)
+	if err != nil || o.ctlSocket != "/run/tapgro/tap0.ctl" || !o.ctlSocketDefault {
+		t.Errorf("default: %q (default %v), %v", o.ctlSocket, o.ctlSocketDefault, err)
+	}
+	o, err = parseFlags([]string{"--tap", "tap0", nd, "--ctl-socket", ""}, io.Discard)
+	if err != nil || o.ctlSocket != "" || o.ctlSocketDefault {
+		t.Errorf(`--ctl-socket "": %q (default %v), %v`, o.ctlSocket, o.ctlSocketDefault, err)
+	}
+	o, err = parseFlags([]string{"--tap", "tap0", nd, "--ctl-socket", "/tmp/x.ctl"}, io.Discard)
+	if err != nil || o.ctlSocket != "/tmp/x.ctl" || o.ctlSocketDefault {
+		t.Errorf("--ctl-socket /tmp/x.ctl: %q (default %v), %v", o.ctlSocket, o.ctlSocketDefault, err)
+	}
+	if _, err := parseFlags([]string{"--tap", "tap0", nd, "--ctl-socket", "/" + strings.Repeat("x", 120)}, io.Discard); err == nil {
+		t.Error("a 121-byte socket path was accepted")
+	}
+}

@@ -24,6 +24,7 @@ import (
 
 	"tapgro/coalescer"
 	"tapgro/netmapio"
+	"tapgro/rxpool"
 	"tapgro/tapdev"
 	"tapgro/vnethdr"
 )
@@ -40,6 +41,8 @@ func realMain(args []string, stdout, stderr io.Writer) int {
 		switch args[0] {
 		case "demo":
 			return runDemo(args[1:], stdout, stderr)
+		case "ctl":
+			return runCtl(args[1:], stdout, stderr)
 		case "version", "--version":
 			fmt.Fprintln(stdout, "tapgro", version)
 			return 0
@@ -55,9 +58,15 @@ func realMain(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "tapgro:", err)
 		return 2
 	}
-	log := newLogger(o, stderr)
+	out, err := logOutput(o, stderr)
+	if err != nil {
+		fmt.Fprintln(stderr, "tapgro:", err)
+		return 2
+	}
+	log := newLogger(o, out)
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	handleSIGHUP(ctx, log)
 	go func() {
 		// A second signal means "now": do not wait for a peer that will not answer.
 		<-ctx.Done()
@@ -98,20 +107,19 @@ func run(ctx context.Context, o *options, log *logrus.Logger) error {
 	}
 
 	probed := tap.ProbeOffloads()
-	// Everything tapgro can fill in software is worth taking from the kernel: one 64 KB
-	// read replaces ~45 MTU reads, and splitting in userspace is cheaper than the syscalls.
-	const fillable = vnethdr.OffloadCSUM | vnethdr.OffloadTSO4 | vnethdr.OffloadTSO6 | vnethdr.OffloadTSOECN | vnethdr.OffloadUSO
-	want := o.offload.set
-	if o.offload.auto {
-		want = fillable
-	}
-	set, err := tap.SetOffloads(want & probed)
-	if err != nil {
-		return fmt.Errorf("TUNSETOFFLOAD %s on %s: %w", want&probed, o.tap, err)
-	}
 	// Writes may always carry partial checksums and TCP GSO (wire.md §1.4); UDP_L4 GSO only
 	// where the kernel knows it, which is what a successful USO probe shows.
-	accepts := vnethdr.OffloadCSUM | vnethdr.OffloadTSO4 | vnethdr.OffloadTSO6 | vnethdr.OffloadTSOECN | (probed & vnethdr.OffloadUSO)
+	accepts := tap.Accepts()
+	// What the TAP may hand us, for the port the spec describes (negotiate.go); the
+	// supervisor negotiates again with every peer that connects.
+	negIn := negInput{TapProbed: probed, TapHdrLen: o.vnetHdrLen, TapWrite: accepts,
+		Choice: o.offload, Port: capsOfSpec(o.netdev), GRO: o.gro, UDPGRO: o.udpGRO}
+	neg := negotiate(negIn)
+	set, err := tap.SetOffloads(neg.TapOffloads)
+	if err != nil {
+		return fmt.Errorf("TUNSETOFFLOAD %s on %s: %w", neg.TapOffloads, o.tap, err)
+	}
+	neg.TapOffloads = set
 
 	cfg := bridgeConfig{
 		vnetHdrLen:  o.vnetHdrLen,
@@ -135,43 +143,90 @@ func run(ctx context.Context, o *options, log *logrus.Logger) error {
 			log.WithError(err).Warn("the kernel refused a GSO write; GRO is off from now on and frames go to the TAP segment by segment")
 		})
 	}
+	b.onOffloadKill = func(off vnethdr.Offloads, err error) {
+		log.WithError(err).WithField("offload", off.String()).Warn("the kernel refused a valid GSO write; frames of this kind now go to the TAP segment by segment")
+	}
 	if o.gro {
 		if err := probeGSOWrite(tap, o.vnetHdrLen); err != nil {
 			b.groKilled.Store(true)
 			log.WithError(err).Warn("start-up GSO probe failed: writing segments instead of GSO packets")
 		}
 	}
+	b.initNegotiation(negIn, neg, func(n *negotiation) { log.Info("negotiated: " + n.String()) })
 
-	ep, err := netmapio.Open(o.netdev, supervisorEvents(log))
+	// Sockets systemd passed (socket activation) are used instead of binding (inherit.go).
+	listenFDs, err := netmapio.ListenFDs()
+	if err != nil {
+		return err
+	}
+	ep, err := netmapio.OpenWith(o.netdev, supervisorEvents(log), socketOptions(o, listenFDs))
 	if err != nil {
 		return err
 	}
 	defer ep.Close()
+	spec := netmapio.SpecOf(ep, o.netdev) // inherited sockets resolved to their address
 
-	log.WithFields(logrus.Fields{
-		"tap":          tap.Name(),
-		"vnet_hdr_len": o.vnetHdrLen,
-		"tap_offloads": set.String(),
-		"probed":       probed.String(),
-		"gro":          onOffString(o.gro && !b.groKilled.Load()),
-		"netdev":       o.netdev.String(),
-		"version":      version,
-	}).Info("tapgro ready; " + qemuHint(o.netdev))
-
+	h := newHealthMon(b, o.healthStall)
+	go h.run(ctx)
 	var metricsDone func()
 	if o.metricsAddr != "" {
-		metricsDone, err = serveMetrics(o.metricsAddr, o.pprof, b, ep, log)
+		metricsDone, err = serveMetrics(o.metricsAddr, o.pprof, b, ep, h, log)
 		if err != nil {
 			return err
 		}
 		defer metricsDone()
 	}
+	for _, a := range exposedAddrs(o) {
+		log.WithField("addr", a).Warn("--allow-remote: the port accepts frames from beyond this host; anyone who can reach it can inject frames into the guest")
+	}
+	if o.metricsAddr != "" && o.allowRemote && requireLoopback("--metrics-addr", o.metricsAddr) != nil {
+		log.WithField("addr", o.metricsAddr).Warn("--allow-remote: /metrics is served beyond this host")
+	}
+	// The control socket (ctl.go) is created before the privilege drop, in a directory
+	// only root may write, and chowned to --user's account.
+	stopCtl, err := startCtl(o, newCtlServer(b, tap.Name(), ep.Addr(), log))
+	if err != nil {
+		return err
+	}
+	defer stopCtl()
+	// Everything privileged is open: the TAP, the port's socket, the metrics listener.
+	if o.user != nil {
+		if err := dropPrivileges(o.user); err != nil {
+			return err
+		}
+	}
+	go reportProblems(ctx, problemInterval, func() map[string]uint64 { return problemCounts(b, portProblems(ep)) }, log)
+
+	fields := logrus.Fields{
+		"tap":          tap.Name(),
+		"vnet_hdr_len": o.vnetHdrLen,
+		"tap_offloads": set.String(),
+		"probed":       probed.String(),
+		"gro":          onOffString(o.gro && !b.groKilled.Load()),
+		"netdev":       spec.String(),
+		"listen":       ep.Addr(),
+		"version":      version,
+	}
+	if o.user != nil {
+		fields["user"] = o.user.String()
+	}
+	if o.metricsAddr != "" {
+		fields["metrics"] = o.metricsAddr
+	}
+	if o.mtu != 0 {
+		fields["mtu"] = o.mtu
+	}
+	log.WithFields(fields).Info("tapgro ready; " + qemuHint(spec))
 
 	tapErr := make(chan error, 1)
-	go func() { tapErr <- b.runTapToPort() }()
+	tapDone := make(chan struct{})
+	go func() { tapErr <- b.runTapToPort(); close(tapDone) }()
 
-	err = supervise(ctx, b, ep, log)
-	// Closing the TAP ends the TAP→port goroutine; its last batch has been sent already.
+	// On shutdown the TAP is closed first, so nothing new is read, and what was read is
+	// still delivered: the TAP→port goroutine finishes its batch and flushes the pool
+	// into the port before the port is closed (lifecycle.go drainTAP).
+	drain := func() { drainTAP(tap, tapDone, drainTimeout, log) }
+	err = supervise(ctx, b, ep, log, drain)
 	tap.Close()
 	<-tapErr
 	logSummary(b, log)
@@ -180,7 +235,13 @@ func run(ctx context.Context, o *options, log *logrus.Logger) error {
 
 // qemuHint is the passt-style line that tells the user what to give QEMU.
 func qemuHint(spec netmapio.Spec) string {
+	if spec.Backend == netmapio.BackendStream && spec.VnetHdr {
+		return "vnet-hdr=on: the peer must be another tapgro with vnet-hdr=on (QEMU cannot speak it)"
+	}
 	opt := spec.QEMUOption("n0")
+	if spec.Remote.Type == netmapio.AddrFD {
+		return "the port is the inherited connection " + spec.Remote.String() + "; its peer is already attached"
+	}
 	if opt == "" {
 		return "this port has no QEMU counterpart (a NIC in netmap mode)"
 	}
@@ -189,19 +250,29 @@ func qemuHint(spec netmapio.Spec) string {
 
 // supervise hands each connection the port endpoint yields to the datapath, one at a
 // time, until ctx is cancelled.
-func supervise(ctx context.Context, b *bridge, ep netmapio.Endpoint, log *logrus.Logger) error {
+func supervise(ctx context.Context, b *bridge, ep netmapio.Endpoint, log *logrus.Logger, drain func()) error {
 	for {
 		port, err := ep.Next(ctx)
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil
 			}
+			if errors.Is(err, netmapio.ErrInheritedClosed) {
+				// fd=N: the supervisor owns the connection; without it there is nothing
+				// to serve, and a clean exit tells the supervisor so.
+				log.WithField("port", ep.Addr()).Info("the inherited connection has ended; exiting")
+				return nil
+			}
 			return fmt.Errorf("port %s: %w", ep.Addr(), err)
 		}
 		log.WithField("peer", port.Peer()).Info("port connected")
+		// This peer's capabilities decide the TAP's offloads and the software steps.
+		if _, err := b.portConnected(port); err != nil {
+			log.WithError(err).Warn("cannot set the TAP's offloads for this peer; keeping the previous ones")
+		}
 		// Before the TAP→port goroutine sees the port, so the two never write at once.
 		announce(b, port, log)
-		ref := &portRef{p: port}
+		ref := newPortRef(port)
 		b.port.Store(ref)
 
 		done := make(chan error, 1)
@@ -209,6 +280,7 @@ func supervise(ctx context.Context, b *bridge, ep netmapio.Endpoint, log *logrus
 		select {
 		case err = <-done:
 		case <-ctx.Done():
+			drain()
 			port.Close()
 			err = <-done
 		}
@@ -238,6 +310,13 @@ func announce(b *bridge, port netmapio.Port, log *logrus.Logger) {
 	if len(frames) == 0 {
 		return
 	}
+	if hl := port.VnetHdrLen(); hl > 0 {
+		// A header-carrying port (vnet-hdr=on, VALE) takes [header][frame]: an all-zero
+		// header says "plain, fully checksummed".
+		for i, f := range frames {
+			frames[i] = append(make([]byte, hl, hl+len(f)), f...)
+		}
+	}
 	if _, err := port.WriteBatch(frames); err != nil {
 		log.WithError(err).Debug("announcing the TAP's addresses failed")
 		return
@@ -252,6 +331,9 @@ func supervisorEvents(log *logrus.Logger) netmapio.Events {
 		},
 		OnRetry: func(addr string, err error, wait time.Duration) {
 			log.WithFields(logrus.Fields{"addr": addr, "retry_in": wait}).WithError(err).Debug("peer not reachable yet")
+		},
+		OnHelloFail: func(peer string, err error) {
+			log.WithField("peer", peer).WithError(err).Warn("vnet-hdr=on: closed a connection that failed the hello; waiting for a tapgro speaking vnet-hdr=on")
 		},
 	}
 }
@@ -289,6 +371,7 @@ func onOffString(b bool) string {
 // read them from here.
 func logSummary(b *bridge, log *logrus.Logger) {
 	f := logrus.Fields{
+		"tap_to_port_reads":  b.t2p.Reads.Load(),
 		"tap_to_port_frames": b.t2p.Frames.Load(),
 		"tap_to_port_bytes":  b.t2p.Bytes.Load(),
 		"port_to_tap_frames": b.p2t.Frames.Load(),
@@ -305,7 +388,16 @@ func logSummary(b *bridge, log *logrus.Logger) {
 	ts := b.tap.Stats()
 	f["tap_write_einval"] = ts.WriteErrEINVAL.Load()
 	f["gso_write_fallback"] = b.p2t.GSOFallback.Load()
+	f["tap_to_port_gso_passthrough"] = b.t2p.GSOPassthrough.Load()
+	f["port_to_tap_gso_passthrough"] = b.p2t.GSOPassthrough.Load()
+	f["port_to_tap_malformed"] = b.p2t.DropMalformed.Load()
 	f["dropped"] = b.t2p.DropNoPeer.Load() + b.t2p.DropMalformed.Load() + b.t2p.DropPortError.Load() +
 		b.p2t.DropMalformed.Load() + b.p2t.DropTapEIO.Load() + b.p2t.DropTapError.Load()
+	// Per-direction accounting: every frame read from the TAP was delivered, split (GSO),
+	// or counted here (the SIGTERM-under-load test checks the balance).
+	f["tap_to_port_dropped"] = b.t2p.DropNoPeer.Load() + b.t2p.DropMalformed.Load() + b.t2p.DropPortError.Load() +
+		b.rxStats.Drops[rxpool.DropTooBig].Load()
+	f["tap_to_port_gso_segmented"] = b.t2p.GSOSegmented.Load()
+	f["tap_to_port_port_error"] = b.t2p.DropPortError.Load()
 	log.WithFields(f).Info("tapgro exiting")
 }

@@ -115,21 +115,25 @@ func newCollector(b *bridge, ep netmapio.Endpoint) *collector {
 	addCoalescerMetrics(c, b)
 	addDeviceMetrics(c, b, ep)
 	addRxPoolMetrics(c, b)
+	addOffloadMetrics(c, b, ep)
 	c.add("tapgro_build_info", "Build version.", prometheus.GaugeValue, prometheus.Labels{"version": version}, func() float64 { return 1 })
 	start := float64(time.Now().Unix())
 	c.add("tapgro_start_time_seconds", "Process start time (Unix seconds).", prometheus.GaugeValue, nil, func() float64 { return start })
 	return c
 }
 
-// serveMetrics serves /metrics and /healthz on addr until the returned func is called.
-func serveMetrics(addr string, pprofOn bool, b *bridge, ep netmapio.Endpoint, log *logrus.Logger) (func(), error) {
+// serveMetrics serves /metrics and /healthz (health.go) on addr until the returned func
+// is called.
+func serveMetrics(addr string, pprofOn bool, b *bridge, ep netmapio.Endpoint, h *healthMon, log *logrus.Logger) (func(), error) {
 	reg := prometheus.NewRegistry()
-	if err := reg.Register(newCollector(b, ep)); err != nil {
+	c := newCollector(b, ep)
+	addHealthMetrics(c, h)
+	if err := reg.Register(c); err != nil {
 		return nil, err
 	}
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-	mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) { w.Write([]byte("ok\n")) })
+	mux.Handle("/healthz", h)
 	if pprofOn {
 		mux.HandleFunc("/debug/pprof/", pprof.Index)
 		mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)

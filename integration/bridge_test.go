@@ -72,10 +72,11 @@ func newPair(t *testing.T, be backend, extra ...string) *pairSetup {
 	veth(t, s.a, s.b, 9000)
 	dir := t.TempDir()
 	s.dir = dir
+	// The inet backends listen on the veth between the namespaces, not on loopback.
 	s.argsA = append([]string{"--tap", "tg0", "--mtu", "1500", "--addr", "198.18.0.1/24", "--addr", "fd00:198:18::1/64",
-		"--netdev", be.a(dir), "--log-level", "debug"}, extra...)
+		"--netdev", be.a(dir), "--log-level", "debug", "--allow-remote"}, extra...)
 	s.argsB = append([]string{"--tap", "tg0", "--mtu", "1500", "--addr", "198.18.0.2/24", "--addr", "fd00:198:18::2/64",
-		"--netdev", be.b(dir), "--log-level", "debug"}, extra...)
+		"--netdev", be.b(dir), "--log-level", "debug", "--allow-remote"}, extra...)
 	s.pa = startTapgro(t, s.a, "tapgro A", s.argsA...)
 	s.pa.waitLog(readyRe, 10*time.Second)
 	s.pb = startTapgro(t, s.b, "tapgro B", s.argsB...)

@@ -21,6 +21,9 @@ func (e *FrameError) Error() string {
 	if e.Length < uint64(e.Limit) {
 		return fmt.Sprintf("netmapio: frame length %d is below the minimum %d", e.Length, e.Limit)
 	}
+	if e.Length == helloPrefixLen {
+		return fmt.Sprintf("netmapio: frame length %d exceeds the maximum %d: the peer opened with tapgro's vnet-hdr=on hello; set vnet-hdr=on on this end too", e.Length, e.Limit)
+	}
 	return fmt.Sprintf("netmapio: frame length %d exceeds the maximum %d", e.Length, e.Limit)
 }
 

@@ -15,8 +15,14 @@
 // QEMU's socket-family backends carry no virtio_net_hdr (wire.md §3.1, §3.5): for their
 // Ports VnetHdrLen() == 0 and Accepts() == 0, so frames written to them must be plain,
 // fully checksummed and no larger than the MTU, and the pipelines do GSO splitting and
-// checksum completion before WriteBatch. (Spec.VnetHdr is parsed for a future
-// tapgro-to-tapgro stream mode and is not implemented by StreamPort.)
+// checksum completion before WriteBatch.
+//
+// The exception is tapgro's own vnet-hdr=on stream (vnetstream.go), for a link between
+// two tapgro instances: a 16-byte hello in both directions ("TAPGRO\x00", version,
+// header length, accepted offloads; 5 s timeout), then records of [length][12-byte
+// virtio_net_hdr][frame], so 64 KiB GSO frames cross whole. QEMU, or a plain tapgro,
+// fails the hello at once on both ends. Every Port is also a VnetBackend (backend.go),
+// QEMU's backend offload callbacks (wire.md §5) as one interface.
 //
 // # Framing
 //
@@ -134,11 +140,37 @@
 // (connect= never reconnects, listen= re-accepts). Datagram links have no connection to
 // lose. While the link is down QEMU silently discards guest transmits.
 //
+// # Inherited sockets and socket permissions
+//
+// A supervisor may hand tapgro its socket instead (inherit.go), in QEMU's own words:
+// stream,server=on,addr.type=fd,addr.str=N is a listening socket, server=off (or socket,fd=N)
+// a connected stream. The descriptor is checked at Open (a socket, a stream, listening or
+// not as the role needs), so a wrong number fails at start-up with a reason. An inherited
+// connection cannot be redialled: once it ends, Next returns ErrInheritedClosed. systemd
+// socket activation (ListenFDs: LISTEN_PID must be this process, fds 3..3+LISTEN_FDS-1;
+// the variables are removed from the environment) is passed in Options.ListenFDs: a
+// server whose addr.path or host:port is the address a passed socket is bound to uses
+// it instead of binding, so one command line works with and without activation. A path
+// the endpoint did not create (inherited) is never removed. Options also set the mode
+// (default 0600), owner and group given to socket paths the endpoint creates, between
+// bind and listen. Endpoint.Spec (SpecOf) reports the spec with an inherited listener
+// resolved to its address, for the QEMU option printed at start-up.
+//
+// # Memory a peer can cause
+//
+// Nothing a peer sends grows memory beyond fixed bounds: a stream port reads into one
+// 256 KiB buffer per connection and rejects any length prefix above MaxFrame before
+// reading the record; a datagram port receives into the caller's buffers and drops what
+// does not fit (MSG_TRUNC); a server serves one client and closes every other at
+// accept, so at most one connection's buffers are live (extra clients cost only the
+// transient socket). The callers' buffers (batch x (MaxFrame + header)) are allocated per
+// connection by the pipelines, never per frame.
+//
 // # What this package does not do
 //
 // It does not log, apply policy on remote listening addresses (a non-loopback host is
 // used exactly as given; --allow-remote is the caller's), implement multicast,
-// fd= inherited sockets or vnet headers on streams, use more than one netmap TX ring,
+// inherited datagram sockets or vnet headers on streams, use more than one netmap TX ring,
 // or use netmap's zero-copy buffer swapping (frames are copied in and out of the
 // rings). It never segments or checksums frames; the pipelines do that before
 // WriteBatch.

@@ -2,6 +2,7 @@ package netmapio
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io/fs"
 	"net"
@@ -35,6 +36,10 @@ type Events struct {
 	OnDisconnect func(peer string, err error)
 	// OnRetry: a dial (client) or accept (server) failed; the endpoint waits for wait.
 	OnRetry func(addr string, err error, wait time.Duration)
+	// OnHelloFail: a vnet-hdr=on stream peer failed the hello (a *HelloError: QEMU, a
+	// plain tapgro, a version mismatch); the connection was closed and the endpoint
+	// waits for the next peer (server) or dials again after a backoff (client).
+	OnHelloFail func(peer string, err error)
 }
 
 // Endpoint hands out one live Port at a time for a Spec and keeps the listening socket,
@@ -58,6 +63,7 @@ type Endpoint interface {
 type endpoint struct {
 	spec  Spec
 	ev    Events
+	opt   Options
 	stats Stats
 	addr  string
 
@@ -97,12 +103,18 @@ type endpoint struct {
 
 	// Datagram state.
 	remote net.Addr
+
+	// inherited is the connected socket a supervisor passed (fd=N), until Next takes it.
+	inherited net.Conn
 }
 
 // Open prepares an endpoint for spec: a server starts listening now (so a busy address is
 // reported at once) and a datagram endpoint binds now; a client dials only in Next.
-func Open(spec Spec, ev Events) (Endpoint, error) {
-	e := &endpoint{spec: spec, ev: ev, slot: make(chan struct{}, 1)}
+func Open(spec Spec, ev Events) (Endpoint, error) { return OpenWith(spec, ev, Options{}) }
+
+// OpenWith is Open with the settings of opt (socket permissions, inherited sockets).
+func OpenWith(spec Spec, ev Events, opt Options) (Endpoint, error) {
+	e := &endpoint{spec: spec, ev: ev, opt: opt, slot: make(chan struct{}, 1)}
 	e.slot <- struct{}{}
 	var err error
 	switch spec.Role {
@@ -110,6 +122,9 @@ func Open(spec Spec, ev Events) (Endpoint, error) {
 		err = e.openServer()
 	case RoleClient:
 		e.addr = spec.Remote.String()
+		if spec.Remote.Type == AddrFD {
+			err = e.openInheritedConn()
+		}
 	case RoleDatagram:
 		err = e.openDgram()
 	case RoleAttach:
@@ -152,8 +167,8 @@ func (e *endpoint) Close() error {
 	e.closeOnce.Do(func() {
 		e.mu.Lock()
 		e.closed = true
-		act, first, firstNM := e.active, e.first, e.firstNM
-		e.first, e.firstNM = nil, nil
+		act, first, firstNM, inh := e.active, e.first, e.firstNM, e.inherited
+		e.first, e.firstNM, e.inherited = nil, nil, nil
 		path, fi := e.path, e.pathFI
 		e.mu.Unlock()
 		e.cancel()
@@ -173,6 +188,9 @@ func (e *endpoint) Close() error {
 		}
 		if first != nil {
 			first.Close()
+		}
+		if inh != nil {
+			inh.Close()
 		}
 		if firstNM != nil {
 			firstNM.Close()
@@ -239,9 +257,14 @@ func (e *endpoint) acquire(ctx context.Context) error {
 // ---- server ----
 
 func (e *endpoint) openServer() error {
+	if fd, bound, ok, err := e.inheritedListener(); err != nil {
+		return err
+	} else if ok {
+		return e.openInheritedServer(fd, bound)
+	}
 	a := e.spec.Local
 	if a.Type == AddrUnix {
-		ln, fi, err := listenUnix(a.Path)
+		ln, fi, err := listenUnix(a.Path, e.opt)
 		if err != nil {
 			return err
 		}
@@ -300,21 +323,45 @@ func (e *endpoint) acceptLoop() {
 }
 
 func (e *endpoint) nextServer(ctx context.Context) (Port, error) {
-	var c net.Conn
-	select {
-	case c = <-e.ready:
-	case <-ctx.Done():
-		return nil, ctx.Err()
-	case <-e.ctx.Done():
-		return nil, ErrClosed
+	for {
+		var c net.Conn
+		select {
+		case c = <-e.ready:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-e.ctx.Done():
+			return nil, ErrClosed
+		}
+		p, err := e.newStream(c)
+		if err != nil {
+			c.Close()
+			e.release()
+			var he *HelloError
+			if errors.As(err, &he) {
+				// A peer of the wrong kind: not fatal, wait for the right one.
+				e.helloFailed(he)
+				continue
+			}
+			return nil, err
+		}
+		return e.adopt(p, &p.portBase)
 	}
-	p, err := NewStreamPort(c, &e.stats)
-	if err != nil {
-		c.Close()
-		e.release()
-		return nil, err
+}
+
+// newStream wraps a connected stream: QEMU framing, or the vnet-hdr=on extension after
+// its hello (vnetstream.go).
+func (e *endpoint) newStream(c net.Conn) (*StreamPort, error) {
+	if e.spec.VnetHdr {
+		return NewVnetStreamPort(c, &e.stats, VnetStreamAccepts, HelloTimeout)
 	}
-	return e.adopt(p, &p.portBase)
+	return NewStreamPort(c, &e.stats)
+}
+
+func (e *endpoint) helloFailed(he *HelloError) {
+	e.stats.HelloFailures.Add(1)
+	if e.ev.OnHelloFail != nil {
+		e.ev.OnHelloFail(he.Peer, he)
+	}
 }
 
 // ---- client ----
@@ -323,6 +370,9 @@ func (e *endpoint) nextServer(ctx context.Context) (Port, error) {
 // reconnect= option (wire.md §3.3), so with QEMU as the server it is tapgro that must come
 // back after either side restarts.
 func (e *endpoint) nextClient(ctx context.Context) (Port, error) {
+	if e.spec.Remote.Type == AddrFD {
+		return e.nextInherited(ctx)
+	}
 	if err := e.acquire(ctx); err != nil {
 		return nil, err
 	}
@@ -361,13 +411,20 @@ func (e *endpoint) nextClient(ctx context.Context) (Port, error) {
 		var d net.Dialer
 		c, err := d.DialContext(dctx, a.network(), a.dialAddr())
 		if err == nil {
-			p, err := NewStreamPort(c, &e.stats)
-			if err != nil {
-				c.Close()
-				e.release()
-				return nil, err
+			p, perr := e.newStream(c)
+			if perr == nil {
+				return e.adopt(p, &p.portBase)
 			}
-			return e.adopt(p, &p.portBase)
+			c.Close()
+			var he *HelloError
+			if !errors.As(perr, &he) {
+				e.release()
+				return nil, perr
+			}
+			// The server is not a vnet-hdr=on tapgro: say so, back off, dial again
+			// (it may be replaced by the right one).
+			e.helloFailed(he)
+			err = he
 		}
 		if dctx.Err() != nil {
 			e.release()
@@ -409,7 +466,7 @@ func (e *endpoint) bindDgram() (*DgramPort, error) {
 		if e.remote == nil {
 			e.remote = &net.UnixAddr{Net: "unixgram", Name: r.Path}
 		}
-		uc, info, err := bindUnixgram(l.Path)
+		uc, info, err := bindUnixgram(l.Path, e.opt)
 		if err != nil {
 			return nil, err
 		}

@@ -60,24 +60,32 @@ func (r Role) String() string {
 const (
 	AddrInet = "inet"
 	AddrUnix = "unix"
+	// AddrFD is a socket a supervisor passed in (QEMU's addr.type=fd, addr.str=N): a
+	// listening socket for a server, a connected one for a client (inherit.go).
+	AddrFD = "fd"
 )
 
 // maxUnixPath is the longest pathname an AF_UNIX socket can bind: sun_path is 108 bytes
 // and we keep room for the terminating NUL (ecosystem.md B5, canonical/lxd#13320).
 const maxUnixPath = 107
 
-// Addr is one socket address: Type AddrInet uses Host and Port, AddrUnix uses Path.
+// Addr is one socket address: Type AddrInet uses Host and Port, AddrUnix uses Path,
+// AddrFD uses FD.
 type Addr struct {
 	Type string
 	Host string
 	Port uint16
 	Path string
+	FD   int
 }
 
 // String is "unix:PATH" or "HOST:PORT" (brackets around IPv6 literals).
 func (a Addr) String() string {
 	if a.Type == AddrUnix {
 		return "unix:" + a.Path
+	}
+	if a.Type == AddrFD {
+		return "fd:" + strconv.Itoa(a.FD)
 	}
 	return net.JoinHostPort(a.Host, strconv.Itoa(int(a.Port)))
 }
@@ -108,7 +116,7 @@ type Spec struct {
 	Remote  Addr
 	// VnetHdr asks for a virtio_net_hdr in front of each frame on a stream link
 	// (tapgro-to-tapgro only; QEMU's stream backend never carries one, wire.md §3.1).
-	// Parsed and stored only: the stream port does not implement it yet.
+	// It makes the endpoint run the hello and hand out vnet-hdr StreamPorts (vnetstream.go).
 	VnetHdr bool
 	// IfName is the netmap port (netmap:eth0, vale0:1, a pipe) and HdrLen its
 	// virtio_net_hdr length (0, 10 or 12; non-zero only on VALE ports, wire.md §4.7).
@@ -118,8 +126,8 @@ type Spec struct {
 
 // keys each backend accepts; anything else is rejected by name.
 var specKeys = map[Backend][]string{
-	BackendStream: {"id", "server", "addr.type", "addr.path", "addr.host", "addr.port", "vnet-hdr"},
-	BackendSocket: {"id", "listen", "connect", "udp", "localaddr"},
+	BackendStream: {"id", "server", "addr.type", "addr.path", "addr.host", "addr.port", "addr.str", "vnet-hdr"},
+	BackendSocket: {"id", "listen", "connect", "udp", "localaddr", "fd"},
 	BackendDgram: {"id", "local.type", "local.host", "local.port", "local.path",
 		"remote.type", "remote.host", "remote.port", "remote.path"},
 	BackendNetmap: {"id", "ifname", "vnet-hdr"},
@@ -130,7 +138,8 @@ var specKeys = map[Backend][]string{
 //
 //	stream,server=on|off,addr.type=unix,addr.path=P
 //	stream,server=on|off,addr.type=inet,addr.host=H,addr.port=N
-//	socket,listen=[H]:P | socket,connect=H:P | socket,udp=H:P,localaddr=[H]:P
+//	stream,server=on|off,addr.type=fd,addr.str=N
+//	socket,listen=[H]:P | socket,connect=H:P | socket,udp=H:P,localaddr=[H]:P | socket,fd=N
 //	dgram,local.type=inet,local.host=H,local.port=N,remote.type=inet,remote.host=H,remote.port=N
 //	dgram,local.type=unix,local.path=P,remote.type=unix,remote.path=P
 //	netmap,ifname=NAME[,vnet-hdr=0|10|12]
@@ -141,7 +150,9 @@ var specKeys = map[Backend][]string{
 // listens beyond loopback unless told to. Port 0 on an address tapgro binds picks a free
 // port (Endpoint.Addr reports it). netmap's NAME is netmap:IFNAME (a NIC; "^" after it
 // means its host rings, "*" both), valeSWITCH:PORT or a pipe (netmap:NAME{N, NAME}N);
-// vnet-hdr (default 0) is the VALE port's virtio_net_hdr length.
+// vnet-hdr (default 0) is the VALE port's virtio_net_hdr length. addr.type=fd and
+// socket,fd= name an inherited socket (a listening one for server=on, a connected stream
+// otherwise), as QEMU's own options do; N is a decimal descriptor >= 3.
 func ParseSpec(s string) (Spec, error) {
 	parts := splitOpts(s)
 	if len(parts) == 0 || parts[0] == "" {
@@ -213,20 +224,24 @@ func (sp *Spec) parseStream(kv map[string]string) error {
 
 func (sp *Spec) parseSocket(kv map[string]string) error {
 	n := 0
-	for _, k := range []string{"listen", "connect", "udp"} {
+	for _, k := range []string{"listen", "connect", "udp", "fd"} {
 		if _, ok := kv[k]; ok {
 			n++
 		}
 	}
 	switch {
 	case n == 0:
-		return fmt.Errorf("netdev: socket needs one of listen=, connect= or udp=")
+		return fmt.Errorf("netdev: socket needs one of listen=, connect=, udp= or fd=")
 	case n > 1:
-		return fmt.Errorf("netdev: socket takes only one of listen=, connect= or udp=")
+		return fmt.Errorf("netdev: socket takes only one of listen=, connect=, udp= or fd=")
 	}
 	_, hasLocal := kv["localaddr"]
 	var err error
 	switch {
+	case has(kv, "fd"):
+		// QEMU's socket,fd= is a connected socket (wire.md §3.2); tapgro takes streams.
+		sp.Role = RoleClient
+		sp.Remote, err = fdValue("fd", kv["fd"])
 	case has(kv, "listen"):
 		sp.Role = RoleServer
 		sp.Local, err = hostPortKey(kv, "listen", true)
@@ -316,10 +331,38 @@ func addrKeys(kv map[string]string, prefix string, local bool, b Backend) (Addr,
 			return Addr{}, err
 		}
 		a = Addr{Type: AddrInet, Host: h, Port: port}
+	case AddrFD:
+		sk := prefix + ".str"
+		if b != BackendStream {
+			return Addr{}, fmt.Errorf("netdev: %s=fd is supported for stream only", tk)
+		}
+		for _, k := range []string{hk, pk, ak} {
+			if has(kv, k) {
+				return Addr{}, fmt.Errorf("netdev: key %q does not go with %s=fd", k, tk)
+			}
+		}
+		v, ok := kv[sk]
+		if !ok {
+			return Addr{}, fmt.Errorf("netdev: %s=fd needs key %q", tk, sk)
+		}
+		return fdValue(sk, v)
 	default:
-		return Addr{}, fmt.Errorf("netdev: bad value %q for key %q (want inet or unix)", typ, tk)
+		return Addr{}, fmt.Errorf("netdev: bad value %q for key %q (want inet, unix or fd)", typ, tk)
+	}
+	if has(kv, prefix+".str") {
+		return Addr{}, fmt.Errorf("netdev: key %q goes with %s=fd only", prefix+".str", tk)
 	}
 	return a, nil
+}
+
+// fdValue parses an inherited descriptor number. 0..2 are stdio, never a socket a
+// supervisor meant (systemd passes 3 onwards); QEMU's monitor fd names do not exist here.
+func fdValue(k, v string) (Addr, error) {
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 3 || n > 1<<20 {
+		return Addr{}, fmt.Errorf("netdev: bad value %q for key %q: want a file descriptor number >= 3", v, k)
+	}
+	return Addr{Type: AddrFD, FD: n}, nil
 }
 
 // hostPortKey reads a legacy socket "[host]:port" value. The socket backend is IPv4 only
@@ -455,10 +498,12 @@ func (s Spec) String() string {
 			b.WriteString(",vnet-hdr=on")
 		}
 	case BackendSocket:
-		switch s.Role {
-		case RoleServer:
+		switch {
+		case s.Remote.Type == AddrFD:
+			b.WriteString(",fd=" + strconv.Itoa(s.Remote.FD))
+		case s.Role == RoleServer:
 			b.WriteString(",listen=" + esc(s.Local.String()))
-		case RoleClient:
+		case s.Role == RoleClient:
 			b.WriteString(",connect=" + esc(s.Remote.String()))
 		default:
 			b.WriteString(",udp=" + esc(s.Remote.String()) + ",localaddr=" + esc(s.Local.String()))
@@ -477,6 +522,10 @@ func (s Spec) String() string {
 
 func writeAddr(b *strings.Builder, prefix string, a Addr) {
 	b.WriteString("," + prefix + ".type=" + a.Type)
+	if a.Type == AddrFD {
+		b.WriteString("," + prefix + ".str=" + strconv.Itoa(a.FD))
+		return
+	}
 	if a.Type == AddrUnix {
 		b.WriteString("," + prefix + ".path=" + esc(a.Path))
 		return
@@ -496,6 +545,10 @@ func (s Spec) QEMUOption(id string) string {
 			return ""
 		}
 		return "netmap,id=" + esc(id) + ",ifname=" + esc(ifn)
+	}
+	if s.Local.Type == AddrFD || s.Remote.Type == AddrFD {
+		// Only the endpoint knows what an inherited socket is bound to (Endpoint.Spec).
+		return ""
 	}
 	m := s
 	switch s.Role {

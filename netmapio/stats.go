@@ -33,6 +33,8 @@ type Stats struct {
 	Disconnects atomic.Uint64 // ports closed
 	Rejects     atomic.Uint64 // extra clients turned away by a server endpoint
 	Retries     atomic.Uint64 // failed dial attempts or accept errors, each followed by a wait
+
+	HelloFailures atomic.Uint64 // vnet-hdr=on peers that failed the hello (wrong kind of peer or version)
 }
 
 // portBase is what every Port shares: identity, counters and close bookkeeping.

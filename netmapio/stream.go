@@ -65,6 +65,14 @@ type StreamPort struct {
 
 	waiter *writeWaiter
 	room   *sockRoom
+
+	// vnet-hdr=on (vnetstream.go): the header length every record carries (0 for QEMU
+	// framing), the record lengths accepted, what the peer said it accepts, and what this
+	// end told the peer it accepts (so what the peer may send).
+	hdrLen  int
+	lo, hi  int
+	accepts vnethdr.Offloads
+	emits   vnethdr.Offloads
 }
 
 var (
@@ -75,7 +83,11 @@ var (
 // NewStreamPort wraps a connected stream socket. It sets TCP_NODELAY on TCP (as QEMU does,
 // wire.md §3.1) and asks for 4 MiB socket buffers. st may be nil for private counters.
 // The Port owns c from now on: Close closes it.
-func NewStreamPort(c net.Conn, st *Stats) (*StreamPort, error) {
+func NewStreamPort(c net.Conn, st *Stats) (*StreamPort, error) { return newStreamPort(c, st, 0) }
+
+// newStreamPort is NewStreamPort for records carrying a hdrLen-byte vnet header in front
+// of each frame (0: QEMU framing); a record is then at most MaxFrame+hdrLen bytes.
+func newStreamPort(c net.Conn, st *Stats, hdrLen int) (*StreamPort, error) {
 	switch c.(type) {
 	case *net.UnixConn, *net.TCPConn:
 	default:
@@ -93,7 +105,10 @@ func NewStreamPort(c net.Conn, st *Stats) (*StreamPort, error) {
 		portBase: newPortBase(c, peerString(c), st),
 		conn:     c,
 		rc:       rc,
-		df:       NewDeframer(streamBufSize, MinFrame, MaxFrame),
+		df:       NewDeframer(streamBufSize, MinFrame+hdrLen, MaxFrame+hdrLen),
+		hdrLen:   hdrLen,
+		lo:       MinFrame + hdrLen,
+		hi:       MaxFrame + hdrLen,
 	}
 	s.writeFn = s.writev
 	s.waiter = newWriteWaiter()
@@ -101,11 +116,13 @@ func NewStreamPort(c net.Conn, st *Stats) (*StreamPort, error) {
 	return s, nil
 }
 
-// VnetHdrLen is 0: QEMU's stream backend never carries a virtio_net_hdr (wire.md §3.5).
-func (s *StreamPort) VnetHdrLen() int { return 0 }
+// VnetHdrLen is 0 for QEMU framing: QEMU's stream backend never carries a
+// virtio_net_hdr (wire.md §3.5). On a vnet-hdr=on stream it is VnetStreamHdrLen.
+func (s *StreamPort) VnetHdrLen() int { return s.hdrLen }
 
-// Accepts is empty: frames must be plain, fully checksummed and no larger than the MTU.
-func (s *StreamPort) Accepts() vnethdr.Offloads { return 0 }
+// Accepts is empty for QEMU framing: frames must be plain, fully checksummed and no
+// larger than the MTU. On a vnet-hdr=on stream it is what the peer's hello advertised.
+func (s *StreamPort) Accepts() vnethdr.Offloads { return s.accepts }
 
 // ReadBatch returns every complete frame already buffered (up to len(bufs)), reading from
 // the socket, and blocking in the netpoller, only when none is complete.
@@ -231,7 +248,7 @@ func (s *StreamPort) write(frames [][]byte, try bool) (int, error) {
 		k, bytes := 0, 0
 		var bad error
 		for _, f := range chunk {
-			if bad = checkFrameLen(uint64(len(f)), MinFrame, MaxFrame); bad != nil {
+			if bad = checkFrameLen(uint64(len(f)), s.lo, s.hi); bad != nil {
 				break
 			}
 			binary.BigEndian.PutUint32(s.prefix[k][:], uint32(len(f)))

@@ -58,11 +58,11 @@ func prepareUnixPath(path string, sotype int) error {
 	return fmt.Errorf("netmapio: probe %s: %w", path, err)
 }
 
-// bindUnix creates a socket of sotype bound to path with mode 0600 and returns it as a
-// *os.File together with the path's identity (for removing exactly what we created).
-// The chmod happens between bind and listen, so no client can connect while the path
-// still has umask permissions.
-func bindUnix(path string, sotype int) (*os.File, fs.FileInfo, error) {
+// bindUnix creates a socket of sotype bound to path with mode 0600 (or opt's mode and
+// owner) and returns it as a *os.File together with the path's identity (for removing
+// exactly what we created). The chown and chmod happen between bind and listen, so no
+// client can connect while the path still has umask permissions.
+func bindUnix(path string, sotype int, opt Options) (*os.File, fs.FileInfo, error) {
 	if err := prepareUnixPath(path, sotype); err != nil {
 		return nil, nil, err
 	}
@@ -81,7 +81,19 @@ func bindUnix(path string, sotype int) (*os.File, fs.FileInfo, error) {
 		os.Remove(path)
 		return fail(op, err)
 	}
-	if err := os.Chmod(path, unixSocketMode); err != nil {
+	if opt.SocketUID > 0 || opt.SocketGID > 0 {
+		uid, gid := -1, -1
+		if opt.SocketUID > 0 {
+			uid = opt.SocketUID
+		}
+		if opt.SocketGID > 0 {
+			gid = opt.SocketGID
+		}
+		if err := os.Lchown(path, uid, gid); err != nil {
+			return created("chown", err)
+		}
+	}
+	if err := os.Chmod(path, opt.mode()); err != nil {
 		return created("chmod", err)
 	}
 	fi, err := os.Lstat(path)
@@ -99,8 +111,8 @@ func bindUnix(path string, sotype int) (*os.File, fs.FileInfo, error) {
 }
 
 // listenUnix is bindUnix for a stream listener.
-func listenUnix(path string) (*net.UnixListener, fs.FileInfo, error) {
-	f, fi, err := bindUnix(path, unix.SOCK_STREAM)
+func listenUnix(path string, opt Options) (*net.UnixListener, fs.FileInfo, error) {
+	f, fi, err := bindUnix(path, unix.SOCK_STREAM, opt)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -116,8 +128,8 @@ func listenUnix(path string) (*net.UnixListener, fs.FileInfo, error) {
 }
 
 // bindUnixgram is bindUnix for a datagram socket.
-func bindUnixgram(path string) (*net.UnixConn, fs.FileInfo, error) {
-	f, fi, err := bindUnix(path, unix.SOCK_DGRAM)
+func bindUnixgram(path string, opt Options) (*net.UnixConn, fs.FileInfo, error) {
+	f, fi, err := bindUnix(path, unix.SOCK_DGRAM, opt)
 	if err != nil {
 		return nil, nil, err
 	}

@@ -63,3 +63,6 @@ func (d *Device) LinkInfo() (net.HardwareAddr, []netip.Prefix, error) {
 
 // Close returns ErrUnsupported.
 func (d *Device) Close() error { return ErrUnsupported }
+
+// SetVnetHdrLen returns ErrUnsupported.
+func (d *Device) SetVnetHdrLen(n int) error { return ErrUnsupported }

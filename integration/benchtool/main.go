@@ -57,7 +57,15 @@ var cases = []caseDef{
 	{"tapgro GRO on, offload off", kindTapgro, []string{"--offload", "off"}},
 	{"tapgro GRO off, offload off", kindTapgro, []string{"--gro", "off", "--offload", "off"}},
 	{"tapgro GRO on, timer flush 50µs", kindTapgro, []string{"--gro-flush", "timer"}},
+	{vnetRow, kindTapgro, nil},
 }
+
+// vnetRow joins the two tapgro with the vnet-hdr=on stream (tapgro to tapgro only):
+// GSO frames cross whole instead of being split and coalesced again.
+const vnetRow = "tapgro vnet-hdr=on (GSO passthrough)"
+
+// netdevSuffix is appended to both tapgro --netdev specs of a row.
+var netdevSuffix = map[string]string{vnetRow: ",vnet-hdr=on"}
 
 type testDef struct {
 	name  string
@@ -277,9 +285,10 @@ func (b *bench) setup(c caseDef) error {
 		b.start("guest", b.nsGuest, b.naive, "-tap", "tg0", "-addr", "198.18.0.2/24", "-mtu", mtu, "-connect", sock)
 	case kindTapgro:
 		common := append([]string{"--tap", "tg0", "--mtu", mtu, "--log-level", "warn"}, c.args...)
-		b.start("host", b.nsHost, b.tapgro, append([]string{"--addr", "198.18.0.1/24", "--netdev", "stream,server=on,addr.type=unix,addr.path=" + sock}, common...)...)
+		sfx := netdevSuffix[c.name]
+		b.start("host", b.nsHost, b.tapgro, append([]string{"--addr", "198.18.0.1/24", "--netdev", "stream,server=on,addr.type=unix,addr.path=" + sock + sfx}, common...)...)
 		time.Sleep(300 * time.Millisecond)
-		b.start("guest", b.nsGuest, b.tapgro, append([]string{"--addr", "198.18.0.2/24", "--netdev", "stream,server=off,addr.type=unix,addr.path=" + sock}, common...)...)
+		b.start("guest", b.nsGuest, b.tapgro, append([]string{"--addr", "198.18.0.2/24", "--netdev", "stream,server=off,addr.type=unix,addr.path=" + sock + sfx}, common...)...)
 	}
 	deadline := time.Now().Add(15 * time.Second)
 	for exec.Command("ip", "netns", "exec", b.nsGuest, "ping", "-c", "1", "-W", "1", "198.18.0.1").Run() != nil {
@@ -481,7 +490,11 @@ func (b *bench) report(path, pngPath string, sel []caseDef, tests []testDef, dir
 	fmt.Fprintf(&w, "```\n\nRow flags:\n\n")
 	for _, c := range sel {
 		if c.kind == kindTapgro {
-			fmt.Fprintf(&w, "- %s: `%s`\n", c.name, strings.Join(c.args, " "))
+			flags := strings.Join(c.args, " ")
+			if sfx := netdevSuffix[c.name]; sfx != "" {
+				flags = strings.TrimSpace(flags + " --netdev ...,addr.path=S" + sfx)
+			}
+			fmt.Fprintf(&w, "- %s: `%s`\n", c.name, flags)
 		}
 	}
 	if err := os.WriteFile(path, w.Bytes(), 0o644); err != nil {

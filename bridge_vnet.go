@@ -1,0 +1,135 @@
+package main
+
+import (
+	"tapgro/coalescer"
+	"tapgro/netmapio"
+	"tapgro/vnethdr"
+)
+
+// The parts of the datapath that only ports carrying a vnet header use (vnet-hdr=on
+// streams, netmap VALE ports with a header). For plain ports none of this runs.
+
+// portHeader fills p.outHdr, the header a frame passed whole to the port carries: the
+// TAP's header with num_buffers zeroed (the receiver's business, wire.md §6.1) and a
+// hdr_len hint that fits the frame (the TAP's is skb_headlen, wire.md §1.7; a receiving
+// kernel refuses hdr_len > frame length, wire.md §1.6).
+func (p *tapToPort) portHeader(frameLen int) {
+	p.outHdr = p.hdr
+	p.outHdr.NumBuffers = 0
+	if int(p.outHdr.HdrLen) > frameLen {
+		p.outHdr.HdrLen = 0
+	}
+}
+
+// addWithHeaders offers n frames read from a header-carrying port to the GRO engine
+// with their headers. A GSO frame is checked against its headers first: the TAP would
+// refuse an inconsistent one with EINVAL, which tapgro must not mistake for a kernel
+// that refuses GSO as such.
+func (p *portToTap) addWithHeaders(coal *coalescer.Coalescer, n int, now int64) {
+	b := p.b
+	st := &b.p2t
+	tl := b.cfg.vnetHdrLen
+	for i := 0; i < n; i++ {
+		if p.sizes[i] < p.phl+netmapio.MinFrame {
+			st.DropMalformed.Add(1)
+			continue
+		}
+		if err := p.hdr.Decode(p.views[i], p.phl); err != nil {
+			st.DropMalformed.Add(1)
+			continue
+		}
+		frame := p.bufs[i][p.head : p.head-p.phl+p.sizes[i]]
+		if p.hdr.IsGSO() {
+			if !validGSO(frame, &p.hdr) {
+				st.DropMalformed.Add(1)
+				continue
+			}
+			if b.tapWriteOK(&p.hdr, len(frame)) {
+				st.GSOPassthrough.Add(1)
+			}
+		}
+		coal.Add(p.bufs[i][p.head-tl:p.head-p.phl+p.sizes[i]], &p.hdr, now)
+	}
+}
+
+// tapWriteOK reports whether the TAP takes a frame with this (validated) header whole.
+func (b *bridge) tapWriteOK(h *vnethdr.Hdr, frameLen int) bool {
+	if !h.IsGSO() {
+		return true // partial checksums: always (wire.md §1.4)
+	}
+	if !b.tapWrite().AcceptsFrame(h) || h.Flags&vnethdr.FlagNeedsCsum == 0 {
+		// GSO without NEEDS_CSUM breaks the virtio rule (wire.md §2.4); Split copes.
+		return false
+	}
+	if h.GSOType&^vnethdr.GSOECN == vnethdr.GSOUDPL4 {
+		// Older kernels refuse more than UDP_MAX_SEGMENTS = 64 segments (wire.md §1.6).
+		payload := frameLen - int(h.CsumStart) - 8
+		if (payload+int(h.GSOSize)-1)/int(h.GSOSize) > 64 {
+			return false
+		}
+	}
+	return true
+}
+
+// refused decodes pkt's TAP header into w.hdr and reports whether it is a GSO packet
+// the TAP does not take whole.
+func (w *tapWriter) refused(pkt []byte) bool {
+	hl := w.b.cfg.vnetHdrLen
+	if w.hdr.Decode(pkt, hl) != nil || !w.hdr.IsGSO() {
+		return false
+	}
+	return !w.b.tapWriteOK(&w.hdr, len(pkt)-hl)
+}
+
+// offloadOf names the offloads a GSO header uses.
+func offloadOf(h *vnethdr.Hdr) vnethdr.Offloads {
+	var o vnethdr.Offloads
+	switch h.GSOType &^ vnethdr.GSOECN {
+	case vnethdr.GSOTCPv4:
+		o = vnethdr.OffloadTSO4
+	case vnethdr.GSOTCPv6:
+		o = vnethdr.OffloadTSO6
+	case vnethdr.GSOUDPL4:
+		o = vnethdr.OffloadUSO
+	}
+	if o != 0 && h.GSOType&vnethdr.GSOECN != 0 {
+		o |= vnethdr.OffloadTSOECN
+	}
+	return o
+}
+
+// validGSO checks a GSO header against the frame's own headers, as the kernel and
+// vnethdr.Split do (wire.md §1.6): a known GSO type matching the L3/L4 protocol, a
+// non-zero gso_size, no fragment, a payload, and with NEEDS_CSUM the checksum at the L4
+// header. It allocates nothing.
+func validGSO(frame []byte, h *vnethdr.Hdr) bool {
+	if h.GSOSize == 0 || h.Flags&vnethdr.FlagRSCInfo != 0 {
+		return false
+	}
+	l, err := vnethdr.ParseLayout(frame)
+	if err != nil || l.Fragment || l.Routed || l.PayloadLen() == 0 {
+		return false
+	}
+	csumOff := 16
+	switch h.GSOType &^ vnethdr.GSOECN {
+	case vnethdr.GSOTCPv4:
+		if l.IPv6 || !l.IsTCP() {
+			return false
+		}
+	case vnethdr.GSOTCPv6:
+		if !l.IPv6 || !l.IsTCP() {
+			return false
+		}
+	case vnethdr.GSOUDPL4:
+		if !l.IsUDP() || h.GSOType&vnethdr.GSOECN != 0 {
+			return false
+		}
+		csumOff = 6
+	default:
+		return false
+	}
+	if h.Flags&vnethdr.FlagNeedsCsum != 0 && (int(h.CsumStart) != l.L4Off || int(h.CsumOffset) != csumOff) {
+		return false
+	}
+	return true
+}

@@ -1,0 +1,754 @@
+package main
+
+import (
+	"bufio"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"io/fs"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/sirupsen/logrus"
+	"golang.org/x/sys/unix"
+
+	"tapgro/netmapio"
+	"tapgro/rxpool"
+	"tapgro/vnethdr"
+)
+
+// The control socket lets an operator look at a running tapgro and switch offloads and
+// GRO without a restart: when a kernel misbehaves with one TUN offload, turning that
+// offload off must not cost the guest its connection.
+//
+// Protocol: a client connects to the UNIX stream socket, sends one request line of at
+// most ctlMaxRequest bytes, and reads one JSON object (ctlResponse) and EOF. Requests:
+//
+//	status
+//	offload auto | off | csum,tso4,...      replace the --offload choice
+//	offload tso4=off csum=on ...            edit it one offload at a time
+//	gro=on|off udp-gro=on|off               the port→TAP coalescing switches
+//
+// Offload edits and switches may be combined in one request (`tso4=off gro=off`; the
+// word "offload" is optional before per-offload edits). The whole request is validated
+// before anything changes, so a bad request changes nothing.
+//
+// Changes go through the bridge's hooks (offload_control.go): TUNSETOFFLOAD on the open
+// TAP, and atomics the port→TAP goroutine reads between two read batches. Neither
+// touches the port connection, and the datapath decides per frame, so frames already
+// queued under the old setting are still handled right.
+//
+// The socket is 0600 and owned by tapgro's user (root before --user drops it), and each
+// connection's SO_PEERCRED is checked as well: only root or that user may talk to it.
+// Every connection has a deadline and at most ctlMaxConns are served at once, so a
+// client that sends nothing, or many clients, cannot block tapgro or grow its memory.
+
+const (
+	ctlDefaultDir = "/run/tapgro"
+	ctlMaxRequest = 1024
+	ctlTimeout    = 5 * time.Second
+	ctlMaxConns   = 8
+	// ctlBusyTimeout bounds the time spent turning away a client beyond ctlMaxConns.
+	ctlBusyTimeout = 100 * time.Millisecond
+	// ctlMaxResponse bounds what the client reads; a status reply is about 1.5 KB.
+	ctlMaxResponse = 1 << 20
+)
+
+// defaultCtlSocket is where the control socket of the TAP named tap lives.
+func defaultCtlSocket(tap string) string { return filepath.Join(ctlDefaultDir, tap+".ctl") }
+
+// ctlResponse is the one JSON object each request gets back.
+type ctlResponse struct {
+	OK    bool   `json:"ok"`
+	Error string `json:"error,omitempty"`
+	// Applied says what each change did, one readable sentence per change.
+	Applied []string   `json:"applied,omitempty"`
+	Status  *ctlStatus `json:"status,omitempty"`
+}
+
+// ctlStatus is the state after the request.
+type ctlStatus struct {
+	Version       string `json:"version"`
+	Tap           string `json:"tap"`
+	Listen        string `json:"listen"`
+	PortConnected bool   `json:"port_connected"`
+	Peer          string `json:"peer,omitempty"`
+
+	// Negotiated is the "negotiated:" log line; the fields after it are its parts.
+	Negotiated     string `json:"negotiated"`
+	OffloadChoice  string `json:"offload_choice"`
+	TapOffloads    string `json:"tap_offloads"`
+	TapProbed      string `json:"tap_probed"`
+	TapWrite       string `json:"tap_write"`
+	PortState      string `json:"port_state"`
+	PortAccepts    string `json:"port_accepts"`
+	StepsTapToPort string `json:"steps_tap_to_port"`
+	StepsPortToTap string `json:"steps_port_to_tap"`
+
+	GRO            bool        `json:"gro"`             // the switch
+	GROKilled      bool        `json:"gro_killed"`      // the kernel refused a GSO write
+	GROActive      bool        `json:"gro_active"`      // TCP coalescing runs
+	UDPGRO         bool        `json:"udp_gro"`         // the switch
+	UDPGROActive   bool        `json:"udp_gro_active"`  // UDP coalescing runs
+	OffloadsKilled string      `json:"offloads_killed"` // refused GSO kinds, split from now on
+	Counters       ctlCounters `json:"counters"`
+}
+
+type ctlDirCounters struct {
+	Reads   uint64 `json:"reads"`   // frames read from the near side
+	Frames  uint64 `json:"frames"`  // frames (GSO packets towards the TAP) delivered
+	Bytes   uint64 `json:"bytes"`   // Ethernet bytes delivered
+	Dropped uint64 `json:"dropped"` // every drop reason together (/metrics splits them)
+}
+
+type ctlCounters struct {
+	TapToPort        ctlDirCounters `json:"tap_to_port"`
+	PortToTap        ctlDirCounters `json:"port_to_tap"`
+	GROSegments      uint64         `json:"gro_segments"`
+	GROPackets       uint64         `json:"gro_packets"`
+	GSOSegmented     uint64         `json:"gso_segmented"`
+	CsumCompleted    uint64         `json:"csum_completed"`
+	GSOWriteFallback uint64         `json:"gso_write_fallback"`
+}
+
+// ctlRequest is a parsed request line.
+type ctlRequest struct {
+	status bool
+	// choice replaces the --offload choice (offload auto|off|LIST); nil keeps it.
+	choice *offloadChoice
+	// on and off are per-offload edits, applied to choice (or the current one).
+	on, off vnethdr.Offloads
+	gro     *bool
+	udpGRO  *bool
+}
+
+func (r *ctlRequest) editsOffloads() bool { return r.choice != nil || r.on|r.off != 0 }
+
+// ctlOffloadNames are the offloads a request may name; the ethtool-style names work too.
+var ctlOffloadNames = map[string]vnethdr.Offloads{
+	"csum": vnethdr.OffloadCSUM, "tso4": vnethdr.OffloadTSO4, "tso6": vnethdr.OffloadTSO6,
+	"tso_ecn": vnethdr.OffloadTSOECN, "ecn": vnethdr.OffloadTSOECN, "uso": vnethdr.OffloadUSO,
+}
+
+const ctlUsage = "want status, offload auto|off|csum,tso4,..., offload tso4=off ..., gro=on|off or udp-gro=on|off"
+
+// parseCtlRequest parses one request line. Errors quote what the client sent with %q,
+// so whatever bytes it contains reach the client and the log escaped.
+func parseCtlRequest(line string) (ctlRequest, error) {
+	var r ctlRequest
+	f := strings.Fields(line)
+	if len(f) == 0 {
+		return r, errors.New("empty request: " + ctlUsage)
+	}
+	if f[0] == "status" {
+		if len(f) > 1 {
+			return r, fmt.Errorf("status takes no arguments, got %q", strings.Join(f[1:], " "))
+		}
+		r.status = true
+		return r, nil
+	}
+	if f[0] == "offload" {
+		f = f[1:]
+		if len(f) == 0 {
+			return r, errors.New("offload: want auto, off, a list such as csum,tso4,tso6, or edits such as tso4=off")
+		}
+		if !strings.Contains(f[0], "=") {
+			c, err := parseCtlOffloadList(f[0])
+			if err != nil {
+				return r, err
+			}
+			r.choice = &c
+			f = f[1:]
+		}
+	}
+	seen := map[string]bool{}
+	for _, tok := range f {
+		k, v, ok := strings.Cut(tok, "=")
+		if !ok {
+			return r, fmt.Errorf("%q: %s", tok, ctlUsage)
+		}
+		if k == "udp_gro" {
+			k = "udp-gro"
+		}
+		if k == "ecn" {
+			k = "tso_ecn"
+		}
+		if seen[k] {
+			return r, fmt.Errorf("%q is given twice", k)
+		}
+		seen[k] = true
+		on, err := ctlOnOff(k, v)
+		if err != nil {
+			return r, err
+		}
+		switch k {
+		case "gro":
+			r.gro = &on
+		case "udp-gro":
+			r.udpGRO = &on
+		default:
+			bit, ok := ctlOffloadNames[k]
+			if !ok {
+				return r, fmt.Errorf("unknown switch %q: want gro, udp-gro, or an offload (csum, tso4, tso6, tso_ecn, uso)", k)
+			}
+			if on {
+				r.on |= bit
+			} else {
+				r.off |= bit
+			}
+		}
+	}
+	return r, nil
+}
+
+func ctlOnOff(k, v string) (bool, error) {
+	switch v {
+	case "on", "true", "1", "yes":
+		return true, nil
+	case "off", "false", "0", "no":
+		return false, nil
+	}
+	return false, fmt.Errorf("%s=%q: want on or off", k, v)
+}
+
+// parseCtlOffloadList is --offload's syntax (parseOffloads) with the request's words in
+// its errors.
+func parseCtlOffloadList(s string) (offloadChoice, error) {
+	switch s {
+	case "auto":
+		return offloadChoice{auto: true}, nil
+	case "off", "none":
+		return offloadChoice{}, nil
+	}
+	var set vnethdr.Offloads
+	for _, name := range strings.Split(s, ",") {
+		bit, ok := ctlOffloadNames[name]
+		if !ok {
+			return offloadChoice{}, fmt.Errorf("offload %q: unknown offload %q (want auto, off, or a list of csum,tso4,tso6,tso_ecn,uso)", s, name)
+		}
+		set |= bit
+	}
+	if set&vnethdr.OffloadCSUM == 0 {
+		return offloadChoice{}, fmt.Errorf("offload %q: every offload needs csum as well (the kernel rejects TSO/USO without TUN_F_CSUM)", s)
+	}
+	return offloadChoice{set: set}, nil
+}
+
+// ctlServer answers requests for one bridge.
+type ctlServer struct {
+	b      *bridge
+	tap    string
+	listen string // the port's address, for status
+	log    *logrus.Logger
+
+	mu    sync.Mutex    // one change at a time: an edit reads the choice, then sets it
+	slots chan struct{} // connections being served
+	busy  chan struct{} // connections being turned away
+}
+
+func newCtlServer(b *bridge, tap, listen string, log *logrus.Logger) *ctlServer {
+	return &ctlServer{b: b, tap: tap, listen: listen, log: log, slots: make(chan struct{}, ctlMaxConns),
+		busy: make(chan struct{}, ctlMaxConns)}
+}
+
+// startCtl serves the control socket o asks for until the returned func is called. An
+// explicit --ctl-socket that cannot be created is an error; the default path only
+// warns, so a second tapgro for a TAP of the same name in another network namespace
+// (the path is per host, the name per namespace) still starts.
+func startCtl(o *options, s *ctlServer) (func(), error) {
+	path := o.ctlSocket
+	if path == "" {
+		return func() {}, nil
+	}
+	opt := netmapio.Options{SocketMode: 0o600}
+	if o.user != nil {
+		// 0600 keeps meaning "root and the user tapgro runs as".
+		opt.SocketUID, opt.SocketGID = o.user.uid, o.user.gid
+	}
+	ln, remove, err := listenCtl(path, opt)
+	if err != nil {
+		if o.ctlSocketDefault {
+			s.log.WithError(err).WithField("path", path).Warn("no control socket: cannot create the default one; give --ctl-socket PATH (or --ctl-socket \"\" to silence this)")
+			return func() {}, nil
+		}
+		return nil, fmt.Errorf("--ctl-socket: %w", err)
+	}
+	done := make(chan struct{})
+	go func() { s.serve(ln); close(done) }()
+	s.log.WithField("path", path).Info("control socket ready (tapgro ctl)")
+	return func() {
+		ln.Close()
+		<-done
+		remove()
+	}, nil
+}
+
+// listenCtl creates path's directory if it is missing (0700: the socket is root's
+// business) and listens on path.
+func listenCtl(path string, opt netmapio.Options) (*net.UnixListener, func(), error) {
+	dir := filepath.Dir(path)
+	if _, err := os.Stat(dir); errors.Is(err, fs.ErrNotExist) {
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			return nil, nil, err
+		}
+	}
+	return netmapio.ListenUnix(path, opt)
+}
+
+func (s *ctlServer) serve(ln *net.UnixListener) {
+	for {
+		c, err := ln.AcceptUnix()
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				return
+			}
+			// EMFILE and the like: do not spin, try again shortly.
+			s.log.WithError(err).Warn("control socket: accept failed")
+			time.Sleep(100 * time.Millisecond)
+			continue
+		}
+		select {
+		case s.slots <- struct{}{}:
+			go func() {
+				defer func() { <-s.slots }()
+				s.serveConn(c)
+			}()
+			continue
+		default:
+		}
+		select {
+		case s.busy <- struct{}{}:
+			// Turned away rather than queued, after a short read of the request:
+			// closing a UNIX socket with unread input resets the client's side before
+			// it can read the reply.
+			go func() {
+				defer func() { <-s.busy }()
+				defer c.Close()
+				c.SetReadDeadline(time.Now().Add(ctlBusyTimeout))
+				readCtlRequest(c)
+				c.SetWriteDeadline(time.Now().Add(ctlBusyTimeout))
+				writeCtlResponse(c, &ctlResponse{Error: fmt.Sprintf("busy: %d requests are being served; try again", ctlMaxConns)})
+			}()
+		default:
+			c.Close()
+		}
+	}
+}
+
+// serveConn reads one request from c, answers it and closes c.
+func (s *ctlServer) serveConn(c *net.UnixConn) {
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(ctlTimeout))
+	cred, err := peerCred(c)
+	if err != nil {
+		s.log.WithError(err).Warn("control socket: cannot read the client's credentials; closing")
+		return
+	}
+	if cred.Uid != 0 && int(cred.Uid) != os.Geteuid() {
+		s.log.WithFields(logrus.Fields{"uid": cred.Uid, "pid": cred.Pid}).Warn("control socket: refused a client that is neither root nor tapgro's user")
+		writeCtlResponse(c, &ctlResponse{Error: "permission denied: only root and tapgro's own user may use the control socket"})
+		return
+	}
+	line, err := readCtlRequest(c)
+	// The reply gets its own deadline: a read that timed out has used up the first.
+	c.SetWriteDeadline(time.Now().Add(ctlTimeout))
+	if err != nil {
+		writeCtlResponse(c, &ctlResponse{Error: err.Error()})
+		return
+	}
+	resp := s.handle(line, logrus.Fields{"uid": cred.Uid, "pid": cred.Pid})
+	writeCtlResponse(c, resp)
+}
+
+func peerCred(c *net.UnixConn) (*unix.Ucred, error) {
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return nil, err
+	}
+	var cred *unix.Ucred
+	var cerr error
+	if err := rc.Control(func(fd uintptr) {
+		cred, cerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
+	}); err != nil {
+		return nil, err
+	}
+	return cred, cerr
+}
+
+// readCtlRequest reads one line of at most ctlMaxRequest bytes. A client that closes
+// its side after the request without a newline is served too.
+func readCtlRequest(c io.Reader) (string, error) {
+	r := bufio.NewReaderSize(io.LimitReader(c, ctlMaxRequest+1), ctlMaxRequest+1)
+	line, err := r.ReadString('\n')
+	switch {
+	case len(line) > ctlMaxRequest:
+		return "", fmt.Errorf("request longer than %d bytes", ctlMaxRequest)
+	case err == nil:
+	case errors.Is(err, io.EOF) && line != "":
+	case errors.Is(err, os.ErrDeadlineExceeded):
+		return "", fmt.Errorf("no complete request line within %v", ctlTimeout)
+	default:
+		return "", fmt.Errorf("reading the request: %w", err)
+	}
+	return strings.TrimRight(line, "\r\n"), nil
+}
+
+func writeCtlResponse(w io.Writer, r *ctlResponse) error {
+	b, err := json.Marshal(r)
+	if err != nil {
+		return err
+	}
+	_, err = w.Write(append(b, '\n'))
+	return err
+}
+
+// handle runs one request and describes the state after it. who identifies the client
+// in the log.
+func (s *ctlServer) handle(line string, who logrus.Fields) *ctlResponse {
+	req, err := parseCtlRequest(line)
+	if err != nil {
+		return &ctlResponse{Error: err.Error()}
+	}
+	if req.status {
+		return &ctlResponse{OK: true, Status: s.status()}
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	resp := &ctlResponse{OK: true}
+	// Everything that can be refused is decided before anything changes.
+	var choice offloadChoice
+	if req.editsOffloads() {
+		if choice, err = s.editedChoice(&req); err != nil {
+			return &ctlResponse{Error: err.Error()}
+		}
+	}
+	entry := s.log.WithFields(who).WithField("request", line)
+	if req.editsOffloads() {
+		set, err := s.b.SetTapOffloadChoice(choice)
+		if err != nil {
+			entry.WithError(err).Warn("ctl: cannot change the TAP's offloads")
+			return &ctlResponse{Error: fmt.Sprintf("offloads %s: %v; the TAP keeps %s", choice, err, set)}
+		}
+		resp.Applied = append(resp.Applied, s.describeOffloads(choice, set))
+	}
+	if req.gro != nil {
+		n := s.b.SetGRO(*req.gro)
+		msg := "gro " + onOffString(*req.gro)
+		if *req.gro && n.P2T&stepGRO == 0 {
+			msg += ", but it stays inactive: the kernel refused a GSO write earlier (sticky until restart)"
+		}
+		resp.Applied = append(resp.Applied, msg)
+	}
+	if req.udpGRO != nil {
+		n := s.b.SetUDPGRO(*req.udpGRO)
+		msg := "udp-gro " + onOffString(*req.udpGRO)
+		if *req.udpGRO && n.P2T&stepUDPGRO == 0 {
+			msg += ", but it is inactive: it needs gro on and a TAP that accepts USO on write"
+		}
+		resp.Applied = append(resp.Applied, msg)
+	}
+	entry.WithField("applied", strings.Join(resp.Applied, "; ")).Info("ctl: changed at run time")
+	resp.Status = s.status()
+	return resp
+}
+
+// editedChoice is the offload choice req asks for: its whole value, or the current
+// choice with its per-offload edits. Edits turn "auto" into the explicit set auto
+// stands for on this kernel, so `tso4=off` means "what I have, without tso4".
+func (s *ctlServer) editedChoice(req *ctlRequest) (offloadChoice, error) {
+	s.b.negMu.Lock()
+	cur, probed := s.b.negIn.Choice, s.b.negIn.TapProbed
+	s.b.negMu.Unlock()
+	c := cur
+	if req.choice != nil {
+		c = *req.choice
+	}
+	if req.on|req.off == 0 {
+		return c, nil
+	}
+	set := c.set
+	if c.auto {
+		set = tapFillable & probed
+	}
+	set = (set | req.on) &^ req.off
+	if set != 0 && set&vnethdr.OffloadCSUM == 0 {
+		return c, fmt.Errorf("%s without csum: the kernel rejects TSO/USO without TUN_F_CSUM; use `offload off` to turn every offload off", set)
+	}
+	// Normalised, so the choice shows what it means: tso_ecn goes with the last TSO.
+	set = normalizeOffloads(set)
+	return offloadChoice{set: set}, nil
+}
+
+// describeOffloads says what an offload change did, and why anything asked for was not
+// set.
+func (s *ctlServer) describeOffloads(c offloadChoice, set vnethdr.Offloads) string {
+	msg := fmt.Sprintf("offloads %s: the TAP now hands tapgro %s", c, set)
+	if c.auto {
+		return msg
+	}
+	missing := c.set &^ set
+	if missing == 0 {
+		return msg
+	}
+	s.b.negMu.Lock()
+	probed := s.b.negIn.TapProbed
+	s.b.negMu.Unlock()
+	if k := missing &^ probed; k != 0 {
+		msg += fmt.Sprintf(" (%s: not offered by this kernel)", k)
+	}
+	if n := missing & probed; n != 0 {
+		msg += fmt.Sprintf(" (%s: left out by negotiation with this port, e.g. tso_ecn for a port that takes TSO without ECN)", n)
+	}
+	return msg
+}
+
+// status reads the bridge's state. Counters are read one by one, so they are not a
+// snapshot of one instant; each is exact.
+func (s *ctlServer) status() *ctlStatus {
+	b := s.b
+	st := &ctlStatus{
+		Version: version, Tap: s.tap, Listen: s.listen,
+		GRO: b.groOn.Load(), GROKilled: b.groKilled.Load(), UDPGRO: b.udpGROOn.Load(),
+		OffloadsKilled: vnethdr.Offloads(b.tapKilled.Load()).String(),
+	}
+	if ref := b.port.Load(); ref != nil {
+		st.PortConnected = true
+		st.Peer = ref.p.Peer()
+	}
+	b.negMu.Lock()
+	st.OffloadChoice = b.negIn.Choice.String()
+	st.TapProbed = b.negIn.TapProbed.String()
+	b.negMu.Unlock()
+	if n := b.Negotiation(); n != nil {
+		st.Negotiated = n.String()
+		st.TapOffloads = n.TapOffloads.String()
+		st.TapWrite = n.TapWrite.String()
+		st.PortState = n.Port.State
+		st.PortAccepts = n.Port.Accepts.String()
+		st.StepsTapToPort = n.T2P.String()
+		st.StepsPortToTap = n.P2T.String()
+		st.GROActive = n.P2T&stepGRO != 0
+		st.UDPGROActive = n.P2T&stepUDPGRO != 0
+	}
+	c := &st.Counters
+	c.TapToPort = ctlDirCounters{
+		Reads: b.t2p.Reads.Load(), Frames: b.t2p.Frames.Load(), Bytes: b.t2p.Bytes.Load(),
+		Dropped: b.t2p.DropNoPeer.Load() + b.t2p.DropMalformed.Load() + b.t2p.DropPortError.Load() +
+			b.rxStats.Drops[rxpool.DropTooBig].Load(),
+	}
+	c.PortToTap = ctlDirCounters{
+		Reads: b.p2t.Reads.Load(), Frames: b.p2t.Frames.Load(), Bytes: b.p2t.Bytes.Load(),
+		Dropped: b.p2t.DropMalformed.Load() + b.p2t.DropTapEIO.Load() + b.p2t.DropTapError.Load(),
+	}
+	b.coalMu.Lock()
+	if b.coal != nil {
+		cs := b.coal.Stats()
+		c.GROSegments, c.GROPackets = cs.Segments.Load(), cs.Packets.Load()
+	}
+	b.coalMu.Unlock()
+	c.GSOSegmented = b.t2p.GSOSegmented.Load()
+	c.CsumCompleted = b.t2p.CsumCompleted.Load()
+	c.GSOWriteFallback = b.p2t.GSOFallback.Load()
+	return st
+}
+
+// lines is status as "key: value" pairs in the order `tapgro ctl status` prints them.
+func (st *ctlStatus) lines() [][2]string {
+	port := "waiting for a peer on " + st.Listen
+	if st.PortConnected {
+		port = "connected to " + st.Peer + " (on " + st.Listen + ")"
+	}
+	gro := onOffString(st.GRO)
+	switch {
+	case st.GROKilled:
+		gro += " (inactive: the kernel refused a GSO write; sticky until restart)"
+	case st.GRO && !st.GROActive:
+		gro += " (inactive)"
+	}
+	udp := onOffString(st.UDPGRO)
+	if st.UDPGRO && !st.UDPGROActive {
+		udp += " (inactive: needs gro on and a TAP that accepts USO on write)"
+	}
+	c := &st.Counters
+	dir := func(d ctlDirCounters) string {
+		return fmt.Sprintf("%d frames, %d bytes (read %d, dropped %d)", d.Frames, d.Bytes, d.Reads, d.Dropped)
+	}
+	gp := fmt.Sprintf("%d segments into %d packets", c.GROSegments, c.GROPackets)
+	if c.GROPackets > 0 {
+		gp += fmt.Sprintf(" (%.1f per packet)", float64(c.GROSegments)/float64(c.GROPackets))
+	}
+	return [][2]string{
+		{"tap", st.Tap},
+		{"version", st.Version},
+		{"port", port},
+		{"negotiated", st.Negotiated},
+		{"offload choice", st.OffloadChoice},
+		{"tap offloads", st.TapOffloads},
+		{"tap offers", st.TapProbed},
+		{"tap takes on write", st.TapWrite},
+		{"port backend", st.PortState},
+		{"port accepts", st.PortAccepts},
+		{"tap->port steps", st.StepsTapToPort},
+		{"port->tap steps", st.StepsPortToTap},
+		{"gro", gro},
+		{"udp-gro", udp},
+		{"offloads refused", st.OffloadsKilled},
+		{"tap->port", dir(c.TapToPort)},
+		{"port->tap", dir(c.PortToTap)},
+		{"gro coalesced", gp},
+		{"gso segmented", fmt.Sprint(c.GSOSegmented)},
+		{"csum completed", fmt.Sprint(c.CsumCompleted)},
+		{"gso write fallback", fmt.Sprint(c.GSOWriteFallback)},
+	}
+}
+
+// writeStatus prints st aligned.
+func writeStatus(w io.Writer, st *ctlStatus) {
+	ls := st.lines()
+	width := 0
+	for _, l := range ls {
+		width = max(width, len(l[0])+1)
+	}
+	for _, l := range ls {
+		fmt.Fprintf(w, "%-*s %s\n", width, l[0]+":", l[1])
+	}
+}
+
+const ctlUsageText = `Usage:
+  tapgro ctl [--socket PATH | --tap NAME] [--json] REQUEST
+
+Requests:
+  status                         port, negotiated offloads, GRO, key counters
+  offload auto|off|LIST          set the TAP's offloads (LIST: csum,tso4,tso6,tso_ecn,uso)
+  offload tso4=off csum=on ...   change single offloads ("offload" may be left out)
+  gro=on|off  udp-gro=on|off     port->TAP coalescing
+Changes apply at once, without dropping the port connection.
+
+Flags:
+`
+
+// runCtl is `tapgro ctl`: it sends one request to a running tapgro and prints the reply.
+func runCtl(args []string, stdout, stderr io.Writer) int {
+	fset := newCtlFlags(stderr)
+	socket := fset.String("socket", "", "control socket path (default "+ctlDefaultDir+"/TAP.ctl)")
+	tap := fset.String("tap", "", "the TAP tapgro serves: use its default control socket")
+	raw := fset.Bool("json", false, "print the JSON reply as it came")
+	timeout := fset.Duration("timeout", ctlTimeout, "give up after this long")
+	if err := fset.Parse(args); err != nil {
+		if errors.Is(err, errHelp) {
+			return 0
+		}
+		return 2
+	}
+	if fset.NArg() == 0 {
+		fmt.Fprintln(stderr, "tapgro ctl: no request")
+		fset.Usage()
+		return 2
+	}
+	path, err := ctlPath(*socket, *tap)
+	if err != nil {
+		fmt.Fprintln(stderr, "tapgro ctl:", err)
+		return 2
+	}
+	req := strings.Join(fset.Args(), " ")
+	body, err := ctlCall(path, req, *timeout)
+	if err != nil {
+		fmt.Fprintln(stderr, "tapgro ctl:", err)
+		return 1
+	}
+	var resp ctlResponse
+	if err := json.Unmarshal(body, &resp); err != nil {
+		fmt.Fprintf(stderr, "tapgro ctl: %s answered something that is not a reply: %v\n", path, err)
+		return 1
+	}
+	if *raw {
+		stdout.Write(body)
+	}
+	if !resp.OK {
+		fmt.Fprintln(stderr, "tapgro ctl:", resp.Error)
+		return 1
+	}
+	if *raw {
+		return 0
+	}
+	for _, a := range resp.Applied {
+		fmt.Fprintln(stdout, a)
+	}
+	switch {
+	case resp.Status == nil:
+	case len(resp.Applied) == 0:
+		writeStatus(stdout, resp.Status)
+	default:
+		fmt.Fprintln(stdout, "negotiated: "+resp.Status.Negotiated)
+	}
+	return 0
+}
+
+func newCtlFlags(stderr io.Writer) *flag.FlagSet {
+	fset := flag.NewFlagSet("tapgro ctl", flag.ContinueOnError)
+	fset.SetOutput(stderr)
+	fset.Usage = func() {
+		fmt.Fprint(stderr, ctlUsageText)
+		fset.PrintDefaults()
+	}
+	return fset
+}
+
+// ctlPath picks the socket: --socket, --tap's default, or the only socket in the
+// default directory.
+func ctlPath(socket, tap string) (string, error) {
+	switch {
+	case socket != "" && tap != "":
+		return "", errors.New("give --socket or --tap, not both")
+	case socket != "":
+		return socket, nil
+	case tap != "":
+		return defaultCtlSocket(tap), nil
+	}
+	m, _ := filepath.Glob(filepath.Join(ctlDefaultDir, "*.ctl"))
+	switch len(m) {
+	case 1:
+		return m[0], nil
+	case 0:
+		return "", fmt.Errorf("no control socket in %s; give --socket PATH or --tap NAME", ctlDefaultDir)
+	}
+	return "", fmt.Errorf("several control sockets in %s (%s); give --tap NAME or --socket PATH", ctlDefaultDir, strings.Join(m, ", "))
+}
+
+// ctlCall sends req and returns the raw reply.
+func ctlCall(path, req string, timeout time.Duration) ([]byte, error) {
+	if len(req)+1 > ctlMaxRequest {
+		return nil, fmt.Errorf("request longer than %d bytes", ctlMaxRequest)
+	}
+	c, err := net.DialTimeout("unix", path, timeout)
+	if err != nil {
+		if errors.Is(err, syscall.EACCES) {
+			return nil, fmt.Errorf("%w (the control socket is for root and tapgro's own user)", err)
+		}
+		if errors.Is(err, syscall.ENOENT) || errors.Is(err, syscall.ECONNREFUSED) {
+			return nil, fmt.Errorf("%w (is tapgro running with this control socket?)", err)
+		}
+		return nil, err
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(timeout))
+	if _, err := io.WriteString(c, req+"\n"); err != nil {
+		return nil, fmt.Errorf("send to %s: %w", path, err)
+	}
+	c.(*net.UnixConn).CloseWrite()
+	body, err := io.ReadAll(io.LimitReader(c, ctlMaxResponse))
+	if err != nil {
+		return nil, fmt.Errorf("reply from %s: %w", path, err)
+	}
+	if len(body) == 0 {
+		return nil, fmt.Errorf("%s closed the connection without a reply", path)
+	}
+	return body, nil
+}

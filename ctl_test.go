@@ -1,0 +1,553 @@
+package main
+
+import (
+	"bytes"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sirupsen/logrus"
+	"golang.org/x/sys/unix"
+
+	"tapgro/netmapio"
+	"tapgro/vnethdr"
+)
+
+func TestParseCtlRequest(t *testing.T) {
+	on, off := true, false
+	good := []struct {
+		line    string
+		want    ctlRequest
+		choice  string // "" for no whole choice
+		onBits  vnethdr.Offloads
+		offBits vnethdr.Offloads
+	}{
+		{line: "status", want: ctlRequest{status: true}},
+		{line: "  status\r", want: ctlRequest{status: true}},
+		{line: "offload auto", choice: "auto"},
+		{line: "offload off", choice: "off"},
+		{line: "offload none", choice: "off"},
+		{line: "offload csum,tso4,tso6", choice: "csum,tso4,tso6"},
+		{line: "offload tso4=off csum=on", onBits: oCSUM, offBits: oTSO4},
+		{line: "tso4=off tso6=0 ecn=no uso=false", offBits: oTSO4 | oTSO6 | oECN | oUSO},
+		{line: "offload csum tso_ecn=off", choice: "csum", offBits: oECN},
+		{line: "gro=off", want: ctlRequest{gro: &off}},
+		{line: "udp-gro=on", want: ctlRequest{udpGRO: &on}},
+		{line: "udp_gro=off gro=on tso4=off", want: ctlRequest{gro: &on, udpGRO: &off}, offBits: oTSO4},
+	}
+	for _, c := range good {
+		r, err := parseCtlRequest(c.line)
+		if err != nil {
+			t.Errorf("%q: %v", c.line, err)
+			continue
+		}
+		choice := ""
+		if r.choice != nil {
+			choice = r.choice.String()
+		}
+		boolEq := func(a, b *bool) bool { return (a == nil) == (b == nil) && (a == nil || *a == *b) }
+		if r.status != c.want.status || choice != c.choice || r.on != c.onBits || r.off != c.offBits ||
+			!boolEq(r.gro, c.want.gro) || !boolEq(r.udpGRO, c.want.udpGRO) {
+			t.Errorf("%q parsed as %+v (choice %q)", c.line, r, choice)
+		}
+	}
+	bad := []struct{ line, msg string }{
+		{"", "empty request"},
+		{"   ", "empty request"},
+		{"status now", "status takes no arguments"},
+		{"offload", "offload: want auto"},
+		{"offload tso4", "needs csum"},
+		{"offload csum,gso", `unknown offload "gso"`},
+		{"offload csum,", `unknown offload ""`},
+		{"gro=maybe", `gro="maybe": want on or off`},
+		{"gro", `"gro": want status`},
+		{"gro=on gro=off", `"gro" is given twice`},
+		{"ecn=on tso_ecn=off", `"tso_ecn" is given twice`},
+		{"offload gro=off frob=on", `unknown switch "frob"`},
+		{"ufo=on", `unknown switch "ufo"`},
+		{"reboot", `"reboot": want status`},
+		{"status\x00", `"status\x00": want status`},
+	}
+	for _, c := range bad {
+		if _, err := parseCtlRequest(c.line); err == nil || !strings.Contains(err.Error(), c.msg) {
+			t.Errorf("%q: err = %v, want one containing %q", c.line, err, c.msg)
+		}
+	}
+}
+
+// newCtlTest is a control server for a bridge on an in-memory TAP whose kernel offers
+// every offload, negotiated for a plain port with --offload auto.
+func newCtlTest(t testing.TB) (*ctlServer, *bridge, *offloadFakeTap) {
+	tap := &offloadFakeTap{fakeTap: newFakeTap(10, true)}
+	b := testBridge(tap, true)
+	in := negInput{TapProbed: oCSUM | oTSO4 | oTSO6 | oECN | oUSO, TapHdrLen: 10, TapWrite: b.cfg.tapAccepts,
+		Choice: offloadChoice{auto: true}, Port: portCaps{State: "stream(plain)"}, GRO: true, UDPGRO: true}
+	n := negotiate(in)
+	tap.mask = n.TapOffloads
+	b.initNegotiation(in, n, nil)
+	log := logrus.New()
+	log.SetOutput(tlogWriter{t})
+	if _, fuzz := t.(*testing.F); fuzz {
+		log.SetOutput(io.Discard) // F.Log may not be called from the fuzz function
+	}
+	return newCtlServer(b, "tg0", "unix:/test.sock", log), b, tap
+}
+
+func (f *offloadFakeTap) current() vnethdr.Offloads {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.mask
+}
+
+// The handler changes exactly what each request asks for, refuses bad requests without
+// changing anything, and reports the state after the change.
+func TestCtlHandle(t *testing.T) {
+	s, b, tap := newCtlTest(t)
+	all := oCSUM | oTSO4 | oTSO6 | oECN | oUSO
+	steps := []struct {
+		req     string
+		err     string
+		mask    vnethdr.Offloads // the TAP's mask afterwards
+		choice  string
+		gro     bool
+		udpGRO  bool
+		applied string
+	}{
+		{req: "status", mask: all, choice: "auto", gro: true, udpGRO: true},
+		{req: "offload tso4=off", mask: oCSUM | oTSO6 | oECN | oUSO, choice: "csum,tso6,tso_ecn,uso4,uso6", gro: true, udpGRO: true,
+			applied: "the TAP now hands tapgro csum,tso6,tso_ecn,uso4,uso6"},
+		{req: "tso6=off", mask: oCSUM | oUSO, choice: "csum,uso4,uso6", gro: true, udpGRO: true},
+		{req: "csum=off", err: "without csum", mask: oCSUM | oUSO, choice: "csum,uso4,uso6", gro: true, udpGRO: true},
+		{req: "offload off", mask: 0, choice: "off", gro: true, udpGRO: true, applied: "offloads off: the TAP now hands tapgro none"},
+		{req: "tso4=on csum=on", mask: oCSUM | oTSO4, choice: "csum,tso4", gro: true, udpGRO: true},
+		{req: "gro=off", mask: oCSUM | oTSO4, choice: "csum,tso4", gro: false, udpGRO: true, applied: "gro off"},
+		// A bad request in the middle of good ones changes nothing at all.
+		{req: "gro=on frob=1", err: "unknown switch", mask: oCSUM | oTSO4, choice: "csum,tso4", gro: false, udpGRO: true},
+		{req: "udp-gro=off gro=on", mask: oCSUM | oTSO4, choice: "csum,tso4", gro: true, udpGRO: false},
+		{req: "offload auto", mask: all, choice: "auto", gro: true, udpGRO: false},
+		{req: "udp-gro=on", mask: all, choice: "auto", gro: true, udpGRO: true,
+			applied: "udp-gro on, but it is inactive: it needs gro on and a TAP that accepts USO on write"},
+	}
+	for _, st := range steps {
+		resp := s.handle(st.req, nil)
+		if st.err != "" {
+			if resp.OK || !strings.Contains(resp.Error, st.err) || resp.Status != nil {
+				t.Errorf("%q: %+v, want an error containing %q", st.req, resp, st.err)
+			}
+		} else if !resp.OK || resp.Status == nil {
+			t.Fatalf("%q: %+v", st.req, resp)
+		}
+		if got := tap.current(); got != st.mask {
+			t.Errorf("%q: TAP mask %s, want %s", st.req, got, st.mask)
+		}
+		status := s.status()
+		if status.OffloadChoice != st.choice || status.TapOffloads != st.mask.String() || status.GRO != st.gro || status.UDPGRO != st.udpGRO {
+			t.Errorf("%q: status choice %s offloads %s gro %v udp-gro %v; want %s %s %v %v",
+				st.req, status.OffloadChoice, status.TapOffloads, status.GRO, status.UDPGRO, st.choice, st.mask, st.gro, st.udpGRO)
+		}
+		if status.Negotiated != b.Negotiation().String() || !strings.HasPrefix(status.Negotiated, "tap offloads="+st.mask.String()+" ") {
+			t.Errorf("%q: status negotiated %q; bridge %q", st.req, status.Negotiated, b.Negotiation())
+		}
+		if b.coalescerConfig().DisableTCP == st.gro {
+			t.Errorf("%q: the GRO engine's TCP coalescing does not follow gro=%v", st.req, st.gro)
+		}
+		if st.applied != "" && !strings.Contains(strings.Join(resp.Applied, "\n"), st.applied) {
+			t.Errorf("%q: applied %q, want it to say %q", st.req, resp.Applied, st.applied)
+		}
+	}
+}
+
+// An offload the kernel does not offer is named as such in the reply.
+func TestCtlHandleUnsupported(t *testing.T) {
+	s, b, tap := newCtlTest(t)
+	b.negMu.Lock()
+	b.negIn.TapProbed = oCSUM | oTSO4 | oTSO6 | oECN // a kernel before 6.2: no USO
+	b.negMu.Unlock()
+	resp := s.handle("offload csum,tso4,uso", nil)
+	if !resp.OK || tap.current() != oCSUM|oTSO4 || !strings.Contains(resp.Applied[0], "uso4,uso6: not offered by this kernel") {
+		t.Fatalf("%+v; TAP mask %s", resp, tap.current())
+	}
+}
+
+// Counters and the port's state reach the status reply.
+func TestCtlStatusCounters(t *testing.T) {
+	s, b, _ := newCtlTest(t)
+	near, _ := streamPair(t)
+	b.port.Store(newPortRef(near))
+	b.t2p.Frames.Add(7)
+	b.t2p.Bytes.Add(7000)
+	b.t2p.DropNoPeer.Add(2)
+	b.p2t.Reads.Add(40)
+	b.p2t.DropTapEIO.Add(1)
+	b.coalescerFor().Stats().Segments.Add(40)
+	b.coal.Stats().Packets.Add(2)
+	st := s.status()
+	c := st.Counters
+	if !st.PortConnected || c.TapToPort.Frames != 7 || c.TapToPort.Bytes != 7000 || c.TapToPort.Dropped != 2 ||
+		c.PortToTap.Reads != 40 || c.PortToTap.Dropped != 1 || c.GROSegments != 40 || c.GROPackets != 2 {
+		t.Fatalf("status %+v", st)
+	}
+	var out bytes.Buffer
+	writeStatus(&out, st)
+	for _, want := range []string{"negotiated:         tap offloads=", "gro coalesced:      40 segments into 2 packets (20.0 per packet)",
+		"tap->port:          7 frames, 7000 bytes (read 0, dropped 2)"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("status output lacks %q:\n%s", want, out.String())
+		}
+	}
+}
+
+// ctlListen starts a control server on a fresh socket path.
+func ctlListen(t *testing.T, s *ctlServer) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "sub", "tg0.ctl")
+	stop, err := startCtl(&options{ctlSocket: path}, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(stop)
+	return path
+}
+
+func runCtlArgs(args ...string) (code int, stdout, stderr string) {
+	var o, e bytes.Buffer
+	code = realMain(append([]string{"ctl"}, args...), &o, &e)
+	return code, o.String(), e.String()
+}
+
+// The socket end to end: permissions, `tapgro ctl` output, errors, oversized and silent
+// clients, and the path removed on stop.
+func TestCtlSocket(t *testing.T) {
+	s, _, tap := newCtlTest(t)
+	path := ctlListen(t, s)
+	fi, err := os.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fi.Mode()&os.ModeSocket == 0 || fi.Mode().Perm() != 0o600 {
+		t.Errorf("control socket mode %v, want a socket with 0600", fi.Mode())
+	}
+	if di, err := os.Stat(filepath.Dir(path)); err != nil || di.Mode().Perm() != 0o700 {
+		t.Errorf("created directory: %v, %v; want 0700", di.Mode(), err)
+	}
+
+	code, out, errOut := runCtlArgs("--socket", path, "status")
+	if code != 0 || !strings.Contains(out, "negotiated:") || !strings.Contains(out, "tap offloads=csum,tso4,tso6,tso_ecn,uso4,uso6") {
+		t.Fatalf("ctl status: %d\n%s%s", code, out, errOut)
+	}
+	// Aligned: every value starts in the same column.
+	col := -1
+	for _, l := range strings.Split(strings.TrimSpace(out), "\n") {
+		i := strings.Index(l, ": ")
+		j := i + 2 + len(l[i+2:]) - len(strings.TrimLeft(l[i+2:], " "))
+		if col == -1 {
+			col = j
+		}
+		if j != col {
+			t.Errorf("status not aligned: %q", l)
+		}
+	}
+
+	code, out, errOut = runCtlArgs("--socket", path, "offload", "tso4=off")
+	if code != 0 || !strings.Contains(out, "the TAP now hands tapgro csum,tso6,tso_ecn,uso4,uso6") ||
+		!strings.Contains(out, "negotiated: tap offloads=csum,tso6,tso_ecn,uso4,uso6 ") || tap.current() != oCSUM|oTSO6|oECN|oUSO {
+		t.Fatalf("ctl offload tso4=off: %d\n%s%s", code, out, errOut)
+	}
+	code, out, errOut = runCtlArgs("--socket", path, "offload", "tso4=maybe")
+	if code != 1 || !strings.Contains(errOut, `tso4="maybe": want on or off`) || out != "" {
+		t.Fatalf("bad request: %d %q %q", code, out, errOut)
+	}
+	code, out, _ = runCtlArgs("--socket", path, "--json", "gro=off")
+	var resp ctlResponse
+	if err := json.Unmarshal([]byte(out), &resp); code != 0 || err != nil || !resp.OK || resp.Status == nil || resp.Status.GRO {
+		t.Fatalf("--json gro=off: %d %v %s", code, err, out)
+	}
+	if code, _, errOut := runCtlArgs("--socket", filepath.Join(t.TempDir(), "none.ctl"), "status"); code != 1 || !strings.Contains(errOut, "is tapgro running") {
+		t.Errorf("missing socket: %d %q", code, errOut)
+	}
+	if code, _, _ := runCtlArgs("--socket", path); code != 2 {
+		t.Errorf("no request: exit %d, want 2", code)
+	}
+	if code, _, _ := runCtlArgs("--socket", path, "--tap", "tg0", "status"); code != 2 {
+		t.Errorf("--socket and --tap: exit %d, want 2", code)
+	}
+
+	// A request longer than the limit is refused; the daemon answers the next one.
+	c, err := net.Dial("unix", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Write(bytes.Repeat([]byte("x"), 64<<10))
+	body, _ := io.ReadAll(c)
+	c.Close()
+	if !bytes.Contains(body, []byte(`request longer than 1024 bytes`)) {
+		t.Errorf("oversized request answered %q", body)
+	}
+	// A request without a newline, write side closed, is served.
+	c, _ = net.Dial("unix", path)
+	c.Write([]byte("status"))
+	c.(*net.UnixConn).CloseWrite()
+	body, _ = io.ReadAll(c)
+	c.Close()
+	if !bytes.Contains(body, []byte(`"ok":true`)) {
+		t.Errorf("status without newline answered %q", body)
+	}
+
+	// Silent clients hold at most ctlMaxConns slots; one more is turned away at once, and
+	// once they leave the socket serves again.
+	// Replies are sent before a connection's slot is given back: wait for the last
+	// client's to be free.
+	deadline := time.Now().Add(10 * time.Second)
+	for len(s.slots) > 0 && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	var silent []net.Conn
+	for i := 0; i < ctlMaxConns; i++ {
+		c, err := net.Dial("unix", path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		silent = append(silent, c)
+	}
+	for len(s.slots) < ctlMaxConns && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	if code, _, errOut := runCtlArgs("--socket", path, "status"); code != 1 || !strings.Contains(errOut, "busy") {
+		t.Errorf("with every slot taken: %d %q, want busy", code, errOut)
+	}
+	for _, c := range silent {
+		c.Close()
+	}
+	for len(s.slots) > 0 && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	if code, _, errOut := runCtlArgs("--socket", path, "status"); code != 0 {
+		t.Errorf("after the silent clients left: %d %q", code, errOut)
+	}
+}
+
+// A client that connects and sends nothing is cut off by the deadline with an error.
+func TestCtlReadDeadline(t *testing.T) {
+	a, b := net.Pipe()
+	defer a.Close()
+	defer b.Close()
+	b.SetDeadline(time.Now().Add(time.Millisecond))
+	if _, err := readCtlRequest(b); err == nil || !strings.Contains(err.Error(), "no complete request line") {
+		t.Fatalf("err = %v", err)
+	}
+}
+
+// Stale and foreign paths: a dead socket is replaced, a live one or a file is not; the
+// default path only warns when it cannot be created.
+func TestCtlSocketPath(t *testing.T) {
+	s, _, _ := newCtlTest(t)
+	dir := t.TempDir()
+	stale := filepath.Join(dir, "stale.ctl")
+	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_STREAM, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Bind(fd, &unix.SockaddrUnix{Name: stale}); err != nil {
+		t.Fatal(err)
+	}
+	unix.Close(fd) // bound, never listened on, closed: nobody answers
+	stop, err := startCtl(&options{ctlSocket: stale}, s)
+	if err != nil {
+		t.Fatalf("stale socket not replaced: %v", err)
+	}
+	if code, _, errOut := runCtlArgs("--socket", stale, "status"); code != 0 {
+		t.Errorf("status on the replaced socket: %d %q", code, errOut)
+	}
+	// Live: a second server on the same path is refused; as the default path it warns.
+	if _, err := startCtl(&options{ctlSocket: stale}, s); !errors.Is(err, netmapio.ErrAddrInUse) {
+		t.Errorf("second server on a live socket: %v, want ErrAddrInUse", err)
+	}
+	if stop2, err := startCtl(&options{ctlSocket: stale, ctlSocketDefault: true}, s); err != nil {
+		t.Errorf("default path in use: %v, want a warning only", err)
+	} else {
+		stop2()
+	}
+	stop()
+	if _, err := os.Lstat(stale); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("socket path left behind after stop: %v", err)
+	}
+	file := filepath.Join(dir, "file.ctl")
+	os.WriteFile(file, []byte("keep"), 0o600)
+	if _, err := startCtl(&options{ctlSocket: file}, s); err == nil {
+		t.Error("a regular file at the path was accepted")
+	}
+	if b, _ := os.ReadFile(file); string(b) != "keep" {
+		t.Error("a regular file at the path was touched")
+	}
+	if stop, err := startCtl(&options{ctlSocket: ""}, s); err != nil {
+		t.Error(err)
+	} else {
+		stop()
+	}
+}
+
+// Switching offloads and GRO through the control socket while frames flow both ways
+// loses nothing and keeps the port connection: every byte sent from the port reaches the
+// TAP in order, every TSO frame from the TAP reaches the port as segments, and the
+// port→TAP pipeline is still running when the sender stops.
+func TestCtlTogglesMidStream(t *testing.T) {
+	s, b, tap := newCtlTest(t)
+	b.cfg.timerFlush = true // aggregates held across reads: a toggle has something to flush
+	b.cfg.rscInterval = 200 * time.Microsecond
+	path := ctlListen(t, s)
+	near, far := streamPair(t)
+	b.port.Store(newPortRef(near))
+	p2tDone := make(chan error, 1)
+	go func() { p2tDone <- b.runPortToTap(near) }()
+	t2pDone := make(chan error, 1)
+	go func() { t2pDone <- b.runTapToPort() }()
+
+	// The port side reads what the TAP→port pipeline delivers.
+	const tsoFrames, tsoPayload = 40, 30000
+	received := make(chan int, 1)
+	go func() {
+		bufs := make([][]byte, 64)
+		for i := range bufs {
+			bufs[i] = make([]byte, netmapio.MaxFrame)
+		}
+		sizes := make([]int, 64)
+		total := 0
+		for total < tsoFrames*tsoPayload {
+			n, err := far.ReadBatch(bufs, sizes)
+			if err != nil {
+				break
+			}
+			for i := 0; i < n; i++ {
+				lay, err := vnethdr.ParseLayout(bufs[i][:sizes[i]])
+				if err != nil {
+					break
+				}
+				total += lay.PayloadLen()
+			}
+		}
+		received <- total
+	}()
+
+	toggles := [][]string{
+		{"gro=off"}, {"offload", "tso4=off"}, {"udp-gro=off"}, {"gro=on"},
+		{"offload", "off"}, {"gro=off", "udp-gro=on"}, {"offload", "auto"}, {"gro=on"},
+	}
+	const batches, perBatch, mss = 64, 16, 1000
+	stream := make([]byte, batches*perBatch*mss)
+	for i := range stream {
+		stream[i] = byte(i*131 + i>>11)
+	}
+	seq := uint32(1)
+	for i := 0; i < batches; i++ {
+		var segs [][]byte
+		for j := 0; j < perBatch; j++ {
+			off := int(seq - 1)
+			segs = append(segs, tcp4(seq, uint16(i*perBatch+j), stream[off:off+mss]))
+			seq += mss
+		}
+		if _, err := far.WriteBatch(segs); err != nil {
+			t.Fatal(err)
+		}
+		if i < tsoFrames {
+			tap.in <- gsoTCP4(10, pattern(tsoPayload), 1448)
+		}
+		if code, out, errOut := runCtlArgs(append([]string{"--socket", path}, toggles[i%len(toggles)]...)...); code != 0 {
+			t.Fatalf("toggle %v: %d %s%s", toggles[i%len(toggles)], code, out, errOut)
+		}
+	}
+
+	// Everything sent from the port reaches the TAP, in order.
+	var got []byte
+	gso, plain := 0, 0
+	deadline := time.Now().Add(10 * time.Second)
+	for len(got) < len(stream) && time.Now().Before(deadline) {
+		got, gso, plain = tapPayload(t, tap.written())
+		time.Sleep(time.Millisecond)
+	}
+	select {
+	case err := <-p2tDone:
+		t.Fatalf("the port→TAP pipeline ended during the toggles: %v", err)
+	default:
+	}
+	if !bytes.Equal(got, stream) {
+		t.Fatalf("the TAP got %d bytes (%d GSO packets, %d plain); want the %d-byte stream intact", len(got), gso, plain, len(stream))
+	}
+	t.Logf("port→TAP: %d GSO packets and %d plain segments", gso, plain)
+	if n := <-received; n != tsoFrames*tsoPayload {
+		t.Fatalf("the port got %d payload bytes from the TAP, want %d", n, tsoFrames*tsoPayload)
+	}
+	far.Close()
+	if err := <-p2tDone; !errors.Is(err, netmapio.ErrClosed) {
+		t.Errorf("runPortToTap ended with %v", err)
+	}
+	close(tap.closed)
+	<-t2pDone
+	if d := b.t2p.DropMalformed.Load() + b.p2t.DropMalformed.Load() + b.p2t.DropTapError.Load(); d != 0 {
+		t.Errorf("%d frames dropped", d)
+	}
+}
+
+// tapPayload is the TCP payload of everything written to the TAP, in write order; it
+// checks that sequence numbers follow on.
+func tapPayload(t *testing.T, pkts [][]byte) (payload []byte, gso, plain int) {
+	next := uint32(1)
+	for _, p := range pkts {
+		var h vnethdr.Hdr
+		if err := h.Decode(p, 10); err != nil {
+			t.Fatal(err)
+		}
+		if h.IsGSO() {
+			gso++
+		} else {
+			plain++
+		}
+		f := p[10:]
+		lay, err := vnethdr.ParseLayout(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if s := binary.BigEndian.Uint32(f[lay.L4Off+4:]); s != next {
+			t.Fatalf("packet %d starts at seq %d, want %d", gso+plain, s, next)
+		}
+		payload = append(payload, f[lay.PayloadOff:lay.End]...)
+		next += uint32(lay.PayloadLen())
+	}
+	return payload, gso, plain
+}
+
+// FuzzCtlRequest: no request line crashes the handler, and one that does not parse
+// changes nothing.
+func FuzzCtlRequest(f *testing.F) {
+	for _, s := range []string{"status", "offload auto", "offload tso4=off csum=on", "gro=off udp-gro=on",
+		"offload csum,tso4,tso6,tso_ecn,uso", "csum=off", "offload off tso4=on", "udp_gro=1 ecn=0", "\x00=\xff", "=", "offload ="} {
+		f.Add(s)
+	}
+	s, b, tap := newCtlTest(f)
+	f.Fuzz(func(t *testing.T, line string) {
+		before := s.status()
+		mask := tap.current()
+		resp := s.handle(line, nil)
+		if _, err := json.Marshal(resp); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := parseCtlRequest(line); err != nil {
+			after := s.status()
+			if resp.OK || after.Negotiated != before.Negotiated || after.GRO != before.GRO || after.UDPGRO != before.UDPGRO ||
+				after.OffloadChoice != before.OffloadChoice || tap.current() != mask {
+				t.Fatalf("%q failed to parse (%v) but changed the state", line, err)
+			}
+		}
+		_ = b
+	})
+}
+
+type tlogWriter struct{ t testing.TB }
+
+func (w tlogWriter) Write(p []byte) (int, error) { w.t.Log(string(p)); return len(p), nil }

@@ -1,0 +1,174 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"tapgro/rxpool"
+)
+
+// A daemon that is alive but no longer forwards is the failure users of similar tools
+// report most bitterly (gvisor-tap-vsock#648, ecosystem.md B3). /healthz therefore
+// checks progress, not liveness: once a second the monitor looks at each direction and
+// asks "is there work waiting, and has any of it moved?".
+//
+//   - TAP→port has work while the receive pool holds frames (rxpool.Stats.InUse > 0,
+//     which is non-zero only while a flush is waiting for the port); it has moved when
+//     the port took a frame or one was dropped (sent, or counted away).
+//   - port→TAP has work while the port's socket has unread bytes (SIOCINQ); it has moved
+//     when a frame was read from the port.
+//
+// A direction with work that has not moved for --health-stall is stalled and /healthz
+// answers 503 with the reason. An idle link, or no peer at all, is healthy: waiting for
+// QEMU is tapgro's normal state.
+
+const (
+	dirTapToPort = iota
+	dirPortToTap
+	numDirs
+)
+
+var dirNames = [numDirs]string{"tap_to_port", "port_to_tap"}
+
+// dirHealth is one direction's watch state.
+type dirHealth struct {
+	progress uint64    // the counter that moves when work gets done
+	since    time.Time // when the current wait began (last progress, or work appearing)
+	pending  bool
+	stalled  string // non-empty (the reason) while stalled
+}
+
+type healthMon struct {
+	b     *bridge
+	stall time.Duration
+
+	mu   sync.Mutex
+	dirs [numDirs]dirHealth
+}
+
+func newHealthMon(b *bridge, stall time.Duration) *healthMon {
+	return &healthMon{b: b, stall: stall}
+}
+
+// inQueuer is what the monitor needs of a port to see unread input (netmapio's stream
+// and datagram ports).
+type inQueuer interface{ InQueue() (int, error) }
+
+// work samples both directions: whether each has work waiting, and its progress counter.
+func (h *healthMon) work() (pending [numDirs]bool, progress [numDirs]uint64, detail [numDirs]string) {
+	b := h.b
+	ref := b.port.Load()
+	rs := &b.rxStats
+	progress[dirTapToPort] = rs.FramesSent.Load() + b.t2p.DropPortError.Load()
+	for d := rxpool.Drop(0); d < rxpool.NumDrops; d++ {
+		progress[dirTapToPort] += rs.Drops[d].Load()
+	}
+	if inUse := rs.InUse.Load(); ref != nil && inUse > 0 {
+		pending[dirTapToPort] = true
+		detail[dirTapToPort] = fmt.Sprintf("%d receive-pool buffers queued for the port", inUse)
+	}
+	progress[dirPortToTap] = b.p2t.Reads.Load()
+	if ref != nil {
+		if q, ok := ref.p.(inQueuer); ok {
+			if n, err := q.InQueue(); err == nil && n > 0 {
+				pending[dirPortToTap] = true
+				detail[dirPortToTap] = fmt.Sprintf("%d bytes unread on the port", n)
+			}
+		}
+	}
+	return
+}
+
+// sample updates the watch state at now. It is called once a second by run, and by
+// tests with a clock of their own.
+func (h *healthMon) sample(now time.Time) {
+	pending, progress, detail := h.work()
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for i := range h.dirs {
+		d := &h.dirs[i]
+		if !pending[i] || !d.pending || progress[i] != d.progress {
+			d.since = now
+		}
+		d.pending, d.progress = pending[i], progress[i]
+		d.stalled = ""
+		if pending[i] {
+			if waited := now.Sub(d.since); waited >= h.stall {
+				d.stalled = fmt.Sprintf("%s stalled: %s and no progress for %v", dirNames[i], detail[i], waited.Round(time.Second))
+			}
+		}
+	}
+}
+
+// problems lists the stalled directions' reasons; empty means healthy.
+func (h *healthMon) problems() []string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	var out []string
+	for _, d := range h.dirs {
+		if d.stalled != "" {
+			out = append(out, d.stalled)
+		}
+	}
+	return out
+}
+
+func (h *healthMon) stalled(dir int) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.dirs[dir].stalled != ""
+}
+
+// run samples once a second until ctx ends.
+func (h *healthMon) run(ctx context.Context) {
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case now := <-t.C:
+			h.sample(now)
+		}
+	}
+}
+
+// ServeHTTP is /healthz: 200 "ok", or 503 with one line per stalled direction.
+func (h *healthMon) ServeHTTP(w http.ResponseWriter, _ *http.Request) {
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	if p := h.problems(); len(p) > 0 {
+		w.WriteHeader(http.StatusServiceUnavailable)
+		w.Write([]byte(strings.Join(p, "\n") + "\n"))
+		return
+	}
+	w.Write([]byte("ok\n"))
+}
+
+// addHealthMetrics exports the monitor's verdict and who the port is connected to.
+func addHealthMetrics(c *collector, h *healthMon) {
+	for i, name := range dirNames {
+		i := i
+		c.add("tapgro_stalled", "1 while the direction has had traffic pending without progress for --health-stall (/healthz fails).",
+			prometheus.GaugeValue, prometheus.Labels{"direction": name}, func() float64 {
+				if h.stalled(i) {
+					return 1
+				}
+				return 0
+			})
+	}
+	desc := prometheus.NewDesc("tapgro_port_peer_info", "The connected peer (address, or UNIX credentials); absent while disconnected.", []string{"peer"}, nil)
+	c.customDesc = append(c.customDesc, desc)
+	c.custom = append(c.custom, func() prometheus.Metric {
+		ref := h.b.port.Load()
+		if ref == nil {
+			return nil
+		}
+		return prometheus.MustNewConstMetric(desc, prometheus.GaugeValue, 1, ref.p.Peer())
+	})
+}
