@@ -14,6 +14,7 @@ import (
 
 	"tapgro/coalescer"
 	"tapgro/netmapio"
+	"tapgro/pcapio"
 	"tapgro/rxpool"
 	"tapgro/tapdev"
 	"tapgro/vnethdr"
@@ -114,6 +115,9 @@ type bridge struct {
 	// onNegotiated, if set, is called (under negMu) with every new negotiation.
 	onNegotiated func(*negotiation)
 
+	// capture (capture.go): frames crossing each side, written when a Writer is set.
+	capture captures
+
 	coalMu     sync.Mutex // guards coal between connections (metrics read it too)
 	coal       *coalescer.Coalescer
 	coalWriter *tapWriter // coal's output; owned by the live port→TAP goroutine
@@ -133,6 +137,7 @@ func newPortRef(p netmapio.Port) *portRef {
 
 func newBridge(cfg bridgeConfig, tap tapIO) *bridge {
 	b := &bridge{cfg: cfg, tap: tap}
+	b.capture.tap.name, b.capture.port.name = "tap", "port"
 	b.groOn.Store(cfg.gro)
 	b.udpGROOn.Store(cfg.udpGRO)
 	return b
@@ -180,6 +185,8 @@ type tapToPort struct {
 	segSizes []int
 	hdr      vnethdr.Hdr
 	outHdr   vnethdr.Hdr // the header written for the port
+
+	capOut capSender // out wrapped for --pcap-port, used while that capture is on
 }
 
 // maxSegs is the most segments of one GSO frame: 64 KiB at the smallest sane MSS (64).
@@ -212,13 +219,16 @@ func (p *tapToPort) process(n int) {
 	st := &b.t2p
 	st.Batches.Add(1)
 	st.Reads.Add(uint64(n))
+	hl := b.cfg.vnetHdrLen
+	if w := b.capture.tap.w.Load(); w != nil {
+		capTapFrames(w, p.bufs, p.sizes, n, hl)
+	}
 	ref := b.port.Load()
 	if ref == nil {
 		st.DropNoPeer.Add(uint64(n))
 		return
 	}
 	p.setPort(ref)
-	hl := b.cfg.vnetHdrLen
 	for i := 0; i < n; i++ {
 		if p.ref == nil {
 			// The port failed mid-batch: the rest of the batch has nowhere to go.
@@ -371,7 +381,12 @@ func (p *tapToPort) reserve(segCap, nseg int) bool {
 func (p *tapToPort) flush(why rxpool.Reason) bool {
 	st := &p.b.t2p
 	staged, _ := p.pool.Queued()
-	n, bytes, err := p.pool.Flush(p.out, why)
+	out := p.out
+	if w := p.b.capture.port.w.Load(); w != nil {
+		p.capOut = capSender{inner: out, w: w, hl: p.hl}
+		out = &p.capOut
+	}
+	n, bytes, err := p.pool.Flush(out, why)
 	st.Frames.Add(uint64(n))
 	st.Bytes.Add(uint64(bytes))
 	if err == nil {
@@ -501,6 +516,9 @@ func (p *portToTap) run(port netmapio.Port) error {
 		if n > 0 {
 			st.Batches.Add(1)
 			st.Reads.Add(uint64(n))
+			if w := b.capture.port.w.Load(); w != nil {
+				p.capture(w, n)
+			}
 			// Runtime switches (SetGRO, SetUDPGRO) apply from this batch on.
 			p.refresh(coal, &killed, &gen)
 			if p.phl == 0 {
@@ -540,6 +558,17 @@ func (p *portToTap) run(port netmapio.Port) error {
 	}
 }
 
+// capture records the n frames just read from the port, before the GRO engine sees
+// them (it rewrites headers in place when it merges).
+func (p *portToTap) capture(w *pcapio.Writer, n int) {
+	now := time.Now()
+	for i := 0; i < n; i++ {
+		if p.sizes[i] > p.phl {
+			w.WriteFrame(now, p.bufs[i][p.head:p.head-p.phl+p.sizes[i]])
+		}
+	}
+}
+
 // refresh applies new engine settings between batches when a kernel refused GSO or a
 // runtime switch changed; SetConfig flushes what the engine holds first, so nothing is
 // lost or reordered.
@@ -562,6 +591,9 @@ func (w *tapWriter) write(pkt []byte) {
 	}
 	_, err := w.b.tap.Write(pkt)
 	if err == nil {
+		if c := w.b.capture.tap.w.Load(); c != nil {
+			c.WriteFrame(time.Now(), pkt[w.b.cfg.vnetHdrLen:])
+		}
 		st.Frames.Add(1)
 		st.Bytes.Add(uint64(len(pkt) - w.b.cfg.vnetHdrLen))
 		return
@@ -649,6 +681,9 @@ func (w *tapWriter) split(pkt []byte) {
 		if _, err := b.tap.Write(out); err != nil {
 			st.DropTapError.Add(1)
 			continue
+		}
+		if c := b.capture.tap.w.Load(); c != nil {
+			c.WriteFrame(time.Now(), out[hl:])
 		}
 		st.Frames.Add(1)
 		st.Bytes.Add(uint64(w.fallbackSize[i]))

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/netip"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
@@ -14,6 +15,7 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"tapgro/netmapio"
+	"tapgro/pcapio"
 	"tapgro/rxpool"
 	"tapgro/vnethdr"
 )
@@ -52,6 +54,10 @@ type options struct {
 	// Runtime control (ctl.go).
 	ctlSocket        string // --ctl-socket; "" disables the control socket
 	ctlSocketDefault bool   // ctlSocket is the default path: failing to create it only warns
+
+	// Capture (capture.go): files for each side ("" is off) and the Writer's limits.
+	pcapTap, pcapPort string
+	pcap              pcapio.Options
 }
 
 // offloadChoice is --offload: auto (everything the kernel accepts that tapgro can fill in
@@ -196,6 +202,12 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.logFile, "log-file", "", "append the log to this file instead of stderr; SIGHUP reopens it (for logrotate)")
 	fs.DurationVar(&o.healthStall, "health-stall", 10*time.Second, "/healthz fails once a direction has had traffic pending without progress for this long")
 	fs.StringVar(&o.ctlSocket, "ctl-socket", "", "`PATH` of the control socket tapgro ctl talks to (mode 0600; default "+ctlDefaultDir+"/TAP.ctl; \"\" disables it)")
+	var pcapMax string
+	fs.StringVar(&o.pcapTap, "pcap-tap", "", "capture frames as the TAP sees them (GSO super-frames whole) into this pcap `FILE`")
+	fs.StringVar(&o.pcapPort, "pcap-port", "", "capture frames as they cross the port (what the guest sees) into this pcap `FILE`")
+	fs.IntVar(&o.pcap.SnapLen, "pcap-snaplen", pcapio.DefaultSnapLen, "capture: bytes kept of each frame (the record keeps the true length)")
+	fs.StringVar(&pcapMax, "pcap-max-bytes", "0", "capture: rotate a file before it grows past this size, e.g. 100M (0: no cap)")
+	fs.IntVar(&o.pcap.Files, "pcap-files", 3, "capture: rotated files kept, FILE.1 … FILE.N (0: stop capturing at the cap)")
 	var rxBuf, rxPool, rxThreshold, rxBatch string
 	var rxDelay time.Duration
 	fs.StringVar(&rxBuf, "rx-buf-size", "2048", "TAP->port receive pool: bytes per buffer (a frame spans ceil(len/size) buffers), e.g. 2048 or 4K")
@@ -290,6 +302,9 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 		}
 	}
 	if o.user, err = parseAccount(userName, groupName); err != nil {
+		return nil, err
+	}
+	if err := parsePcapFlags(o, pcapMax); err != nil {
 		return nil, err
 	}
 	if o.healthStall < time.Second {
@@ -389,4 +404,20 @@ func parseBytes(name, v string) (int, error) {
 		return 0, fmt.Errorf("--%s %q: want a byte count such as 2048, 512K or 4M", name, v)
 	}
 	return n * mult, nil
+}
+
+// parsePcapFlags checks the --pcap-* flags.
+func parsePcapFlags(o *options, maxBytes string) error {
+	n, err := parseBytes("pcap-max-bytes", maxBytes)
+	if err != nil {
+		return err
+	}
+	o.pcap.MaxBytes = int64(n)
+	if err := o.pcap.Validate(); err != nil {
+		return fmt.Errorf("--pcap-*: %w", err)
+	}
+	if o.pcapTap != "" && filepath.Clean(o.pcapTap) == filepath.Clean(o.pcapPort) {
+		return fmt.Errorf("--pcap-tap and --pcap-port are both %q: each side needs its own file", o.pcapTap)
+	}
+	return nil
 }

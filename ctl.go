@@ -35,6 +35,7 @@ import (
 //	offload auto | off | csum,tso4,...      replace the --offload choice
 //	offload tso4=off csum=on ...            edit it one offload at a time
 //	gro=on|off udp-gro=on|off               the port→TAP coalescing switches
+//	pcap tap=FILE|off port=FILE|off         start, switch or stop capture (capture.go)
 //
 // Offload edits and switches may be combined in one request (`tso4=off gro=off`; the
 // word "offload" is optional before per-offload edits). The whole request is validated
@@ -98,6 +99,8 @@ type ctlStatus struct {
 	UDPGRO         bool        `json:"udp_gro"`         // the switch
 	UDPGROActive   bool        `json:"udp_gro_active"`  // UDP coalescing runs
 	OffloadsKilled string      `json:"offloads_killed"` // refused GSO kinds, split from now on
+	PcapTap        string      `json:"pcap_tap"`        // the capture file and its counts, or "off"
+	PcapPort       string      `json:"pcap_port"`
 	Counters       ctlCounters `json:"counters"`
 }
 
@@ -127,6 +130,8 @@ type ctlRequest struct {
 	on, off vnethdr.Offloads
 	gro     *bool
 	udpGRO  *bool
+	// pcapTap and pcapPort switch capture: nil keeps it, "" stops it, else a file.
+	pcapTap, pcapPort *string
 }
 
 func (r *ctlRequest) editsOffloads() bool { return r.choice != nil || r.on|r.off != 0 }
@@ -137,7 +142,7 @@ var ctlOffloadNames = map[string]vnethdr.Offloads{
 	"tso_ecn": vnethdr.OffloadTSOECN, "ecn": vnethdr.OffloadTSOECN, "uso": vnethdr.OffloadUSO,
 }
 
-const ctlUsage = "want status, offload auto|off|csum,tso4,..., offload tso4=off ..., gro=on|off or udp-gro=on|off"
+const ctlUsage = "want status, offload auto|off|csum,tso4,..., offload tso4=off ..., gro=on|off, udp-gro=on|off or pcap tap=FILE|off port=FILE|off"
 
 // parseCtlRequest parses one request line. Errors quote what the client sent with %q,
 // so whatever bytes it contains reach the client and the log escaped.
@@ -153,6 +158,9 @@ func parseCtlRequest(line string) (ctlRequest, error) {
 		}
 		r.status = true
 		return r, nil
+	}
+	if f[0] == "pcap" {
+		return parseCtlPcap(f[1:])
 	}
 	if f[0] == "offload" {
 		f = f[1:]
@@ -204,6 +212,45 @@ func parseCtlRequest(line string) (ctlRequest, error) {
 				r.off |= bit
 			}
 		}
+	}
+	return r, nil
+}
+
+// parseCtlPcap parses the arguments of a pcap request. Files must be absolute paths:
+// a relative one would name a file in tapgro's working directory, not the client's.
+func parseCtlPcap(f []string) (ctlRequest, error) {
+	var r ctlRequest
+	if len(f) == 0 {
+		return r, errors.New("pcap: want tap=FILE|off and/or port=FILE|off")
+	}
+	for _, tok := range f {
+		k, v, ok := strings.Cut(tok, "=")
+		if !ok || v == "" {
+			return r, fmt.Errorf("pcap %q: want tap=FILE|off or port=FILE|off", tok)
+		}
+		path := ""
+		if v != "off" {
+			if !filepath.IsAbs(v) {
+				return r, fmt.Errorf("pcap %s=%q: want an absolute path or off", k, v)
+			}
+			path = filepath.Clean(v)
+		}
+		var dst **string
+		switch k {
+		case "tap":
+			dst = &r.pcapTap
+		case "port":
+			dst = &r.pcapPort
+		default:
+			return r, fmt.Errorf("pcap: unknown side %q (want tap or port)", k)
+		}
+		if *dst != nil {
+			return r, fmt.Errorf("pcap: %q is given twice", k)
+		}
+		*dst = &path
+	}
+	if r.pcapTap != nil && r.pcapPort != nil && *r.pcapTap != "" && *r.pcapTap == *r.pcapPort {
+		return r, fmt.Errorf("pcap: tap and port are both %q; each side needs its own file", *r.pcapTap)
 	}
 	return r, nil
 }
@@ -430,6 +477,12 @@ func (s *ctlServer) handle(line string, who logrus.Fields) *ctlResponse {
 		}
 	}
 	entry := s.log.WithFields(who).WithField("request", line)
+	if req.pcapTap != nil || req.pcapPort != nil {
+		if err := s.setPcap(&req, resp); err != nil {
+			entry.WithError(err).Warn("ctl: capture not switched")
+			return &ctlResponse{Error: err.Error(), Applied: resp.Applied}
+		}
+	}
 	if req.editsOffloads() {
 		set, err := s.b.SetTapOffloadChoice(choice)
 		if err != nil {
@@ -457,6 +510,29 @@ func (s *ctlServer) handle(line string, who logrus.Fields) *ctlResponse {
 	entry.WithField("applied", strings.Join(resp.Applied, "; ")).Info("ctl: changed at run time")
 	resp.Status = s.status()
 	return resp
+}
+
+// setPcap switches capture side by side. A side that cannot be switched keeps what it
+// had; the reply says what was done before the failure.
+func (s *ctlServer) setPcap(req *ctlRequest, resp *ctlResponse) error {
+	c := &s.b.capture
+	for _, x := range []struct {
+		side *capSide
+		path *string
+	}{{&c.tap, req.pcapTap}, {&c.port, req.pcapPort}} {
+		if x.path == nil {
+			continue
+		}
+		if err := c.set(x.side, *x.path); err != nil {
+			return fmt.Errorf("pcap %s: %w", x.side.name, err)
+		}
+		if *x.path == "" {
+			resp.Applied = append(resp.Applied, "pcap "+x.side.name+" off")
+		} else {
+			resp.Applied = append(resp.Applied, "pcap "+x.side.name+" capturing into "+*x.path)
+		}
+	}
+	return nil
 }
 
 // editedChoice is the offload choice req asks for: its whole value, or the current
@@ -517,6 +593,7 @@ func (s *ctlServer) status() *ctlStatus {
 		Version: version, Tap: s.tap, Listen: s.listen,
 		GRO: b.groOn.Load(), GROKilled: b.groKilled.Load(), UDPGRO: b.udpGROOn.Load(),
 		OffloadsKilled: vnethdr.Offloads(b.tapKilled.Load()).String(),
+		PcapTap:        b.capture.tap.describe(), PcapPort: b.capture.port.describe(),
 	}
 	if ref := b.port.Load(); ref != nil {
 		st.PortConnected = true
@@ -606,6 +683,8 @@ func (st *ctlStatus) lines() [][2]string {
 		{"gso segmented", fmt.Sprint(c.GSOSegmented)},
 		{"csum completed", fmt.Sprint(c.CsumCompleted)},
 		{"gso write fallback", fmt.Sprint(c.GSOWriteFallback)},
+		{"pcap tap", st.PcapTap},
+		{"pcap port", st.PcapPort},
 	}
 }
 
@@ -629,6 +708,8 @@ Requests:
   offload auto|off|LIST          set the TAP's offloads (LIST: csum,tso4,tso6,tso_ecn,uso)
   offload tso4=off csum=on ...   change single offloads ("offload" may be left out)
   gro=on|off  udp-gro=on|off     port->TAP coalescing
+  pcap tap=FILE|off port=FILE|off
+                                 capture each side into a pcap file (absolute path), or stop
 Changes apply at once, without dropping the port connection.
 
 Flags:

@@ -551,3 +551,81 @@ func FuzzCtlRequest(f *testing.F) {
 type tlogWriter struct{ t testing.TB }
 
 func (w tlogWriter) Write(p []byte) (int, error) { w.t.Log(string(p)); return len(p), nil }
+
+func TestParseCtlPcap(t *testing.T) {
+	str := func(s string) *string { return &s }
+	for _, c := range []struct {
+		line      string
+		tap, port *string
+		err       string
+	}{
+		{line: "pcap tap=/tmp/t.pcap", tap: str("/tmp/t.pcap")},
+		{line: "pcap port=off", port: str("")},
+		{line: "pcap tap=off port=/var/tmp/../tmp/p.pcap", tap: str(""), port: str("/var/tmp/p.pcap")},
+		{line: "pcap", err: "want tap=FILE|off"},
+		{line: "pcap tap=rel.pcap", err: "absolute path"},
+		{line: "pcap guest=/x", err: "unknown side"},
+		{line: "pcap tap=/x tap=off", err: "given twice"},
+		{line: "pcap tap=/x port=/x", err: "its own file"},
+		{line: "pcap tap", err: "want tap=FILE|off"},
+		{line: "pcap tap=", err: "want tap=FILE|off"},
+	} {
+		r, err := parseCtlRequest(c.line)
+		if c.err != "" {
+			if err == nil || !strings.Contains(err.Error(), c.err) {
+				t.Errorf("%q: error %v, want one with %q", c.line, err, c.err)
+			}
+			continue
+		}
+		if err != nil {
+			t.Errorf("%q: %v", c.line, err)
+			continue
+		}
+		eq := func(a, b *string) bool { return (a == nil) == (b == nil) && (a == nil || *a == *b) }
+		if !eq(r.pcapTap, c.tap) || !eq(r.pcapPort, c.port) || r.editsOffloads() || r.gro != nil {
+			t.Errorf("%q: parsed %+v", c.line, r)
+		}
+	}
+}
+
+// pcap requests switch capture at run time and show in status; a file the other side
+// already writes is refused and changes nothing.
+func TestCtlPcap(t *testing.T) {
+	s, b, _ := newCtlTest(t)
+	dir := t.TempDir()
+	tapFile, portFile := filepath.Join(dir, "tap.pcap"), filepath.Join(dir, "port.pcap")
+	resp := s.handle("pcap tap="+tapFile+" port="+portFile, nil)
+	if !resp.OK || len(resp.Applied) != 2 {
+		t.Fatalf("start: %+v", resp)
+	}
+	if w := b.capture.tap.w.Load(); w == nil || w.Path() != tapFile {
+		t.Fatalf("tap capture %v, want %s", w, tapFile)
+	}
+	if !strings.HasPrefix(resp.Status.PcapTap, tapFile+" (0 frames") || !strings.HasPrefix(resp.Status.PcapPort, portFile) {
+		t.Errorf("status pcap_tap %q pcap_port %q", resp.Status.PcapTap, resp.Status.PcapPort)
+	}
+	if resp := s.handle("pcap port="+tapFile, nil); resp.OK || !strings.Contains(resp.Error, "own file") {
+		t.Errorf("same file for both sides: %+v", resp)
+	}
+	if w := b.capture.port.w.Load(); w == nil || w.Path() != portFile {
+		t.Errorf("a refused switch changed the port capture to %v", w)
+	}
+	if resp := s.handle("pcap tap=/nonexistent-dir/x.pcap", nil); resp.OK {
+		t.Errorf("a file that cannot be created: %+v", resp)
+	}
+	if w := b.capture.tap.w.Load(); w == nil || w.Path() != tapFile {
+		t.Errorf("a failed switch lost the tap capture: %v", w)
+	}
+	resp = s.handle("pcap tap=off port=off", nil)
+	if !resp.OK || resp.Status.PcapTap != "off" || resp.Status.PcapPort != "off" {
+		t.Fatalf("stop: %+v", resp)
+	}
+	if b.capture.tap.w.Load() != nil || b.capture.port.w.Load() != nil {
+		t.Fatal("capture still on after pcap tap=off port=off")
+	}
+	for _, f := range []string{tapFile, portFile} {
+		if fi, err := os.Stat(f); err != nil || fi.Size() != 24 || fi.Mode().Perm() != 0o600 {
+			t.Errorf("%s: %v %v; want an empty capture (file header only), mode 0600", f, fi, err)
+		}
+	}
+}

@@ -154,6 +154,19 @@ func run(ctx context.Context, o *options, log *logrus.Logger) error {
 	}
 	b.initNegotiation(negIn, neg, func(n *negotiation) { log.Info("negotiated: " + n.String()) })
 
+	// Capture files are opened before the privilege drop; closed (flushed) last, once
+	// both pipelines have stopped.
+	b.capture.opt = o.pcap
+	defer b.capture.close()
+	if err := b.capture.set(&b.capture.tap, o.pcapTap); err != nil {
+		return fmt.Errorf("--pcap-tap: %w", err)
+	}
+	if err := b.capture.set(&b.capture.port, o.pcapPort); err != nil {
+		return fmt.Errorf("--pcap-port: %w", err)
+	}
+	// Registered even with capture off: `tapgro ctl pcap` may turn it on later.
+	hupReopeners.add("pcap capture", b.capture.reopen)
+
 	// Sockets systemd passed (socket activation) are used instead of binding (inherit.go).
 	listenFDs, err := netmapio.ListenFDs()
 	if err != nil {
@@ -215,6 +228,12 @@ func run(ctx context.Context, o *options, log *logrus.Logger) error {
 	}
 	if o.mtu != 0 {
 		fields["mtu"] = o.mtu
+	}
+	if o.pcapTap != "" {
+		fields["pcap_tap"] = o.pcapTap
+	}
+	if o.pcapPort != "" {
+		fields["pcap_port"] = o.pcapPort
 	}
 	log.WithFields(fields).Info("tapgro ready; " + qemuHint(spec))
 
@@ -399,5 +418,9 @@ func logSummary(b *bridge, log *logrus.Logger) {
 		b.rxStats.Drops[rxpool.DropTooBig].Load()
 	f["tap_to_port_gso_segmented"] = b.t2p.GSOSegmented.Load()
 	f["tap_to_port_port_error"] = b.t2p.DropPortError.Load()
+	f["pcap_tap_frames"] = b.capture.tap.stats.Frames.Load()
+	f["pcap_tap_dropped"] = b.capture.tap.stats.Dropped.Load()
+	f["pcap_port_frames"] = b.capture.port.stats.Frames.Load()
+	f["pcap_port_dropped"] = b.capture.port.stats.Dropped.Load()
 	log.WithFields(f).Info("tapgro exiting")
 }

@@ -112,6 +112,11 @@ func newCollector(b *bridge, ep netmapio.Endpoint) *collector {
 		}
 		return 0
 	})
+	for _, s := range []*capSide{&b.capture.tap, &b.capture.port} {
+		l := prometheus.Labels{"side": s.name}
+		c.add("tapgro_pcap_frames_total", "Frames written to the capture file, by side.", prometheus.CounterValue, l, u(s.stats.Frames.Load))
+		c.add("tapgro_pcap_dropped_total", "Frames the capture could not write (file error, size cap without rotation), by side.", prometheus.CounterValue, l, u(s.stats.Dropped.Load))
+	}
 	addCoalescerMetrics(c, b)
 	addDeviceMetrics(c, b, ep)
 	addRxPoolMetrics(c, b)

@@ -1,0 +1,138 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"tapgro/netmapio"
+	"tapgro/pcapio"
+)
+
+// Capture (--pcap-tap, --pcap-port, `tapgro ctl pcap`): the datapath goroutines write
+// every frame that crosses a side into that side's pcapio.Writer.
+//
+//	tap side:  frames read from the TAP (runTapToPort) and written to it (tapWriter),
+//	           as the kernel sees them: 64 KB GSO super-frames, vnet header left out
+//	port side: frames read from the port (portToTap) and delivered to it (the receive
+//	           pool's flush), as the guest sees them: MTU frames for a plain port
+//
+// Off, it costs one atomic pointer load per read batch or TAP write. Each side's Writer
+// is written by both pipeline goroutines, so the Writer serialises them with its own
+// mutex: capture is a debugging feature, and that lock is its whole cost on the packet
+// path. Frames tapgro makes itself outside the pipelines (the start-up GSO probe, the
+// address announcements to a new peer) are not captured.
+//
+// Counts: the tap capture records tap_to_port reads plus port_to_tap frames; the port
+// capture records tap_to_port frames plus port_to_tap reads. Frames a port sends that
+// are shorter than its vnet header are malformed and not recorded.
+
+// capSide is one side's capture: the live Writer (nil: off) and counters that outlive it.
+type capSide struct {
+	name  string
+	w     atomic.Pointer[pcapio.Writer]
+	stats pcapio.Stats
+}
+
+// captures are the bridge's two capture points.
+type captures struct {
+	opt  pcapio.Options
+	mu   sync.Mutex // one switch at a time
+	tap  capSide
+	port capSide
+}
+
+// set starts capture of side into path, or stops it for path "". The old Writer is
+// closed after the swap; a frame a datapath goroutine is writing into it meanwhile is
+// counted as dropped. The other side may not write the same file.
+func (c *captures) set(side *capSide, path string) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var nw *pcapio.Writer
+	if path != "" {
+		other := &c.port
+		if side == other {
+			other = &c.tap
+		}
+		if ow := other.w.Load(); ow != nil && filepath.Clean(ow.Path()) == filepath.Clean(path) {
+			return fmt.Errorf("pcap %s: already the %s capture; each side needs its own file", path, other.name)
+		}
+		var err error
+		if nw, err = pcapio.Create(path, c.opt, &side.stats); err != nil {
+			return err
+		}
+	}
+	if old := side.w.Swap(nw); old != nil {
+		return old.Close()
+	}
+	return nil
+}
+
+// reopen is SIGHUP's: both live captures rotate (or restart after logrotate moved them).
+func (c *captures) reopen() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var errs []error
+	for _, s := range []*capSide{&c.tap, &c.port} {
+		if w := s.w.Load(); w != nil {
+			errs = append(errs, w.Reopen())
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// close stops both captures, flushing them.
+func (c *captures) close() error {
+	return errors.Join(c.set(&c.tap, ""), c.set(&c.port, ""))
+}
+
+// describe is a side's state for `tapgro ctl status`.
+func (s *capSide) describe() string {
+	w := s.w.Load()
+	if w == nil {
+		return "off"
+	}
+	msg := fmt.Sprintf("%s (%d frames, %d dropped)", w.Path(), s.stats.Frames.Load(), s.stats.Dropped.Load())
+	if err := w.Err(); err != nil {
+		msg += " stopped: " + err.Error()
+	}
+	return msg
+}
+
+// capTapFrames records frames read from the TAP (each buffer starts with its vnet
+// header of hl bytes).
+func capTapFrames(w *pcapio.Writer, bufs [][]byte, sizes []int, n, hl int) {
+	now := time.Now()
+	for i := 0; i < n; i++ {
+		if sizes[i] > hl {
+			w.WriteFrame(now, bufs[i][hl:sizes[i]])
+		}
+	}
+}
+
+// capSender records the frames a port took whole, after its vnet header (hl bytes).
+// It lives in tapToPort, so wrapping the port's sender allocates nothing.
+type capSender struct {
+	inner netmapio.BatchSender
+	w     *pcapio.Writer
+	hl    int
+}
+
+func (s *capSender) TryWriteBatch(frames [][]byte) (int, error) {
+	n, err := s.inner.TryWriteBatch(frames)
+	if n > 0 {
+		now := time.Now()
+		for _, f := range frames[:n] {
+			if len(f) > s.hl {
+				s.w.WriteFrame(now, f[s.hl:])
+			}
+		}
+	}
+	return n, err
+}
+
+func (s *capSender) WaitWritable(d time.Time) error { return s.inner.WaitWritable(d) }
+func (s *capSender) Room() (int, int)               { return s.inner.Room() }
