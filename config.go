@@ -184,7 +184,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.BoolVar(&o.multiQueue, "multi-queue", false, "open the TAP with IFF_MULTI_QUEUE (must match an existing TAP)")
 	fs.StringVar(&gro, "gro", "on", "coalesce port->TAP TCP segments into GSO packets: on or off")
 	fs.StringVar(&udpGRO, "udp-gro", "on", "also coalesce UDP datagrams (only where the TAP accepts USO): on or off")
-	fs.StringVar(&o.groFlush, "gro-flush", "batch", "when held aggregates are flushed: batch (end of each port read) or timer")
+	fs.StringVar(&o.groFlush, "gro-flush", "timer", "when held aggregates are flushed: timer (held across port reads for at most --rsc-interval; PSH/FIN/short segments still flush at once) or batch (when the port has nothing more buffered)")
 	fs.DurationVar(&o.rscInterval, "rsc-interval", 50*time.Microsecond, "with --gro-flush=timer: longest time an aggregate is held")
 	fs.IntVar(&o.maxFlows, "gro-flows", 64, "GRO flow table size (aggregates held at once)")
 	fs.StringVar(&offload, "offload", "auto", "TAP offloads: auto, off, or a list of csum,tso4,tso6,tso_ecn,uso")
