@@ -52,9 +52,9 @@ type caseDef struct {
 var cases = []caseDef{
 	{"veth pair (kernel ceiling)", kindVeth, nil},
 	{"naive relay (frame at a time, no vnet hdr)", kindNaive, nil},
-	{"tapgro GRO on, offload auto", kindTapgro, []string{"--gro-flush", "batch"}},
+	{"tapgro GRO on (batch flush), offload auto", kindTapgro, []string{"--gro-flush", "batch"}},
 	{"tapgro GRO off, offload auto", kindTapgro, []string{"--gro", "off"}},
-	{"tapgro GRO on, offload off", kindTapgro, []string{"--offload", "off", "--gro-flush", "batch"}},
+	{"tapgro GRO on (batch flush), offload off", kindTapgro, []string{"--offload", "off", "--gro-flush", "batch"}},
 	{"tapgro GRO off, offload off", kindTapgro, []string{"--gro", "off", "--offload", "off"}},
 	{"tapgro GRO on, timer flush 50us", kindTapgro, []string{"--gro-flush", "timer"}},
 	{vnetRow, kindTapgro, nil},
