@@ -139,6 +139,7 @@ func TestRxPoolReceiverStopped(t *testing.T) {
 		deadline := time.Now().Add(20 * time.Second)
 		for scrapeQuiet(s.a, metricsAddr)["tapgro_rx_stalls_total"] <= before {
 			if time.Now().After(deadline) {
+				cl.Process.Kill()
 				res <- cpuResult{cpu: -1}
 				return
 			}
@@ -147,6 +148,9 @@ func TestRxPoolReceiverStopped(t *testing.T) {
 		c0 := cpuSeconds(t, s.pa.cmd.Process.Pid)
 		time.Sleep(2500 * time.Millisecond)
 		c1 := cpuSeconds(t, s.pa.cmd.Process.Pid)
+		// The UDP flood has done its job (the port filled); stop it before B resumes so
+		// the checked TCP transfer is not starved afterwards on a loaded machine.
+		cl.Process.Kill()
 		res <- cpuResult{cpu: c1 - c0}
 	}()
 	d := transfer(t, s.a, s.b, "198.18.0.2", 7101, 256<<20)
