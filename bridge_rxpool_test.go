@@ -3,12 +3,8 @@ package main
 import (
 	"encoding/binary"
 	"fmt"
-	"net"
-	"os"
 	"testing"
 	"time"
-
-	"golang.org/x/sys/unix"
 
 	"tapgro/netmapio"
 	"tapgro/rxpool"
@@ -17,24 +13,13 @@ import (
 // statPair is streamPair with counters on the near end, so tests can count writev calls.
 func statPair(t testing.TB) (near, far *netmapio.StreamPort, st *netmapio.Stats) {
 	t.Helper()
-	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	conn := func(fd int) net.Conn {
-		f := os.NewFile(uintptr(fd), "socketpair")
-		defer f.Close()
-		c, err := net.FileConn(f)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return c
-	}
+	ca, cb := connPair(t)
 	st = new(netmapio.Stats)
-	if near, err = netmapio.NewStreamPort(conn(fds[0]), st); err != nil {
+	var err error
+	if near, err = netmapio.NewStreamPort(ca, st); err != nil {
 		t.Fatal(err)
 	}
-	if far, err = netmapio.NewStreamPort(conn(fds[1]), nil); err != nil {
+	if far, err = netmapio.NewStreamPort(cb, nil); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { near.Close(); far.Close() })

@@ -126,7 +126,9 @@ func pattern(n int) []byte {
 	return b
 }
 
-func streamPair(t testing.TB) (a, b *netmapio.StreamPort) {
+// connPair is a connected UNIX stream socketpair, registered with the Go netpoller.
+func connPair(t testing.TB) (net.Conn, net.Conn) {
+	t.Helper()
 	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		t.Fatal(err)
@@ -140,11 +142,16 @@ func streamPair(t testing.TB) (a, b *netmapio.StreamPort) {
 		}
 		return c
 	}
-	a, err = netmapio.NewStreamPort(conn(fds[0]), nil)
+	return conn(fds[0]), conn(fds[1])
+}
+
+func streamPair(t testing.TB) (a, b *netmapio.StreamPort) {
+	ca, cb := connPair(t)
+	a, err := netmapio.NewStreamPort(ca, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err = netmapio.NewStreamPort(conn(fds[1]), nil)
+	b, err = netmapio.NewStreamPort(cb, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

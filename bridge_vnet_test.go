@@ -4,8 +4,6 @@ import (
 	"bytes"
 	"encoding/binary"
 	"errors"
-	"net"
-	"os"
 	"sync"
 	"testing"
 	"time"
@@ -18,27 +16,14 @@ import (
 
 // vnetPair is streamPair for the vnet-hdr=on extension: both ends ran the hello.
 func vnetPair(t testing.TB) (a, b *netmapio.StreamPort) {
-	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	conn := func(fd int) net.Conn {
-		f := os.NewFile(uintptr(fd), "socketpair")
-		defer f.Close()
-		c, err := net.FileConn(f)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return c
-	}
-	ca, cb := conn(fds[0]), conn(fds[1])
+	ca, cb := connPair(t)
 	errc := make(chan error, 1)
 	go func() {
 		var err error
 		b, err = netmapio.NewVnetStreamPort(cb, nil, netmapio.VnetStreamAccepts, time.Second)
 		errc <- err
 	}()
-	a, err = netmapio.NewVnetStreamPort(ca, nil, netmapio.VnetStreamAccepts, time.Second)
+	a, err := netmapio.NewVnetStreamPort(ca, nil, netmapio.VnetStreamAccepts, time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-// Command benchtool measures tapgro beside the kernel's own path and beside a naive relay,
+// Package main is the benchtool command. It measures tapgro beside the kernel's own path and beside a naive relay,
 // in one run and one topology family, and writes BENCHMARKS.md plus a bar chart.
 //
 //	go run ./integration/benchtool [-t 5] [-r 3] [-mtu 1500] [-out BENCHMARKS.md] [-png BENCHMARKS.png]

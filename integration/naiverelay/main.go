@@ -1,4 +1,4 @@
-// Command naiverelay is the benchmark's floor: what a bridge between a TAP and a QEMU
+// Package main is the naiverelay command, the benchmark's floor: what a bridge between a TAP and a QEMU
 // stream socket costs when it does nothing clever. Its TAP has no vnet header (so no
 // offloads: the kernel segments and checksums before the TAP), and it moves one frame
 // per read and one frame per write in each direction, with QEMU's framing
