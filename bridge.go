@@ -49,6 +49,10 @@ type dirStats struct {
 	// them (vnet-hdr), port→TAP from a vnet-hdr port to the TAP.
 	GSOPassthrough atomic.Uint64
 	CsumCompleted  atomic.Uint64 // TAP→port: NEEDS_CSUM completed in software
+	// ShmFrames counts frames that crossed in a shared-memory ring slot instead of the
+	// socket (netmapio/shm.go): TAP→port read into our ring, port→TAP written from the
+	// peer's.
+	ShmFrames atomic.Uint64
 }
 
 type bridgeConfig struct {
@@ -127,12 +131,17 @@ type bridge struct {
 // hdrLen and accepts are read once when the port is adopted (newPortRef).
 type portRef struct {
 	p       netmapio.Port
-	hdrLen  int              // vnet header in front of every frame to and from the port
-	accepts vnethdr.Offloads // what the port may be handed whole
+	hdrLen  int                // vnet header in front of every frame to and from the port
+	accepts vnethdr.Offloads   // what the port may be handed whole
+	shm     netmapio.ShmSender // set when large frames may go through a shared-memory ring
 }
 
 func newPortRef(p netmapio.Port) *portRef {
-	return &portRef{p: p, hdrLen: p.VnetHdrLen(), accepts: p.Accepts()}
+	r := &portRef{p: p, hdrLen: p.VnetHdrLen(), accepts: p.Accepts()}
+	if s, ok := p.(netmapio.ShmSender); ok && s.ShmActive() {
+		r.shm = s
+	}
+	return r
 }
 
 func newBridge(cfg bridgeConfig, tap tapIO) *bridge {
@@ -151,10 +160,11 @@ func (b *bridge) frameCap() int { return b.cfg.vnetHdrLen + netmapio.MaxFrame }
 func (b *bridge) runTapToPort() error {
 	p := newTapToPort(b)
 	for {
-		n, err := b.tap.ReadBatch(p.bufs, p.sizes, 0)
+		n, err := b.tap.ReadBatch(p.prepare(), p.sizes, 0)
 		if n > 0 {
 			p.process(n)
 		}
+		p.slotsDone()
 		if err != nil {
 			if errors.Is(err, unix.EAGAIN) {
 				continue
@@ -171,8 +181,18 @@ func (b *bridge) runTapToPort() error {
 // netpoller, so this goroutine stops reading the TAP until the peer catches up.
 type tapToPort struct {
 	b     *bridge
-	bufs  [][]byte
+	bufs  [][]byte // the pipeline's own read buffers
 	sizes []int
+
+	// With a shared-memory port (netmapio/shm.go) the TAP is read straight into free
+	// slots of the port's ring: rd is this batch's read buffers, slots first, then bufs;
+	// frame i < nShm is in the slot of sequence shmBase+i of shmRef's ring.
+	cur     [][]byte // what the current batch was read into: bufs or rd
+	rd      [][]byte
+	slots   [][]byte
+	shmRef  *portRef
+	nShm    int
+	shmBase uint32
 
 	pool    *rxpool.Pool
 	ref     *portRef         // the port of the batch being processed
@@ -202,6 +222,8 @@ func newTapToPort(b *bridge) *tapToPort {
 		b:        b,
 		bufs:     make([][]byte, b.cfg.batch),
 		sizes:    make([]int, b.cfg.batch),
+		rd:       make([][]byte, b.cfg.batch),
+		slots:    make([][]byte, b.cfg.batch),
 		pool:     pool,
 		segs:     make([][]byte, maxSegs),
 		segBufs:  make([][]byte, maxSegs),
@@ -211,7 +233,37 @@ func newTapToPort(b *bridge) *tapToPort {
 	for i := range p.bufs {
 		p.bufs[i] = make([]byte, b.frameCap())
 	}
+	p.cur = p.bufs
 	return p
+}
+
+// prepare returns the buffers for the next TAP read: free ring slots first when the port
+// has a shared-memory ring, so large frames need no copy on their way to the peer.
+func (p *tapToPort) prepare() [][]byte {
+	p.cur = p.bufs
+	ref := p.b.port.Load()
+	if ref == nil || ref.shm == nil {
+		return p.cur
+	}
+	k, base := ref.shm.TxSlots(p.slots, p.b.cfg.vnetHdrLen)
+	if k == 0 {
+		return p.cur
+	}
+	p.shmRef, p.nShm, p.shmBase = ref, k, base
+	copy(p.rd, p.slots[:k])
+	copy(p.rd[k:], p.bufs[k:])
+	p.cur = p.rd
+	return p.cur
+}
+
+// slotsDone ends the batch's use of ring slots; the ring may be unmapped from here on
+// if its port has been closed.
+func (p *tapToPort) slotsDone() {
+	if p.nShm > 0 {
+		p.shmRef.shm.TxDone()
+		p.shmRef, p.nShm = nil, 0
+		clear(p.rd)
+	}
 }
 
 func (p *tapToPort) process(n int) {
@@ -221,7 +273,7 @@ func (p *tapToPort) process(n int) {
 	st.Reads.Add(uint64(n))
 	hl := b.cfg.vnetHdrLen
 	if w := b.capture.tap.w.Load(); w != nil {
-		capTapFrames(w, p.bufs, p.sizes, n, hl)
+		capTapFrames(w, p.cur, p.sizes, n, hl)
 	}
 	ref := b.port.Load()
 	if ref == nil {
@@ -235,7 +287,7 @@ func (p *tapToPort) process(n int) {
 			st.DropPortError.Add(uint64(n - i))
 			return
 		}
-		pkt := p.bufs[i][:p.sizes[i]]
+		pkt := p.cur[i][:p.sizes[i]]
 		if err := p.hdr.Decode(pkt, hl); err != nil {
 			st.DropMalformed.Add(1)
 			continue
@@ -249,7 +301,11 @@ func (p *tapToPort) process(n int) {
 			if p.hdr.IsGSO() {
 				st.GSOPassthrough.Add(1)
 			}
-			p.stage(frame)
+			if i < p.nShm && p.ref == p.shmRef && len(frame) >= netmapio.ShmMinFrame {
+				p.stageShm(len(frame), p.shmBase+uint32(i))
+			} else {
+				p.stage(frame)
+			}
 		case p.hdr.IsGSO():
 			p.split(frame)
 		default: // a partial checksum the port cannot take
@@ -285,21 +341,9 @@ func (p *tapToPort) setPort(ref *portRef) {
 // stage copies one frame into the pool (one memcpy: at most the MTU for a plain port),
 // behind the port's vnet header built from p.hdr when the port carries one.
 func (p *tapToPort) stage(frame []byte) {
-	n := p.hl + len(frame)
-	buf, ok := p.pool.Reserve(n)
+	buf, ok := p.reserveRecord(p.hl + len(frame))
 	if !ok {
-		if !p.pool.Fits(n, 1) {
-			p.b.rxStats.Drops[rxpool.DropTooBig].Add(1)
-			return
-		}
-		if !p.flush(rxpool.ReasonPoolFull) {
-			p.b.t2p.DropPortError.Add(1)
-			return
-		}
-		if buf, ok = p.pool.Reserve(n); !ok {
-			p.b.rxStats.Drops[rxpool.DropTooBig].Add(1)
-			return
-		}
+		return
 	}
 	if p.hl > 0 {
 		p.portHeader(len(frame))
@@ -309,6 +353,45 @@ func (p *tapToPort) stage(frame []byte) {
 	if p.pool.PerFrame() {
 		p.flush(rxpool.ReasonFrame)
 	}
+}
+
+// stageShm stages, instead of the frame of n bytes read into ring slot seq, the
+// descriptor record that names it (netmapio/shm.go): the frame itself is not copied.
+func (p *tapToPort) stageShm(n int, seq uint32) {
+	buf, ok := p.reserveRecord(p.hl + netmapio.ShmDescLen)
+	if !ok {
+		return
+	}
+	p.portHeader(n)
+	_ = p.outHdr.Encode(buf, p.hl)
+	p.shmRef.shm.PutShmDesc(buf[p.hl:], seq, n)
+	p.pool.Commit(p.hl + netmapio.ShmDescLen)
+	p.b.t2p.ShmFrames.Add(1)
+	if p.pool.PerFrame() {
+		p.flush(rxpool.ReasonFrame)
+	}
+}
+
+// reserveRecord reserves n bytes in the pool, flushing it first when full. On false the
+// frame has been counted as dropped.
+func (p *tapToPort) reserveRecord(n int) ([]byte, bool) {
+	buf, ok := p.pool.Reserve(n)
+	if ok {
+		return buf, true
+	}
+	if !p.pool.Fits(n, 1) {
+		p.b.rxStats.Drops[rxpool.DropTooBig].Add(1)
+		return nil, false
+	}
+	if !p.flush(rxpool.ReasonPoolFull) {
+		p.b.t2p.DropPortError.Add(1)
+		return nil, false
+	}
+	if buf, ok = p.pool.Reserve(n); !ok {
+		p.b.rxStats.Drops[rxpool.DropTooBig].Add(1)
+		return nil, false
+	}
+	return buf, true
 }
 
 // split segments one GSO frame straight into pool buffers. All segments are reserved
@@ -383,7 +466,7 @@ func (p *tapToPort) flush(why rxpool.Reason) bool {
 	staged, _ := p.pool.Queued()
 	out := p.out
 	if w := p.b.capture.port.w.Load(); w != nil {
-		p.capOut = capSender{inner: out, w: w, hl: p.hl}
+		p.capOut = capSender{inner: out, w: w, hl: p.hl, shm: p.ref.shm}
 		out = &p.capOut
 	}
 	n, bytes, err := p.pool.Flush(out, why)
@@ -474,6 +557,13 @@ type portToTap struct {
 	phl   int // the port's vnet header length
 	head  int // where the Ethernet frame starts in bufs[i]
 	hdr   vnethdr.Hdr
+
+	// A port that lends frames in place from its peer's shared-memory ring
+	// (netmapio/shm.go): lent[i] is set for such a frame, and cur[i] is the buffer frame i
+	// of the batch is in, laid out like bufs[i] (frame at head), whichever it came in.
+	lender netmapio.Lender
+	lent   [][]byte
+	cur    [][]byte
 }
 
 func newPortToTap(b *bridge, phl int) *portToTap {
@@ -490,19 +580,52 @@ func newPortToTap(b *bridge, phl int) *portToTap {
 		p.bufs[i] = make([]byte, head+netmapio.MaxFrame)
 		p.views[i] = p.bufs[i][head-phl:]
 	}
+	p.cur = p.bufs
 	return p
 }
 
 // runPortToTap moves frames from one connected port to the TAP until the port fails or
 // is closed; it returns that error.
 func (b *bridge) runPortToTap(port netmapio.Port) error {
-	return newPortToTap(b, port.VnetHdrLen()).run(port)
+	p := newPortToTap(b, port.VnetHdrLen())
+	if l, ok := port.(netmapio.Lender); ok && p.phl > 0 && p.head <= netmapio.ShmHeadroom {
+		p.lender = l
+		p.lent = make([][]byte, len(p.bufs))
+		p.cur = make([][]byte, len(p.bufs))
+		defer l.ReleaseLent()
+	}
+	return p.run(port)
+}
+
+// read is one ReadBatch, lending frames in place when the port can.
+func (p *portToTap) read(port netmapio.Port) (int, error) {
+	if p.lender == nil {
+		return port.ReadBatch(p.views, p.sizes)
+	}
+	n, err := p.lender.ReadBatchLent(p.views, p.sizes, p.lent)
+	for i := 0; i < n; i++ {
+		if l := p.lent[i]; l != nil {
+			// The slot has ShmHeadroom bytes before the frame: room for the TAP header.
+			p.cur[i] = l[netmapio.ShmHeadroom-p.head:]
+		} else {
+			p.cur[i] = p.bufs[i]
+		}
+	}
+	return n, err
+}
+
+// done hands lent frames back once the batch has been processed: the GRO engine copies
+// what it holds, so nothing refers to them any more.
+func (p *portToTap) done() {
+	if p.lender != nil {
+		p.lender.ReleaseLent()
+	}
 }
 
 func (p *portToTap) run(port netmapio.Port) error {
 	b := p.b
 	hl := b.cfg.vnetHdrLen
-	bufs, views, sizes := p.bufs, p.views, p.sizes
+	bufs, sizes := p.cur, p.sizes
 	coal := b.coalescerFor()
 	b.coalWriter.hdrPort = p.phl > 0
 	st := &b.p2t
@@ -511,7 +634,7 @@ func (p *portToTap) run(port netmapio.Port) error {
 	interval := b.cfg.rscInterval.Nanoseconds()
 	armed := false // a read deadline is set for the timer flush
 	for {
-		n, err := port.ReadBatch(views, sizes)
+		n, err := p.read(port)
 		now := time.Now().UnixNano()
 		if n > 0 {
 			st.Batches.Add(1)
@@ -528,6 +651,7 @@ func (p *portToTap) run(port netmapio.Port) error {
 			} else {
 				p.addWithHeaders(coal, n, now)
 			}
+			p.done()
 			// A read batch is what one read from the peer delivered, not what fits in
 			// our buffers: flush only once nothing more is buffered (research/gro.md §d).
 			if !b.cfg.timerFlush && !port.Pending() {
@@ -564,7 +688,7 @@ func (p *portToTap) capture(w *pcapio.Writer, n int) {
 	now := time.Now()
 	for i := 0; i < n; i++ {
 		if p.sizes[i] > p.phl {
-			w.WriteFrame(now, p.bufs[i][p.head:p.head-p.phl+p.sizes[i]])
+			w.WriteFrame(now, p.cur[i][p.head:p.head-p.phl+p.sizes[i]])
 		}
 	}
 }

@@ -34,11 +34,12 @@ func (p *portToTap) addWithHeaders(coal *coalescer.Coalescer, n int, now int64) 
 			st.DropMalformed.Add(1)
 			continue
 		}
-		if err := p.hdr.Decode(p.views[i], p.phl); err != nil {
+		buf := p.cur[i]
+		if err := p.hdr.Decode(buf[p.head-p.phl:], p.phl); err != nil {
 			st.DropMalformed.Add(1)
 			continue
 		}
-		frame := p.bufs[i][p.head : p.head-p.phl+p.sizes[i]]
+		frame := buf[p.head : p.head-p.phl+p.sizes[i]]
 		if p.hdr.IsGSO() {
 			if !validGSO(frame, &p.hdr) {
 				st.DropMalformed.Add(1)
@@ -48,7 +49,10 @@ func (p *portToTap) addWithHeaders(coal *coalescer.Coalescer, n int, now int64) 
 				st.GSOPassthrough.Add(1)
 			}
 		}
-		coal.Add(p.bufs[i][p.head-tl:p.head-p.phl+p.sizes[i]], &p.hdr, now)
+		if p.lent != nil && p.lent[i] != nil {
+			st.ShmFrames.Add(1)
+		}
+		coal.Add(buf[p.head-tl:p.head-p.phl+p.sizes[i]], &p.hdr, now)
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -14,21 +15,25 @@ import (
 	"tapgro/vnethdr"
 )
 
-// vnetPair is streamPair for the vnet-hdr=on extension: both ends ran the hello.
-func vnetPair(t testing.TB) (a, b *netmapio.StreamPort) {
+// vnetPair is streamPair for the vnet-hdr=on extension: both ends ran the hello, and
+// with shm set up shared-memory rings.
+func vnetPair(t testing.TB, shm bool) (a, b *netmapio.StreamPort) {
 	ca, cb := connPair(t)
 	errc := make(chan error, 1)
 	go func() {
 		var err error
-		b, err = netmapio.NewVnetStreamPort(cb, nil, netmapio.VnetStreamAccepts, time.Second)
+		b, err = netmapio.NewVnetStreamPort(cb, nil, netmapio.VnetStreamAccepts, shm, time.Second)
 		errc <- err
 	}()
-	a, err := netmapio.NewVnetStreamPort(ca, nil, netmapio.VnetStreamAccepts, time.Second)
+	a, err := netmapio.NewVnetStreamPort(ca, nil, netmapio.VnetStreamAccepts, shm, time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if err := <-errc; err != nil {
 		t.Fatal(err)
+	}
+	if a.ShmActive() != shm || b.ShmActive() != shm {
+		t.Fatalf("shared memory active %v/%v, want %v", a.ShmActive(), b.ShmActive(), shm)
 	}
 	t.Cleanup(func() { a.Close(); b.Close() })
 	return a, b
@@ -71,9 +76,15 @@ func waitWritten(t testing.TB, tap *fakeTap, n int) [][]byte {
 // TAP→port over vnet-hdr=on: a 64 KB TSO frame crosses as one record, its header
 // converted from the TAP's 10 bytes to the stream's 12, the frame untouched.
 func TestTapToVnetPortPassesGSO(t *testing.T) {
+	for _, shm := range []bool{false, true} {
+		t.Run(fmt.Sprintf("shm=%v", shm), func(t *testing.T) { testTapToVnetPortPassesGSO(t, shm) })
+	}
+}
+
+func testTapToVnetPortPassesGSO(t *testing.T, shm bool) {
 	tap := newFakeTap(10, true)
 	b := testBridge(tap, true)
-	near, far := vnetPair(t)
+	near, far := vnetPair(t, shm)
 	b.port.Store(newPortRef(near))
 	done := make(chan error, 1)
 	go func() { done <- b.runTapToPort() }()
@@ -95,6 +106,10 @@ func TestTapToVnetPortPassesGSO(t *testing.T) {
 	if b.t2p.GSOPassthrough.Load() != 1 || b.t2p.GSOSegmented.Load() != 0 {
 		t.Fatalf("passthrough %d segmented %d, want 1 and 0", b.t2p.GSOPassthrough.Load(), b.t2p.GSOSegmented.Load())
 	}
+	// With shared memory the 64 KB frame went by descriptor, the rest inline.
+	if got, want := b.t2p.ShmFrames.Load(), map[bool]uint64{false: 0, true: 1}[shm]; got != want {
+		t.Fatalf("ShmFrames = %d, want %d", got, want)
+	}
 
 	// A partial checksum passes too; a plain frame gets an all-zero header.
 	plain := tcp4(5, 5, pattern(100))
@@ -112,7 +127,7 @@ func TestTapToVnetPortPassesGSO(t *testing.T) {
 func TestVnetPortToTapPassesGSO(t *testing.T) {
 	tap := newFakeTap(10, true)
 	b := testBridge(tap, true)
-	near, far := vnetPair(t)
+	near, far := vnetPair(t, false)
 	done := make(chan error, 1)
 	go func() { done <- b.runPortToTap(near) }()
 
@@ -159,7 +174,7 @@ func TestVnetPortToTapPassesGSO(t *testing.T) {
 func TestVnetPortToTapDropsBadGSO(t *testing.T) {
 	tap := newFakeTap(10, true)
 	b := testBridge(tap, true)
-	near, far := vnetPair(t)
+	near, far := vnetPair(t, false)
 	done := make(chan error, 1)
 	go func() { done <- b.runPortToTap(near) }()
 	pkt := gsoTCP4(12, pattern(5000), 1448)
@@ -202,7 +217,7 @@ func TestVnetPortToTapEINVALFallback(t *testing.T) {
 	var mu sync.Mutex
 	var killed []vnethdr.Offloads
 	b.onOffloadKill = func(o vnethdr.Offloads, _ error) { mu.Lock(); killed = append(killed, o); mu.Unlock() }
-	near, far := vnetPair(t)
+	near, far := vnetPair(t, false)
 	done := make(chan error, 1)
 	go func() { done <- b.runPortToTap(near) }()
 	payload := pattern(14480)
@@ -265,7 +280,7 @@ func udpGSO4(hl int, payload []byte, mss int) []byte {
 func TestVnetPortToTapSplitsUSOForOldKernel(t *testing.T) {
 	tap := newFakeTap(10, true)
 	b := testBridge(tap, true) // tapAccepts has no USO
-	near, far := vnetPair(t)
+	near, far := vnetPair(t, false)
 	done := make(chan error, 1)
 	go func() { done <- b.runPortToTap(near) }()
 	if _, err := far.WriteBatch([][]byte{udpGSO4(12, pattern(4000), 1400)}); err != nil {
@@ -300,7 +315,7 @@ func TestVnetPortToTapSplitsUSOForOldKernel(t *testing.T) {
 func TestTapToVnetPortZeroAllocs(t *testing.T) {
 	tap := newFakeTap(10, false)
 	b := testBridge(tap, true)
-	near, far := vnetPair(t)
+	near, far := vnetPair(t, false)
 	b.port.Store(newPortRef(near))
 	go func() {
 		bufs := make([][]byte, 64)
@@ -335,7 +350,7 @@ func TestTapToVnetPortZeroAllocs(t *testing.T) {
 func BenchmarkTapToVnetPort(b *testing.B) {
 	tap := newFakeTap(10, false)
 	br := testBridge(tap, true)
-	near, far := vnetPair(b)
+	near, far := vnetPair(b, false)
 	br.port.Store(newPortRef(near))
 	go func() {
 		bufs := make([][]byte, 64)
@@ -367,7 +382,7 @@ func BenchmarkTapToVnetPort(b *testing.B) {
 func BenchmarkVnetPortToTap(b *testing.B) {
 	tap := newFakeTap(10, false)
 	br := testBridge(tap, true)
-	near, far := vnetPair(b)
+	near, far := vnetPair(b, false)
 	p := newPortToTap(br, near.VnetHdrLen())
 	br.coalescerFor()
 	done := make(chan error, 1)

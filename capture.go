@@ -119,6 +119,7 @@ type capSender struct {
 	inner netmapio.BatchSender
 	w     *pcapio.Writer
 	hl    int
+	shm   netmapio.ShmSender // resolves descriptor records to the frames they name
 }
 
 func (s *capSender) TryWriteBatch(frames [][]byte) (int, error) {
@@ -126,6 +127,12 @@ func (s *capSender) TryWriteBatch(frames [][]byte) (int, error) {
 	if n > 0 {
 		now := time.Now()
 		for _, f := range frames[:n] {
+			if s.shm != nil {
+				if fr := s.shm.TxFrame(f); fr != nil {
+					s.w.WriteFrame(now, fr)
+					continue
+				}
+			}
 			if len(f) > s.hl {
 				s.w.WriteFrame(now, f[s.hl:])
 			}

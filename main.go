@@ -410,6 +410,8 @@ func logSummary(b *bridge, log *logrus.Logger) {
 	f["tap_to_port_gso_passthrough"] = b.t2p.GSOPassthrough.Load()
 	f["port_to_tap_gso_passthrough"] = b.p2t.GSOPassthrough.Load()
 	f["port_to_tap_malformed"] = b.p2t.DropMalformed.Load()
+	f["tap_to_port_shm"] = b.t2p.ShmFrames.Load()
+	f["port_to_tap_shm"] = b.p2t.ShmFrames.Load()
 	f["dropped"] = b.t2p.DropNoPeer.Load() + b.t2p.DropMalformed.Load() + b.t2p.DropPortError.Load() +
 		b.p2t.DropMalformed.Load() + b.p2t.DropTapEIO.Load() + b.p2t.DropTapError.Load()
 	// Per-direction accounting: every frame read from the TAP was delivered, split (GSO),

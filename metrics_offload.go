@@ -65,6 +65,14 @@ func addOffloadMetrics(c *collector, b *bridge, ep netmapio.Endpoint) {
 		prometheus.CounterValue, prometheus.Labels{"direction": "port_to_tap"}, u(b.p2t.GSOPassthrough.Load))
 	c.add("tapgro_port_hello_failures_total", "vnet-hdr=on peers that failed the hello (QEMU, a plain tapgro, another protocol version); each connection was closed.",
 		prometheus.CounterValue, nil, u(ep.Stats().HelloFailures.Load))
+	c.add("tapgro_shm_connects_total", "vnet-hdr=on connections over AF_UNIX that set up shared-memory rings with their peer.",
+		prometheus.CounterValue, nil, u(ep.Stats().ShmConnects.Load))
+	c.add("tapgro_shm_frames_total", "Frames that crossed in a shared-memory ring slot instead of the socket (tap_to_port: read into this end's ring; port_to_tap: written from the peer's).",
+		prometheus.CounterValue, prometheus.Labels{"direction": "tap_to_port"}, u(b.t2p.ShmFrames.Load))
+	c.add("tapgro_shm_frames_total", "Frames that crossed in a shared-memory ring slot instead of the socket (tap_to_port: read into this end's ring; port_to_tap: written from the peer's).",
+		prometheus.CounterValue, prometheus.Labels{"direction": "port_to_tap"}, u(b.p2t.ShmFrames.Load))
+	c.add("tapgro_shm_ring_full_total", "TAP read batches that found this end's shared-memory ring full: their frames crossed the socket instead.",
+		prometheus.CounterValue, nil, u(ep.Stats().ShmRingFull.Load))
 }
 
 func b2f(v bool) float64 {

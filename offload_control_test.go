@@ -33,7 +33,7 @@ func TestRenegotiateOnConnectAndToggles(t *testing.T) {
 	b.initNegotiation(in, n0, func(n *negotiation) { lines = append(lines, n.String()) })
 
 	// A vnet-hdr=on peer connects: the steps change, the TAP mask need not.
-	near, _ := vnetPair(t)
+	near, _ := vnetPair(t, false)
 	n, err := b.portConnected(near)
 	if err != nil {
 		t.Fatal(err)

@@ -352,7 +352,7 @@ func (e *endpoint) nextServer(ctx context.Context) (Port, error) {
 // its hello (vnetstream.go).
 func (e *endpoint) newStream(c net.Conn) (*StreamPort, error) {
 	if e.spec.VnetHdr {
-		return NewVnetStreamPort(c, &e.stats, VnetStreamAccepts, HelloTimeout)
+		return NewVnetStreamPort(c, &e.stats, VnetStreamAccepts, !e.spec.NoShm, HelloTimeout)
 	}
 	return NewStreamPort(c, &e.stats)
 }

@@ -118,6 +118,9 @@ type Spec struct {
 	// (tapgro-to-tapgro only; QEMU's stream backend never carries one, wire.md §3.1).
 	// It makes the endpoint run the hello and hand out vnet-hdr StreamPorts (vnetstream.go).
 	VnetHdr bool
+	// NoShm (shm=off) keeps a vnet-hdr=on stream over AF_UNIX from setting up
+	// shared-memory rings with its peer (shm.go): every frame then crosses the socket.
+	NoShm bool
 	// IfName is the netmap port (netmap:eth0, vale0:1, a pipe) and HdrLen its
 	// virtio_net_hdr length (0, 10 or 12; non-zero only on VALE ports, wire.md §4.7).
 	IfName string
@@ -126,7 +129,7 @@ type Spec struct {
 
 // keys each backend accepts; anything else is rejected by name.
 var specKeys = map[Backend][]string{
-	BackendStream: {"id", "server", "addr.type", "addr.path", "addr.host", "addr.port", "addr.str", "vnet-hdr"},
+	BackendStream: {"id", "server", "addr.type", "addr.path", "addr.host", "addr.port", "addr.str", "vnet-hdr", "shm"},
 	BackendSocket: {"id", "listen", "connect", "udp", "localaddr", "fd"},
 	BackendDgram: {"id", "local.type", "local.host", "local.port", "local.path",
 		"remote.type", "remote.host", "remote.port", "remote.path"},
@@ -209,6 +212,16 @@ func (sp *Spec) parseStream(kv map[string]string) error {
 	}
 	if sp.VnetHdr, err = boolKey(kv, "vnet-hdr"); err != nil {
 		return err
+	}
+	if v, ok := kv["shm"]; ok {
+		if !sp.VnetHdr {
+			return fmt.Errorf("stream: shm=%s needs vnet-hdr=on (shared-memory rings are a tapgro-to-tapgro extension)", v)
+		}
+		shm, err := boolKey(kv, "shm")
+		if err != nil {
+			return err
+		}
+		sp.NoShm = !shm
 	}
 	a, err := addrKeys(kv, "addr", server, BackendStream)
 	if err != nil {
@@ -496,6 +509,9 @@ func (s Spec) String() string {
 		writeAddr(&b, "addr", a)
 		if s.VnetHdr {
 			b.WriteString(",vnet-hdr=on")
+			if s.NoShm {
+				b.WriteString(",shm=off")
+			}
 		}
 	case BackendSocket:
 		switch {
@@ -559,7 +575,7 @@ func (s Spec) QEMUOption(id string) string {
 	case RoleDatagram:
 		m.Local, m.Remote = s.Remote, dialable(s.Local)
 	}
-	m.VnetHdr = false
+	m.VnetHdr, m.NoShm = false, false
 	c := m.String()
 	// Insert id= right after the backend name, where QEMU's documentation puts it.
 	name, rest, _ := strings.Cut(c, ",")

@@ -35,6 +35,11 @@ type Stats struct {
 	Retries     atomic.Uint64 // failed dial attempts or accept errors, each followed by a wait
 
 	HelloFailures atomic.Uint64 // vnet-hdr=on peers that failed the hello (wrong kind of peer or version)
+
+	ShmConnects  atomic.Uint64 // vnet-hdr=on connections that set up shared-memory rings
+	ShmFramesOut atomic.Uint64 // frames sent as a descriptor to a slot of this end's ring
+	ShmFramesIn  atomic.Uint64 // frames received as a descriptor to a slot of the peer's ring
+	ShmRingFull  atomic.Uint64 // TAP read batches that found this end's ring full (frames went inline)
 }
 
 // portBase is what every Port shares: identity, counters and close bookkeeping.
@@ -49,6 +54,7 @@ type portBase struct {
 	lastErr error       // first error ReadBatch/WriteBatch returned, for OnDisconnect
 	onClose func(error) // set by the Endpoint; releases its slot and reports
 	cleanup func()      // extra teardown after the socket is closed (unlink a path)
+	release func()      // the port's own teardown after the socket is closed (shared rings)
 	closer  interface{ Close() error }
 }
 
@@ -71,11 +77,17 @@ func (p *portBase) fail(err error) error {
 
 func (p *portBase) Peer() string { return p.peer }
 
+// Stats is the counters this port adds to (its Endpoint's, or its own).
+func (p *portBase) Stats() *Stats { return p.stats }
+
 func (p *portBase) Close() error {
 	var err error
 	p.closeOnce.Do(func() {
 		p.closed.Store(true)
 		err = p.closer.Close()
+		if p.release != nil {
+			p.release()
+		}
 		if p.cleanup != nil {
 			p.cleanup()
 		}

@@ -73,6 +73,14 @@ type StreamPort struct {
 	lo, hi  int
 	accepts vnethdr.Offloads
 	emits   vnethdr.Offloads
+
+	// Shared-memory rings (shm.go), nil unless both ends of a vnet-hdr=on stream over
+	// AF_UNIX agreed on them. shmTx, txHead and txConsumed belong to the writing
+	// goroutine; shmRx, rxNext and rxHeld to the reading one.
+	shmTx, shmRx       *shmArea
+	txHead, txConsumed uint32
+	rxNext             uint32
+	rxHeld             bool // a reference on shmRx is held for frames lent out
 }
 
 var (
@@ -132,7 +140,22 @@ func (s *StreamPort) Accepts() vnethdr.Offloads { return s.accepts }
 // Frames complete before such a condition are returned first, with a nil error. After an
 // error the caller must Close the port: the stream has lost sync or ended.
 func (s *StreamPort) ReadBatch(bufs [][]byte, sizes []int) (int, error) {
+	return s.ReadBatchLent(bufs, sizes, nil)
+}
+
+// ReadBatchLent is ReadBatch for a caller that can take frames in place from the peer's
+// shared-memory ring (shm.go) instead of having them copied. With lent non-nil, frame i
+// is either copied into bufs[i] as by ReadBatch, with lent[i] set to nil, or lent:
+// lent[i] is then the whole slot, the record (vnet header, then frame, sizes[i] bytes in
+// all) starts at lent[i][ShmHeadroom-VnetHdrLen()], and the ShmHeadroom bytes before the
+// frame may be overwritten (with the TAP's own header). Lent frames stay valid, and the
+// slot stays the caller's, until ReleaseLent, which the caller must call once it is done
+// with them and before the next ReadBatchLent. With lent nil, nothing is lent.
+func (s *StreamPort) ReadBatchLent(bufs [][]byte, sizes []int, lent [][]byte) (int, error) {
 	want := min(len(bufs), len(sizes))
+	if lent != nil {
+		want = min(want, len(lent))
+	}
 	if want == 0 {
 		return 0, nil
 	}
@@ -148,10 +171,36 @@ func (s *StreamPort) ReadBatch(bufs [][]byte, sizes []int) (int, error) {
 			if f == nil {
 				break
 			}
+			if s.isDesc(f) {
+				sl, fl, err := s.lend(f)
+				if err != nil {
+					ferr = err
+					break
+				}
+				s.df.Discard()
+				bytes += s.hdrLen + fl
+				if lent != nil {
+					lent[n], sizes[n] = sl, s.hdrLen+fl
+				} else {
+					// Copied out, so the slot goes back at once.
+					sizes[n] = copy(bufs[n], sl[ShmHeadroom-s.hdrLen:ShmHeadroom+fl])
+					s.ReleaseLent()
+				}
+				n++
+				continue
+			}
+			if s.shmRx != nil && len(f) < MinFrame+s.hdrLen {
+				// The deframer lets descriptors through; nothing else this short is a record.
+				ferr = &FrameError{Length: uint64(len(f)), Limit: MinFrame + s.hdrLen}
+				break
+			}
 			if len(bufs[n]) < len(f) {
 				ferr = fmt.Errorf("netmapio: read buffer %d holds %d bytes, frame is %d: %w",
 					n, len(bufs[n]), len(f), io.ErrShortBuffer)
 				break
+			}
+			if lent != nil {
+				lent[n] = nil
 			}
 			sizes[n] = copy(bufs[n], f)
 			bytes += len(f)
@@ -165,7 +214,7 @@ func (s *StreamPort) ReadBatch(bufs [][]byte, sizes []int) (int, error) {
 		}
 		if ferr != nil {
 			var fe *FrameError
-			if errors.As(ferr, &fe) && !s.badSeen {
+			if (errors.As(ferr, &fe) || errors.Is(ferr, errBadDesc)) && !s.badSeen {
 				s.badSeen = true
 				s.stats.BadLength.Add(1)
 			}
@@ -248,8 +297,10 @@ func (s *StreamPort) write(frames [][]byte, try bool) (int, error) {
 		k, bytes := 0, 0
 		var bad error
 		for _, f := range chunk {
-			if bad = checkFrameLen(uint64(len(f)), s.lo, s.hi); bad != nil {
-				break
+			if s.shmTx == nil || len(f) != s.hdrLen+ShmDescLen {
+				if bad = checkFrameLen(uint64(len(f)), s.lo, s.hi); bad != nil {
+					break
+				}
 			}
 			binary.BigEndian.PutUint32(s.prefix[k][:], uint32(len(f)))
 			s.iov[2*k] = unix.Iovec{Base: &s.prefix[k][0], Len: PrefixLen}

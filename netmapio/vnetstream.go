@@ -27,8 +27,11 @@ import (
 //	7   1    protocol version (1)
 //	8   1    vnet header length of the records (12)
 //	9   1    reserved, 0
-//	10  2    flags, LE, reserved, 0
+//	10  2    flags, LE: bit 0 (HelloShm) offers shared-memory rings (shm.go); others 0
 //	12  4    offloads this end accepts, LE, TUN_F_* bits (vnethdr.Offloads)
+//
+// When both ends set HelloShm, each then sends a 16-byte ring announcement carrying its
+// ring's memfd (shm.go) before any record.
 //
 // The magic is chosen so that a QEMU stream backend, which reads a 4-byte big-endian
 // length first (wire.md §3.1), sees "TAPG" = 1413566535 > NET_BUFSIZE (69632) and drops
@@ -52,6 +55,10 @@ const (
 	// tapgro speaking vnet-hdr=on (a QEMU with an idle guest sends nothing at all).
 	HelloTimeout = 5 * time.Second
 )
+
+// HelloShm is the hello flag offering shared-memory rings. Only an AF_UNIX stream can
+// pass the memfd, so only such a stream offers it.
+const HelloShm = 1 << 0
 
 // helloMagic opens the hello; see the layout above.
 var helloMagic = [7]byte{'T', 'A', 'P', 'G', 'R', 'O', 0}
@@ -88,34 +95,37 @@ func (e *HelloError) Error() string {
 func (e *HelloError) Unwrap() error { return e.Err }
 
 // encodeHello builds this end's hello.
-func encodeHello(accepts vnethdr.Offloads) [HelloLen]byte {
+func encodeHello(accepts vnethdr.Offloads, flags uint16) [HelloLen]byte {
 	var h [HelloLen]byte
 	copy(h[:], helloMagic[:])
 	h[7] = VnetStreamVersion
 	h[8] = VnetStreamHdrLen
+	binary.LittleEndian.PutUint16(h[10:], flags)
 	binary.LittleEndian.PutUint32(h[12:], uint32(accepts))
 	return h
 }
 
-// decodeHello checks a received hello and returns the offloads the peer accepts.
-func decodeHello(h []byte) (vnethdr.Offloads, error) {
+// decodeHello checks a received hello and returns the offloads the peer accepts and its
+// flags.
+func decodeHello(h []byte) (vnethdr.Offloads, uint16, error) {
 	if len(h) < HelloLen {
-		return 0, fmt.Errorf("%w: hello is %d bytes, want %d", ErrNotVnetPeer, len(h), HelloLen)
+		return 0, 0, fmt.Errorf("%w: hello is %d bytes, want %d", ErrNotVnetPeer, len(h), HelloLen)
 	}
 	if [7]byte(h[:7]) != helloMagic {
-		return 0, fmt.Errorf("%w: no TAPGRO magic at the start of the stream", ErrNotVnetPeer)
+		return 0, 0, fmt.Errorf("%w: no TAPGRO magic at the start of the stream", ErrNotVnetPeer)
 	}
 	if h[7] != VnetStreamVersion {
-		return 0, fmt.Errorf("peer speaks vnet-hdr stream protocol version %d, this tapgro speaks %d: run the same tapgro release on both ends", h[7], VnetStreamVersion)
+		return 0, 0, fmt.Errorf("peer speaks vnet-hdr stream protocol version %d, this tapgro speaks %d: run the same tapgro release on both ends", h[7], VnetStreamVersion)
 	}
 	if h[8] != VnetStreamHdrLen {
-		return 0, fmt.Errorf("peer carries a %d-byte vnet header, this tapgro %d", h[8], VnetStreamHdrLen)
+		return 0, 0, fmt.Errorf("peer carries a %d-byte vnet header, this tapgro %d", h[8], VnetStreamHdrLen)
 	}
-	if flags := binary.LittleEndian.Uint16(h[10:]); flags != 0 || h[9] != 0 {
-		return 0, fmt.Errorf("peer sets hello flags %#x/%#x this tapgro does not know", h[9], flags)
+	flags := binary.LittleEndian.Uint16(h[10:])
+	if flags&^HelloShm != 0 || h[9] != 0 {
+		return 0, 0, fmt.Errorf("peer sets hello flags %#x/%#x this tapgro does not know", h[9], flags)
 	}
 	// Bits beyond what either side knows are dropped, not trusted.
-	return vnethdr.Offloads(binary.LittleEndian.Uint32(h[12:])) & VnetStreamAccepts, nil
+	return vnethdr.Offloads(binary.LittleEndian.Uint32(h[12:])) & VnetStreamAccepts, flags, nil
 }
 
 // Hello runs the vnet-hdr=on hello on a freshly connected stream: it sends this end's
@@ -123,15 +133,21 @@ func decodeHello(h []byte) (vnethdr.Offloads, error) {
 // records that follow stay in the socket. It returns the offloads the peer accepts. The
 // connection's deadlines are cleared again on success.
 func Hello(c net.Conn, accepts vnethdr.Offloads, timeout time.Duration) (vnethdr.Offloads, error) {
+	pa, _, err := hello(c, accepts, 0, timeout)
+	return pa, err
+}
+
+// hello is Hello sending flags, and returning the peer's.
+func hello(c net.Conn, accepts vnethdr.Offloads, flags uint16, timeout time.Duration) (vnethdr.Offloads, uint16, error) {
 	peer := peerString(c)
 	if err := c.SetDeadline(time.Now().Add(timeout)); err != nil {
-		return 0, &HelloError{Peer: peer, Err: err}
+		return 0, 0, &HelloError{Peer: peer, Err: err}
 	}
 	// 16 bytes always fit in a fresh socket's buffer, so both ends writing first cannot
 	// deadlock.
-	h := encodeHello(accepts)
+	h := encodeHello(accepts, flags)
 	if _, err := c.Write(h[:]); err != nil {
-		return 0, &HelloError{Peer: peer, Err: fmt.Errorf("sending the hello: %w", err)}
+		return 0, 0, &HelloError{Peer: peer, Err: fmt.Errorf("sending the hello: %w", err)}
 	}
 	var got [HelloLen]byte
 	n, err := io.ReadFull(c, got[:])
@@ -144,31 +160,57 @@ func Hello(c net.Conn, accepts vnethdr.Offloads, timeout time.Duration) (vnethdr
 		default:
 			err = fmt.Errorf("%w: reading the hello: %w", ErrNotVnetPeer, err)
 		}
-		return 0, &HelloError{Peer: peer, Got: got[:n], Err: err}
+		return 0, 0, &HelloError{Peer: peer, Got: got[:n], Err: err}
 	}
-	pa, err := decodeHello(got[:])
+	pa, pf, err := decodeHello(got[:])
 	if err != nil {
-		return 0, &HelloError{Peer: peer, Got: got[:], Err: err}
+		return 0, 0, &HelloError{Peer: peer, Got: got[:], Err: err}
 	}
 	if err := c.SetDeadline(time.Time{}); err != nil {
-		return 0, &HelloError{Peer: peer, Err: err}
+		return 0, 0, &HelloError{Peer: peer, Err: err}
 	}
-	return pa, nil
+	return pa, pf, nil
 }
 
 // NewVnetStreamPort runs the hello on c (see Hello) and wraps it as a Port whose frames
 // carry a VnetStreamHdrLen-byte header. accepts is what this end advertises
 // (VnetStreamAccepts for tapgro); the Port's Accepts is what the peer advertised. On
 // failure c is left open for the caller to close.
-func NewVnetStreamPort(c net.Conn, st *Stats, accepts vnethdr.Offloads, timeout time.Duration) (*StreamPort, error) {
-	pa, err := Hello(c, accepts, timeout)
+//
+// With shm set and c an AF_UNIX stream, it offers shared-memory rings (shm.go) and sets
+// them up when the peer offered them too.
+func NewVnetStreamPort(c net.Conn, st *Stats, accepts vnethdr.Offloads, shm bool, timeout time.Duration) (*StreamPort, error) {
+	uc, unixConn := c.(*net.UnixConn)
+	var flags uint16
+	if shm && unixConn {
+		flags |= HelloShm
+	}
+	pa, pf, err := hello(c, accepts, flags, timeout)
 	if err != nil {
 		return nil, err
+	}
+	var tx, rx *shmArea
+	if flags&pf&HelloShm != 0 {
+		if tx, rx, err = shmExchange(uc, timeout); err != nil {
+			return nil, &HelloError{Peer: peerString(c), Err: err}
+		}
 	}
 	s, err := newStreamPort(c, st, VnetStreamHdrLen)
 	if err != nil {
+		if tx != nil {
+			tx.release()
+			rx.release()
+		}
 		return nil, err
 	}
 	s.accepts, s.emits = pa, accepts
+	if tx != nil {
+		s.shmTx, s.shmRx = tx, rx
+		// Descriptors are shorter than any frame record (shm.go): the deframer lets
+		// them through and ReadBatchLent tells the two apart.
+		s.df.lo = s.hdrLen + ShmDescLen
+		s.release = s.releaseShm
+		s.stats.ShmConnects.Add(1)
+	}
 	return s, nil
 }

@@ -16,8 +16,10 @@ import (
 )
 
 // vnetPorts runs the hello on both ends of a connection at once and returns the ports.
+// kind is "tcp", "unix", or "shm" (AF_UNIX with shared-memory rings).
 func vnetPorts(t testing.TB, kind string, acceptsA, acceptsB vnethdr.Offloads) (a, b *StreamPort) {
 	t.Helper()
+	shm := kind == "shm"
 	var ca, cb net.Conn
 	if kind == "tcp" {
 		ca, cb = tcpPair(t)
@@ -30,10 +32,10 @@ func vnetPorts(t testing.TB, kind string, acceptsA, acceptsB vnethdr.Offloads) (
 	}
 	ch := make(chan res, 1)
 	go func() {
-		p, err := NewVnetStreamPort(cb, nil, acceptsB, time.Second)
+		p, err := NewVnetStreamPort(cb, nil, acceptsB, shm, time.Second)
 		ch <- res{p, err}
 	}()
-	a, err := NewVnetStreamPort(ca, nil, acceptsA, time.Second)
+	a, err := NewVnetStreamPort(ca, nil, acceptsA, shm, time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -138,7 +140,7 @@ func TestVnetHelloAgainstPlainPeer(t *testing.T) {
 		t.Fatal(err)
 	}
 	start := time.Now()
-	_, err = NewVnetStreamPort(ca, nil, VnetStreamAccepts, 5*time.Second)
+	_, err = NewVnetStreamPort(ca, nil, VnetStreamAccepts, true, 5*time.Second)
 	var he *HelloError
 	if !errors.As(err, &he) || !errors.Is(err, ErrNotVnetPeer) {
 		t.Fatalf("vnet side: err = %v, want a HelloError wrapping ErrNotVnetPeer", err)
@@ -195,7 +197,7 @@ func TestVnetHelloVersionMismatch(t *testing.T) {
 	checkLeaks(t)
 	ca, cb := unixPair(t, unix.SOCK_STREAM)
 	defer cb.Close()
-	h := encodeHello(VnetStreamAccepts)
+	h := encodeHello(VnetStreamAccepts, 0)
 	h[7] = VnetStreamVersion + 1
 	go cb.Write(h[:])
 	_, err := Hello(ca, VnetStreamAccepts, time.Second)
@@ -327,7 +329,7 @@ func TestVnetStreamZeroAllocs(t *testing.T) {
 }
 
 func FuzzDecodeHello(f *testing.F) {
-	good := encodeHello(VnetStreamAccepts)
+	good := encodeHello(VnetStreamAccepts, 0)
 	f.Add(good[:])
 	bad := good
 	bad[7] = 9
@@ -335,7 +337,7 @@ func FuzzDecodeHello(f *testing.F) {
 	f.Add([]byte{0, 0, 0, 60, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12})
 	f.Add([]byte("TAPGRO"))
 	f.Fuzz(func(t *testing.T, b []byte) {
-		acc, err := decodeHello(b)
+		acc, _, err := decodeHello(b)
 		if err == nil {
 			if len(b) < HelloLen || [7]byte(b[:7]) != helloMagic {
 				t.Fatalf("accepted %x", b)

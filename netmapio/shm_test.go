@@ -1,0 +1,311 @@
+package netmapio
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"net"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"tapgro/vnethdr"
+)
+
+// shmPorts is vnetPorts over AF_UNIX with shared memory offered by a and b as given. It
+// also returns a's raw connection, for writing bytes no port would send.
+func shmPorts(t *testing.T, shmA, shmB bool) (a, b *StreamPort, rawA *net.UnixConn) {
+	t.Helper()
+	ca, cb := unixPair(t, unix.SOCK_STREAM)
+	type res struct {
+		p   *StreamPort
+		err error
+	}
+	ch := make(chan res, 1)
+	go func() {
+		p, err := NewVnetStreamPort(cb, nil, VnetStreamAccepts, shmB, time.Second)
+		ch <- res{p, err}
+	}()
+	a, err := NewVnetStreamPort(ca, nil, VnetStreamAccepts, shmA, time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := <-ch
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	t.Cleanup(func() { a.Close(); r.p.Close() })
+	return a, r.p, ca
+}
+
+// Shared memory is set up only when both ends offer it, and only over AF_UNIX.
+func TestShmNegotiation(t *testing.T) {
+	checkLeaks(t)
+	for _, c := range []struct{ a, b, want bool }{{true, true, true}, {true, false, false}, {false, true, false}} {
+		a, b, _ := shmPorts(t, c.a, c.b)
+		if a.ShmActive() != c.want || b.ShmActive() != c.want {
+			t.Errorf("offered %v/%v: active %v/%v, want %v", c.a, c.b, a.ShmActive(), b.ShmActive(), c.want)
+		}
+		// Ordinary records cross either way.
+		rec := append(make([]byte, VnetStreamHdrLen), frame(100, 1)...)
+		go a.WriteBatch([][]byte{rec})
+		bufs, sizes := makeBufs(4, MaxFrame+VnetStreamHdrLen)
+		if n, err := b.ReadBatch(bufs, sizes); err != nil || n != 1 || !bytes.Equal(bufs[0][:sizes[0]], rec) {
+			t.Fatalf("record over offered %v/%v: n=%d err=%v", c.a, c.b, n, err)
+		}
+	}
+	// TCP cannot carry a memfd: nothing is offered, whatever was asked.
+	a, b := vnetPorts(t, "tcp", VnetStreamAccepts, VnetStreamAccepts)
+	if a.ShmActive() || b.ShmActive() {
+		t.Error("shared memory over TCP")
+	}
+}
+
+// sendLent plays the TAP→port pipeline: it reads (copies) each packet into a free slot
+// as a TAP read would, and returns the descriptor records naming them.
+func sendLent(t *testing.T, a *StreamPort, pkts [][]byte) [][]byte {
+	t.Helper()
+	slots := make([][]byte, len(pkts))
+	n, base := a.TxSlots(slots, VnetStreamHdrLen)
+	if n != len(pkts) {
+		t.Fatalf("TxSlots gave %d slots, want %d", n, len(pkts))
+	}
+	defer a.TxDone()
+	recs := make([][]byte, n)
+	for i, p := range pkts {
+		copy(slots[i], p)
+		rec := make([]byte, VnetStreamHdrLen+ShmDescLen)
+		copy(rec, p[:VnetStreamHdrLen])
+		a.PutShmDesc(rec[VnetStreamHdrLen:], base+uint32(i), len(p)-VnetStreamHdrLen)
+		recs[i] = rec
+	}
+	return recs
+}
+
+func vnetRecord(n int, tag byte) []byte {
+	h := vnethdr.Hdr{Flags: vnethdr.FlagNeedsCsum, GSOType: vnethdr.GSOTCPv4, HdrLen: 54, GSOSize: 1448, CsumStart: 34, CsumOffset: 16}
+	rec := make([]byte, VnetStreamHdrLen+n)
+	h.Encode(rec, VnetStreamHdrLen)
+	copy(rec[VnetStreamHdrLen:], frame(n, tag))
+	return rec
+}
+
+// Frames named by descriptors arrive lent in place, among inline records and in stream
+// order; their slots go back to the sender on ReleaseLent. A plain ReadBatch copies them
+// out instead and hands the slot back at once.
+func TestShmLendRoundTrip(t *testing.T) {
+	checkLeaks(t)
+	a, b, _ := shmPorts(t, true, true)
+	big := [][]byte{vnetRecord(65000, 1), vnetRecord(ShmMinFrame, 2), vnetRecord(MaxFrame, 3)}
+	descs := sendLent(t, a, big)
+	small := vnetRecord(60, 4)
+	want := [][]byte{big[0], small, big[1], big[2]}
+	if _, err := a.WriteBatch([][]byte{descs[0], small, descs[1], descs[2]}); err != nil {
+		t.Fatal(err)
+	}
+	bufs, sizes := makeBufs(8, MaxFrame+VnetStreamHdrLen)
+	lent := make([][]byte, 8)
+	got := 0
+	for got < len(want) {
+		n, err := b.ReadBatchLent(bufs[got:], sizes[got:], lent[got:])
+		if err != nil {
+			t.Fatal(err)
+		}
+		got += n
+	}
+	for i, w := range want {
+		var rec []byte
+		if lent[i] != nil {
+			rec = lent[i][ShmHeadroom-VnetStreamHdrLen : ShmHeadroom-VnetStreamHdrLen+sizes[i]]
+		} else {
+			rec = bufs[i][:sizes[i]]
+		}
+		if (lent[i] != nil) != (i != 1) {
+			t.Errorf("record %d lent=%v, want the small one copied and the rest lent", i, lent[i] != nil)
+		}
+		if !bytes.Equal(rec, w) {
+			t.Fatalf("record %d: %d bytes differ from the %d sent", i, len(rec), len(w))
+		}
+	}
+	// The sender sees its slots in flight until the receiver is done with them.
+	free := make([][]byte, shmSlots)
+	if n, _ := a.TxSlots(free, VnetStreamHdrLen); n != shmSlots-3 {
+		t.Fatalf("%d slots free with 3 lent, want %d", n, shmSlots-3)
+	}
+	a.TxDone()
+	b.ReleaseLent()
+	if n, _ := a.TxSlots(free, VnetStreamHdrLen); n != shmSlots {
+		t.Fatalf("%d slots free after ReleaseLent, want %d", n, shmSlots)
+	}
+	a.TxDone()
+
+	// ReadBatch copies a lent frame out.
+	descs = sendLent(t, a, big[:1])
+	if _, err := a.WriteBatch(descs); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := b.ReadBatch(bufs, sizes); err != nil || n != 1 || !bytes.Equal(bufs[0][:sizes[0]], big[0]) {
+		t.Fatalf("ReadBatch of a descriptor: n=%d err=%v", n, err)
+	}
+	if n, _ := a.TxSlots(free, VnetStreamHdrLen); n != shmSlots {
+		t.Fatalf("%d slots free after a copying ReadBatch, want %d", n, shmSlots)
+	}
+	a.TxDone()
+	if st := a.Stats(); st.ShmFramesOut.Load() != 4 {
+		t.Errorf("ShmFramesOut = %d, want 4", st.ShmFramesOut.Load())
+	}
+	if st := b.Stats(); st.ShmFramesIn.Load() != 4 {
+		t.Errorf("ShmFramesIn = %d, want 4", st.ShmFramesIn.Load())
+	}
+}
+
+// A full ring hands out nothing (the pipeline then sends inline) and counts it.
+func TestShmRingFull(t *testing.T) {
+	a, _, _ := shmPorts(t, true, true)
+	slots := make([][]byte, shmSlots+1)
+	n, base := a.TxSlots(slots, VnetStreamHdrLen)
+	if n != shmSlots {
+		t.Fatalf("TxSlots = %d, want the whole ring (%d)", n, shmSlots)
+	}
+	a.PutShmDesc(make([]byte, ShmDescLen), base+uint32(n-1), 100)
+	a.TxDone()
+	if n, _ := a.TxSlots(slots, VnetStreamHdrLen); n != 0 {
+		t.Fatalf("TxSlots on a full ring = %d", n)
+	}
+	if a.Stats().ShmRingFull.Load() != 1 {
+		t.Fatalf("ShmRingFull = %d, want 1", a.Stats().ShmRingFull.Load())
+	}
+	// A counter from the peer that runs ahead of what was handed out is not believed.
+	a.shmTx.consumed().Store(base + uint32(shmSlots) + 5)
+	if n, _ := a.TxSlots(slots, VnetStreamHdrLen); n != 0 {
+		t.Fatalf("TxSlots after a bogus counter = %d, want 0", n)
+	}
+}
+
+// A bad descriptor, or a record too short to be a frame, ends that connection with a
+// clear error; the receiver never touches memory outside the ring.
+func TestShmBadDescriptors(t *testing.T) {
+	checkLeaks(t)
+	for _, c := range []struct {
+		name string
+		rec  func() []byte
+		want string
+	}{
+		{"slot far ahead", func() []byte { return desc(shmSlots+7, 1000) }, "slot sequence"},
+		{"slot behind", func() []byte { return desc(^uint32(0), 1000) }, "slot sequence"},
+		{"frame longer than a slot", func() []byte { return desc(0, shmSlotSize) }, "-byte frame"},
+		{"frame shorter than Ethernet", func() []byte { return desc(0, MinFrame-1) }, "-byte frame"},
+		{"short record", func() []byte { return make([]byte, VnetStreamHdrLen+ShmDescLen+1) }, "length"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			_, b, raw := shmPorts(t, true, true)
+			rec := c.rec()
+			wire := binary.BigEndian.AppendUint32(nil, uint32(len(rec)))
+			if _, err := raw.Write(append(wire, rec...)); err != nil {
+				t.Fatal(err)
+			}
+			bufs, sizes := makeBufs(4, MaxFrame+VnetStreamHdrLen)
+			_, err := b.ReadBatchLent(bufs, sizes, make([][]byte, 4))
+			if err == nil || !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("err = %v, want one mentioning %q", err, c.want)
+			}
+			if b.Stats().BadLength.Load() != 1 {
+				t.Errorf("BadLength = %d, want 1", b.Stats().BadLength.Load())
+			}
+		})
+	}
+}
+
+func desc(seq uint32, n int) []byte {
+	rec := make([]byte, VnetStreamHdrLen+ShmDescLen)
+	binary.LittleEndian.PutUint32(rec[VnetStreamHdrLen:], seq)
+	binary.LittleEndian.PutUint32(rec[VnetStreamHdrLen+4:], uint32(n))
+	return rec
+}
+
+// Close from the other goroutine does not unmap memory still in use: lent frames and
+// handed-out slots stay valid until ReleaseLent / TxDone, which then unmap.
+func TestShmCloseWhileInUse(t *testing.T) {
+	a, b, _ := shmPorts(t, true, true)
+	rec := vnetRecord(65000, 7)
+	descs := sendLent(t, a, [][]byte{rec})
+	if _, err := a.WriteBatch(descs); err != nil {
+		t.Fatal(err)
+	}
+	bufs, sizes := makeBufs(1, MaxFrame+VnetStreamHdrLen)
+	lent := make([][]byte, 1)
+	if n, err := b.ReadBatchLent(bufs, sizes, lent); err != nil || n != 1 || lent[0] == nil {
+		t.Fatalf("n=%d err=%v lent=%v", n, err, lent[0] != nil)
+	}
+	slots := make([][]byte, 2)
+	if n, _ := a.TxSlots(slots, VnetStreamHdrLen); n != 2 {
+		t.Fatal("no slots")
+	}
+	a.Close()
+	b.Close()
+	// Both still mapped: these touch the memory.
+	copy(slots[1], rec)
+	if !bytes.Equal(lent[0][ShmHeadroom-VnetStreamHdrLen:ShmHeadroom-VnetStreamHdrLen+sizes[0]], rec) {
+		t.Fatal("lent frame changed after Close")
+	}
+	a.TxDone()
+	b.ReleaseLent()
+	if a.shmTx.mem != nil || b.shmRx.mem != nil || a.shmRx.mem != nil || b.shmTx.mem != nil {
+		t.Fatal("a ring is still mapped after the last user let go")
+	}
+	// And a closed port hands out no slots.
+	if n, _ := a.TxSlots(slots, VnetStreamHdrLen); n != 0 {
+		t.Fatalf("TxSlots after Close = %d", n)
+	}
+}
+
+// The peer's memfd must be sealed and of the announced size, or it is not mapped.
+func TestShmPeerAreaChecks(t *testing.T) {
+	fd, err := unix.MemfdCreate("test", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
+	if err != nil {
+		t.Skipf("memfd_create: %v", err)
+	}
+	defer unix.Close(fd)
+	size := shmCtrlSize + 2*shmSlotSize
+	if err := unix.Ftruncate(fd, int64(size)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := mapPeerArea(fd, 2, shmSlotSize); err == nil || !strings.Contains(err.Error(), "not sealed") {
+		t.Fatalf("unsealed: err = %v", err)
+	}
+	if _, err := unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, shmSeals); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := mapPeerArea(fd, 3, shmSlotSize); err == nil || !strings.Contains(err.Error(), "announced") {
+		t.Fatalf("wrong size: err = %v", err)
+	}
+	a, err := mapPeerArea(fd, 2, shmSlotSize)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.release()
+}
+
+// A peer that offers shared memory in the hello but then sends no memfd fails the
+// connection with a HelloError, not a hang or a panic.
+func TestShmAnnouncementWithoutFD(t *testing.T) {
+	checkLeaks(t)
+	ca, cb := unixPair(t, unix.SOCK_STREAM)
+	defer cb.Close()
+	go func() {
+		h := encodeHello(VnetStreamAccepts, HelloShm)
+		cb.Write(h[:])
+		var msg [shmMsgLen]byte
+		copy(msg[:], shmMagic[:])
+		msg[6] = 1
+		cb.Write(msg[:])
+	}()
+	_, err := NewVnetStreamPort(ca, nil, VnetStreamAccepts, true, time.Second)
+	var he *HelloError
+	if !errors.As(err, &he) || !strings.Contains(err.Error(), "file descriptors") {
+		t.Fatalf("err = %v, want a HelloError about the missing descriptor", err)
+	}
+	ca.Close()
+}
