@@ -186,13 +186,12 @@ type tapToPort struct {
 
 	// With a shared-memory port (netmapio/shm.go) the TAP is read straight into free
 	// slots of the port's ring: rd is this batch's read buffers, slots first, then bufs;
-	// frame i < nShm is in the slot of sequence shmBase+i of shmRef's ring.
-	cur     [][]byte // what the current batch was read into: bufs or rd
-	rd      [][]byte
-	slots   [][]byte
-	shmRef  *portRef
-	nShm    int
-	shmBase uint32
+	// frame i < nShm is in slot i that shmRef's TxSlots handed out.
+	cur    [][]byte // what the current batch was read into: bufs or rd
+	rd     [][]byte
+	slots  [][]byte
+	shmRef *portRef
+	nShm   int
 
 	pool    *rxpool.Pool
 	ref     *portRef         // the port of the batch being processed
@@ -245,11 +244,11 @@ func (p *tapToPort) prepare() [][]byte {
 	if ref == nil || ref.shm == nil {
 		return p.cur
 	}
-	k, base := ref.shm.TxSlots(p.slots, p.b.cfg.vnetHdrLen)
+	k := ref.shm.TxSlots(p.slots, p.b.cfg.vnetHdrLen)
 	if k == 0 {
 		return p.cur
 	}
-	p.shmRef, p.nShm, p.shmBase = ref, k, base
+	p.shmRef, p.nShm = ref, k
 	copy(p.rd, p.slots[:k])
 	copy(p.rd[k:], p.bufs[k:])
 	p.cur = p.rd
@@ -302,7 +301,7 @@ func (p *tapToPort) process(n int) {
 				st.GSOPassthrough.Add(1)
 			}
 			if i < p.nShm && p.ref == p.shmRef && len(frame) >= netmapio.ShmMinFrame {
-				p.stageShm(len(frame), p.shmBase+uint32(i))
+				p.stageShm(len(frame), i)
 			} else {
 				p.stage(frame)
 			}
@@ -355,16 +354,16 @@ func (p *tapToPort) stage(frame []byte) {
 	}
 }
 
-// stageShm stages, instead of the frame of n bytes read into ring slot seq, the
-// descriptor record that names it (netmapio/shm.go): the frame itself is not copied.
-func (p *tapToPort) stageShm(n int, seq uint32) {
+// stageShm stages, instead of the frame of n bytes read into the batch's ring slot i,
+// the descriptor record that names it (netmapio/shm.go): the frame itself is not copied.
+func (p *tapToPort) stageShm(n int, i int) {
 	buf, ok := p.reserveRecord(p.hl + netmapio.ShmDescLen)
 	if !ok {
 		return
 	}
 	p.portHeader(n)
 	_ = p.outHdr.Encode(buf, p.hl)
-	p.shmRef.shm.PutShmDesc(buf[p.hl:], seq, n)
+	p.shmRef.shm.PutShmDesc(buf[p.hl:], i, n)
 	p.pool.Commit(p.hl + netmapio.ShmDescLen)
 	p.b.t2p.ShmFrames.Add(1)
 	if p.pool.PerFrame() {

@@ -27,6 +27,12 @@ var vnetUnix = backend{"stream-unix-vnet",
 		return "stream,server=off,addr.type=unix,addr.path=" + filepath.Join(d, "v.sock") + ",vnet-hdr=on"
 	}}
 
+// vnetUnixNoShm is vnetUnix with shm=off: every frame crosses the socket, as it does
+// between two hosts over TCP.
+var vnetUnixNoShm = backend{"stream-unix-vnet-noshm",
+	func(d string) string { return vnetUnix.a(d) + ",shm=off" },
+	func(d string) string { return vnetUnix.b(d) + ",shm=off" }}
+
 var negotiatedRe = regexp.MustCompile(`negotiated: tap offloads=([a-z0-9_,]+) `)
 
 // lastNegotiated is the TAP mask of the last "negotiated:" line in a tapgro log.
@@ -62,10 +68,17 @@ func checkEthtool(t testing.TB, s *pairSetup) {
 
 // TestVnetHdr: two tapgro joined by the vnet-hdr=on stream move 200 MB each way intact,
 // the TSO frames of the sending TAP cross as GSO frames (no software segmentation on the
-// way), and each TAP's ethtool -k equals what its tapgro negotiated.
+// way), and each TAP's ethtool -k equals what its tapgro negotiated. Over UNIX the large
+// frames cross in shared-memory ring slots; with shm=off, all through the socket.
 func TestVnetHdr(t *testing.T) {
+	for _, be := range []backend{vnetUnix, vnetUnixNoShm} {
+		t.Run(be.name, func(t *testing.T) { testVnetHdr(t, be, be.name == vnetUnix.name) })
+	}
+}
+
+func testVnetHdr(t *testing.T, be backend, shm bool) {
 	netnstest.RequirePriv(t)
-	s := newPair(t, vnetUnix)
+	s := newPair(t, be)
 	waitConnected(t, s)
 	s.pingAll(t)
 	const size = 200 << 20
@@ -80,6 +93,9 @@ func TestVnetHdr(t *testing.T) {
 		if !strings.Contains(m[len(m)-1], "tap->port=passthrough") {
 			t.Errorf("%s did not negotiate GSO passthrough: %s", p.name, m[len(m)-1])
 		}
+		if got := strings.Contains(m[len(m)-1], "shared memory"); got != shm {
+			t.Errorf("%s: shared memory in the negotiated line is %v, want %v: %s", p.name, got, shm, m[len(m)-1])
+		}
 	}
 	s.pa.stop()
 	s.pb.stop()
@@ -93,6 +109,13 @@ func TestVnetHdr(t *testing.T) {
 		}
 		if c["tap_to_port_gso_segmented"] != 0 || c["gso_write_fallback"] != 0 || c["tap_write_einval"] != 0 || c["port_to_tap_malformed"] != 0 {
 			t.Errorf("%s: GSO frames were segmented or refused: %v", p.name, c)
+		}
+		t.Logf("%s: tap_to_port_shm=%d port_to_tap_shm=%d", p.name, c["tap_to_port_shm"], c["port_to_tap_shm"])
+		if shm && (c["tap_to_port_shm"] < 1000 || c["port_to_tap_shm"] < 1000) {
+			t.Errorf("%s: too few frames crossed in shared memory: %v", p.name, c)
+		}
+		if !shm && (c["tap_to_port_shm"] != 0 || c["port_to_tap_shm"] != 0) {
+			t.Errorf("%s: frames crossed in shared memory with shm=off: %v", p.name, c)
 		}
 	}
 }
@@ -221,7 +244,8 @@ func udpExchange(t testing.TB, from, to *netnstest.NS, dst string, port, n, size
 func TestOffloadMatrix(t *testing.T) {
 	netnstest.RequirePriv(t)
 	offloads := []string{"off", "csum", "csum,tso4,tso6", "csum,tso4,tso6,uso"}
-	ports := []backend{backends[0], vnetUnix, backends[4]} // stream plain, stream vnet-hdr=on, dgram unix
+	// stream plain, stream vnet-hdr=on (shared memory, and shm=off: the socket), dgram unix
+	ports := []backend{backends[0], vnetUnix, vnetUnixNoShm, backends[4]}
 	for _, be := range ports {
 		for _, off := range offloads {
 			for _, gro := range []string{"on", "off"} {

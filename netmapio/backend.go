@@ -101,7 +101,13 @@ func (s *StreamPort) SetOffloads(o vnethdr.Offloads) (vnethdr.Offloads, error) {
 }
 
 // State implements VnetBackend.
-func (s *StreamPort) State() string { return describe("stream", s.hdrLen, s.accepts) }
+func (s *StreamPort) State() string {
+	d := describe("stream", s.hdrLen, s.accepts)
+	if s.shmTx != nil {
+		d = d[:len(d)-1] + ", shared memory)"
+	}
+	return d
+}
 
 // ---- DgramPort ----
 

@@ -28,11 +28,13 @@ import (
 //
 // Descriptors travel in the stream among ordinary records, so frame order is the
 // stream's order, and the socket stays the doorbell: a reader blocks in the netpoller as
-// before. The receiver hands slots back by storing, in the ring's control page, the
-// sequence after the last slot it has finished with (slots are taken in sequence, so
-// one counter frees every earlier one). The sender never waits for a slot: when the
-// ring is full it reads the TAP into its own buffers and sends frames inline, and the
-// socket's own backpressure applies as on any stream.
+// before. The receiver hands slots back through a completion ring in the area's control
+// page (slot numbers, and a producer count it stores last), and the sender keeps its free
+// slots on a stack: the slot it reads the next frame into is the one freed last, whose
+// cache lines are still warm, where walking a 9 MiB ring would miss the cache on every
+// frame. The sender never waits for a slot: when none is free it reads the TAP into its
+// own buffers and sends frames inline, and the socket's own backpressure applies as on
+// any stream.
 //
 // The peer is another tapgro that passed the socket's access checks, but its memory is
 // still checked like wire input: the memfd must be sealed against shrinking and growing
@@ -52,17 +54,18 @@ const (
 	// cheaper than a slot, and ACKs and MTU frames stay inline.
 	ShmMinFrame = 2048
 
-	// ShmDescLen is a descriptor record's body after the vnet header. Ordinary records
-	// are at least VnetStreamHdrLen+MinFrame = 26 bytes, so a 20-byte record can only
-	// be a descriptor.
+	// ShmDescLen is a descriptor record's body after the vnet header: slot number and
+	// frame length, u32 LE each. Ordinary records are at least VnetStreamHdrLen+MinFrame
+	// = 26 bytes, so a 20-byte record can only be a descriptor.
 	ShmDescLen = 8
 
 	shmSlots     = 128   // 9 MiB; in the benchmarks the ring never filled
 	shmSlotSize  = 73728 // 18 pages: ShmHeadroom + the TAP's vnet header + MaxFrame, rounded up
-	shmCtrlSize  = 4096  // the control page: the consumed counter
-	shmConsumed  = 64    // offset of the u32 consumed counter in the control page
+	shmCtrlSize  = 4096  // the control page: the completion ring
+	shmFreedProd = 64    // u32: completions the receiver has produced, stored after them
+	shmFreed     = 256   // u32[slots]: the completion ring, slot numbers handed back
 	shmMsgLen    = 16    // the ring announcement sent with the memfd
-	shmMaxSlots  = 4096
+	shmMaxSlots  = (shmCtrlSize - shmFreed) / 4
 	shmMaxSlotSz = 1 << 20
 	shmSeals     = unix.F_SEAL_SHRINK | unix.F_SEAL_GROW | unix.F_SEAL_SEAL
 )
@@ -81,14 +84,22 @@ type shmArea struct {
 
 func (a *shmArea) size() int { return shmCtrlSize + a.slots*a.slotSize }
 
-// consumed is the counter the receiver of this ring writes and its owner reads.
-func (a *shmArea) consumed() *atomic.Uint32 {
-	return (*atomic.Uint32)(unsafe.Pointer(&a.mem[shmConsumed]))
+// word is the u32 at off in the control page, which both processes access atomically.
+func (a *shmArea) word(off int) *atomic.Uint32 {
+	return (*atomic.Uint32)(unsafe.Pointer(&a.mem[off]))
 }
 
-// slot returns the whole slot that sequence seq uses.
-func (a *shmArea) slot(seq uint32) []byte {
-	off := shmCtrlSize + int(seq%uint32(a.slots))*a.slotSize
+// freedProd counts the completions the receiver of this ring has produced; entry i of
+// the completion ring is freed(i % slots).
+func (a *shmArea) freedProd() *atomic.Uint32 { return a.word(shmFreedProd) }
+
+func (a *shmArea) freed(i uint32) *atomic.Uint32 {
+	return a.word(shmFreed + 4*int(i%uint32(a.slots)))
+}
+
+// slot returns slot i (i < a.slots) whole.
+func (a *shmArea) slot(i uint32) []byte {
+	off := shmCtrlSize + int(i)*a.slotSize
 	return a.mem[off : off+a.slotSize : off+a.slotSize]
 }
 
@@ -245,8 +256,8 @@ func rightsOf(oob []byte) ([]int, error) {
 // (*StreamPort once shared memory is set up; see TxSlots).
 type ShmSender interface {
 	ShmActive() bool
-	TxSlots(slots [][]byte, hl int) (n int, base uint32)
-	PutShmDesc(rec []byte, seq uint32, n int)
+	TxSlots(slots [][]byte, hl int) int
+	PutShmDesc(rec []byte, i int, n int)
 	TxDone()
 	TxFrame(rec []byte) []byte
 }
@@ -268,44 +279,72 @@ var (
 func (s *StreamPort) ShmActive() bool { return s.shmTx != nil }
 
 // TxSlots hands out up to len(slots) free slots of this end's ring for the next TAP
-// read: slots[i] is laid out so that [hl-byte vnet header][frame] read into it puts the
-// frame at ShmHeadroom of the slot, and frame i read into slots[i] has sequence base+i.
-// The ring stays mapped, even if the port is closed meanwhile, until TxDone, which must
-// follow every TxSlots that returned n > 0.
-func (s *StreamPort) TxSlots(slots [][]byte, hl int) (n int, base uint32) {
+// read, the most recently freed first: slots[i] is laid out so that [hl-byte vnet
+// header][frame] read into it puts the frame at ShmHeadroom of the slot. The ring stays
+// mapped, even if the port is closed meanwhile, until TxDone, which must follow every
+// TxSlots that returned n > 0 and returns the slots that no PutShmDesc named.
+func (s *StreamPort) TxSlots(slots [][]byte, hl int) int {
 	a := s.shmTx
 	if a == nil || hl > ShmHeadroom || !a.acquire() {
-		return 0, 0
+		return 0
 	}
-	// The peer's counter is only believed moving forward, within what was handed out.
-	if c := a.consumed().Load(); int32(c-s.txConsumed) > 0 && int32(s.txHead-c) >= 0 {
-		s.txConsumed = c
-	}
-	free := a.slots - int(s.txHead-s.txConsumed)
-	if free <= 0 {
+	s.reclaim()
+	n := min(len(s.txFree), len(slots), len(s.txBatch))
+	if n == 0 {
 		a.release()
 		s.stats.ShmRingFull.Add(1)
-		return 0, 0
+		return 0
 	}
-	n = min(free, len(slots))
 	for i := 0; i < n; i++ {
-		slots[i] = a.slot(s.txHead + uint32(i))[ShmHeadroom-hl:]
+		idx := s.txFree[len(s.txFree)-1]
+		s.txFree = s.txFree[:len(s.txFree)-1]
+		s.txBatch[i] = idx
+		slots[i] = a.slot(idx)[ShmHeadroom-hl:]
 	}
-	return n, s.txHead
+	s.txN = n
+	return n
 }
 
-// PutShmDesc fills rec[:ShmDescLen], the body of the descriptor record that follows
-// the vnet header, for the frame of n bytes read into the slot of sequence seq (from
-// the last TxSlots), and marks that slot, and any unused one before it, in flight.
-func (s *StreamPort) PutShmDesc(rec []byte, seq uint32, n int) {
-	binary.LittleEndian.PutUint32(rec[0:], seq)
+// reclaim moves the slots the peer handed back onto the free stack. Entries naming a
+// slot that is not lent out are ignored: they can only come from a confused peer.
+func (s *StreamPort) reclaim() {
+	a := s.shmTx
+	prod := a.freedProd().Load()
+	avail := prod - s.txCons
+	if avail > uint32(a.slots) {
+		avail = uint32(a.slots) // a peer running ahead: it overwrote its own entries
+	}
+	for i := prod - avail; i != prod; i++ {
+		if idx := a.freed(i).Load(); idx < uint32(a.slots) && s.txLent[idx] {
+			s.txLent[idx] = false
+			s.txFree = append(s.txFree, idx)
+		}
+	}
+	s.txCons = prod
+}
+
+// PutShmDesc fills rec[:ShmDescLen], the body of the descriptor record that follows the
+// vnet header, for the frame of n bytes read into slots[i] of the last TxSlots, and lends
+// that slot to the peer.
+func (s *StreamPort) PutShmDesc(rec []byte, i int, n int) {
+	idx := s.txBatch[i]
+	binary.LittleEndian.PutUint32(rec[0:], idx)
 	binary.LittleEndian.PutUint32(rec[4:], uint32(n))
-	s.txHead = seq + 1
+	s.txLent[idx] = true
 	s.stats.ShmFramesOut.Add(1)
 }
 
-// TxDone ends the use of the slots the last TxSlots handed out.
-func (s *StreamPort) TxDone() { s.shmTx.release() }
+// TxDone ends the use of the slots the last TxSlots handed out: those not lent go back
+// on the free stack, in reverse so the next batch gets them in the same order.
+func (s *StreamPort) TxDone() {
+	for i := s.txN - 1; i >= 0; i-- {
+		if idx := s.txBatch[i]; !s.txLent[idx] {
+			s.txFree = append(s.txFree, idx)
+		}
+	}
+	s.txN = 0
+	s.shmTx.release()
+}
 
 // TxFrame returns the frame a descriptor record (vnet header included) sent by this end
 // names, for packet capture; nil for an ordinary record. The caller must hold the
@@ -314,40 +353,42 @@ func (s *StreamPort) TxFrame(rec []byte) []byte {
 	if s.shmTx == nil || len(rec) != s.hdrLen+ShmDescLen {
 		return nil
 	}
-	seq := binary.LittleEndian.Uint32(rec[s.hdrLen:])
+	idx := binary.LittleEndian.Uint32(rec[s.hdrLen:])
 	n := int(binary.LittleEndian.Uint32(rec[s.hdrLen+4:]))
-	if n > s.shmTx.slotSize-ShmHeadroom {
+	if idx >= uint32(s.shmTx.slots) || n > s.shmTx.slotSize-ShmHeadroom {
 		return nil
 	}
-	return s.shmTx.slot(seq)[ShmHeadroom : ShmHeadroom+n]
+	return s.shmTx.slot(idx)[ShmHeadroom : ShmHeadroom+n]
 }
 
 // ---- receiving side: the port→TAP goroutine ----
 
 // lend resolves the descriptor record rec (vnet header included) to the peer's slot.
 // It returns the whole slot with the record's vnet header copied in front of the frame,
-// at ShmHeadroom-hdrLen, and the frame's length.
+// at ShmHeadroom-hdrLen, and the frame's length. The slot is handed back by ReleaseLent.
 func (s *StreamPort) lend(rec []byte) ([]byte, int, error) {
 	a := s.shmRx
-	seq := binary.LittleEndian.Uint32(rec[s.hdrLen:])
+	idx := binary.LittleEndian.Uint32(rec[s.hdrLen:])
 	n := int(binary.LittleEndian.Uint32(rec[s.hdrLen+4:]))
-	if d := seq - s.rxNext; d >= uint32(a.slots) {
-		return nil, 0, fmt.Errorf("%w: descriptor for slot sequence %d, expected %d..%d",
-			errBadDesc, seq, s.rxNext, s.rxNext+uint32(a.slots)-1)
+	if idx >= uint32(a.slots) {
+		return nil, 0, fmt.Errorf("%w: descriptor for slot %d of a %d-slot ring", errBadDesc, idx, a.slots)
 	}
 	if n < MinFrame || n > a.slotSize-ShmHeadroom {
 		return nil, 0, fmt.Errorf("%w: descriptor for a %d-byte frame, want %d..%d",
 			errBadDesc, n, MinFrame, a.slotSize-ShmHeadroom)
 	}
-	if !s.rxHeld {
+	if len(s.rxLent) == cap(s.rxLent) {
+		// More lent than a ring holds without a ReleaseLent: a peer naming slots twice.
+		return nil, 0, fmt.Errorf("%w: more than %d frames lent at once", errBadDesc, cap(s.rxLent))
+	}
+	if len(s.rxLent) == 0 {
 		if !a.acquire() {
 			return nil, 0, ErrClosed
 		}
-		s.rxHeld = true
 	}
-	sl := a.slot(seq)
+	sl := a.slot(idx)
 	copy(sl[ShmHeadroom-s.hdrLen:ShmHeadroom], rec[:s.hdrLen])
-	s.rxNext = seq + 1
+	s.rxLent = append(s.rxLent, idx)
 	s.stats.ShmFramesIn.Add(1)
 	return sl, n, nil
 }
@@ -358,17 +399,37 @@ var errBadDesc = errors.New("netmapio: bad shared-memory descriptor")
 // must be done with the frames ReadBatchLent lent; a port without shared memory does
 // nothing.
 func (s *StreamPort) ReleaseLent() {
-	if !s.rxHeld {
+	if len(s.rxLent) == 0 {
 		return
 	}
-	s.shmRx.consumed().Store(s.rxNext)
-	s.rxHeld = false
-	s.shmRx.release()
+	a := s.shmRx
+	prod := s.rxProd
+	for _, idx := range s.rxLent {
+		a.freed(prod).Store(idx)
+		prod++
+	}
+	// The count goes last: the peer reads no entry before it sees it.
+	a.freedProd().Store(prod)
+	s.rxProd = prod
+	s.rxLent = s.rxLent[:0]
+	a.release()
 }
 
 // isDesc reports whether a record read from the stream is a shared-memory descriptor.
 func (s *StreamPort) isDesc(rec []byte) bool {
 	return s.shmRx != nil && len(rec) == s.hdrLen+ShmDescLen
+}
+
+// setShm adopts the two rings of a connection.
+func (s *StreamPort) setShm(tx, rx *shmArea) {
+	s.shmTx, s.shmRx = tx, rx
+	s.txLent = make([]bool, tx.slots)
+	s.txBatch = make([]uint32, tx.slots)
+	s.txFree = make([]uint32, 0, tx.slots)
+	for i := tx.slots - 1; i >= 0; i-- {
+		s.txFree = append(s.txFree, uint32(i))
+	}
+	s.rxLent = make([]uint32, 0, rx.slots)
 }
 
 // releaseShm drops the port's own references on Close.

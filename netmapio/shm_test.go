@@ -68,7 +68,7 @@ func TestShmNegotiation(t *testing.T) {
 func sendLent(t *testing.T, a *StreamPort, pkts [][]byte) [][]byte {
 	t.Helper()
 	slots := make([][]byte, len(pkts))
-	n, base := a.TxSlots(slots, VnetStreamHdrLen)
+	n := a.TxSlots(slots, VnetStreamHdrLen)
 	if n != len(pkts) {
 		t.Fatalf("TxSlots gave %d slots, want %d", n, len(pkts))
 	}
@@ -78,7 +78,7 @@ func sendLent(t *testing.T, a *StreamPort, pkts [][]byte) [][]byte {
 		copy(slots[i], p)
 		rec := make([]byte, VnetStreamHdrLen+ShmDescLen)
 		copy(rec, p[:VnetStreamHdrLen])
-		a.PutShmDesc(rec[VnetStreamHdrLen:], base+uint32(i), len(p)-VnetStreamHdrLen)
+		a.PutShmDesc(rec[VnetStreamHdrLen:], i, len(p)-VnetStreamHdrLen)
 		recs[i] = rec
 	}
 	return recs
@@ -131,13 +131,18 @@ func TestShmLendRoundTrip(t *testing.T) {
 	}
 	// The sender sees its slots in flight until the receiver is done with them.
 	free := make([][]byte, shmSlots)
-	if n, _ := a.TxSlots(free, VnetStreamHdrLen); n != shmSlots-3 {
+	if n := a.TxSlots(free, VnetStreamHdrLen); n != shmSlots-3 {
 		t.Fatalf("%d slots free with 3 lent, want %d", n, shmSlots-3)
 	}
 	a.TxDone()
 	b.ReleaseLent()
-	if n, _ := a.TxSlots(free, VnetStreamHdrLen); n != shmSlots {
+	if n := a.TxSlots(free, VnetStreamHdrLen); n != shmSlots {
 		t.Fatalf("%d slots free after ReleaseLent, want %d", n, shmSlots)
+	}
+	// The slot freed last comes first: the frame at the front of the next read lands
+	// where the previous one was, in warm cache.
+	if !bytes.Equal(free[0][:len(big[2])], big[2]) {
+		t.Error("the most recently freed slot is not handed out first")
 	}
 	a.TxDone()
 
@@ -149,7 +154,7 @@ func TestShmLendRoundTrip(t *testing.T) {
 	if n, err := b.ReadBatch(bufs, sizes); err != nil || n != 1 || !bytes.Equal(bufs[0][:sizes[0]], big[0]) {
 		t.Fatalf("ReadBatch of a descriptor: n=%d err=%v", n, err)
 	}
-	if n, _ := a.TxSlots(free, VnetStreamHdrLen); n != shmSlots {
+	if n := a.TxSlots(free, VnetStreamHdrLen); n != shmSlots {
 		t.Fatalf("%d slots free after a copying ReadBatch, want %d", n, shmSlots)
 	}
 	a.TxDone()
@@ -161,27 +166,36 @@ func TestShmLendRoundTrip(t *testing.T) {
 	}
 }
 
-// A full ring hands out nothing (the pipeline then sends inline) and counts it.
+// A full ring hands out nothing (the pipeline then sends inline) and counts it; slots
+// come back only as the peer hands them back, and a completion naming a slot that is not
+// lent out is ignored.
 func TestShmRingFull(t *testing.T) {
 	a, _, _ := shmPorts(t, true, true)
 	slots := make([][]byte, shmSlots+1)
-	n, base := a.TxSlots(slots, VnetStreamHdrLen)
+	n := a.TxSlots(slots, VnetStreamHdrLen)
 	if n != shmSlots {
 		t.Fatalf("TxSlots = %d, want the whole ring (%d)", n, shmSlots)
 	}
-	a.PutShmDesc(make([]byte, ShmDescLen), base+uint32(n-1), 100)
+	for i := 0; i < n; i++ {
+		a.PutShmDesc(make([]byte, ShmDescLen), i, 100)
+	}
 	a.TxDone()
-	if n, _ := a.TxSlots(slots, VnetStreamHdrLen); n != 0 {
+	if n := a.TxSlots(slots, VnetStreamHdrLen); n != 0 {
 		t.Fatalf("TxSlots on a full ring = %d", n)
 	}
 	if a.Stats().ShmRingFull.Load() != 1 {
 		t.Fatalf("ShmRingFull = %d, want 1", a.Stats().ShmRingFull.Load())
 	}
-	// A counter from the peer that runs ahead of what was handed out is not believed.
-	a.shmTx.consumed().Store(base + uint32(shmSlots) + 5)
-	if n, _ := a.TxSlots(slots, VnetStreamHdrLen); n != 0 {
-		t.Fatalf("TxSlots after a bogus counter = %d, want 0", n)
+	// The peer hands back slot 5 twice and a slot that does not exist: one comes back.
+	r := a.shmTx
+	r.freed(0).Store(5)
+	r.freed(1).Store(5)
+	r.freed(2).Store(shmSlots + 9)
+	r.freedProd().Store(3)
+	if n := a.TxSlots(slots, VnetStreamHdrLen); n != 1 || &slots[0][0] != &r.slot(5)[ShmHeadroom-VnetStreamHdrLen] {
+		t.Fatalf("TxSlots after a confused peer = %d, want slot 5 alone", n)
 	}
+	a.TxDone()
 }
 
 // A bad descriptor, or a record too short to be a frame, ends that connection with a
@@ -193,8 +207,8 @@ func TestShmBadDescriptors(t *testing.T) {
 		rec  func() []byte
 		want string
 	}{
-		{"slot far ahead", func() []byte { return desc(shmSlots+7, 1000) }, "slot sequence"},
-		{"slot behind", func() []byte { return desc(^uint32(0), 1000) }, "slot sequence"},
+		{"slot beyond the ring", func() []byte { return desc(shmSlots, 1000) }, "slot 128 of a 128-slot ring"},
+		{"slot far beyond", func() []byte { return desc(^uint32(0), 1000) }, "-slot ring"},
 		{"frame longer than a slot", func() []byte { return desc(0, shmSlotSize) }, "-byte frame"},
 		{"frame shorter than Ethernet", func() []byte { return desc(0, MinFrame-1) }, "-byte frame"},
 		{"short record", func() []byte { return make([]byte, VnetStreamHdrLen+ShmDescLen+1) }, "length"},
@@ -218,9 +232,34 @@ func TestShmBadDescriptors(t *testing.T) {
 	}
 }
 
-func desc(seq uint32, n int) []byte {
+// A peer that names slots more often than its ring holds, without the receiver handing
+// any back, is cut off rather than believed.
+func TestShmTooManyLent(t *testing.T) {
+	_, b, raw := shmPorts(t, true, true)
+	var wire []byte
+	for i := 0; i <= shmSlots; i++ {
+		wire = binary.BigEndian.AppendUint32(wire, VnetStreamHdrLen+ShmDescLen)
+		wire = append(wire, desc(0, 1000)...)
+	}
+	go raw.Write(wire)
+	bufs, sizes := makeBufs(shmSlots+1, 64)
+	lent := make([][]byte, shmSlots+1)
+	got := 0
+	for {
+		n, err := b.ReadBatchLent(bufs[got:], sizes[got:], lent[got:])
+		got += n
+		if err != nil {
+			if !errors.Is(err, errBadDesc) || got != shmSlots {
+				t.Fatalf("after %d lent: err = %v, want errBadDesc after %d", got, err, shmSlots)
+			}
+			return
+		}
+	}
+}
+
+func desc(slot uint32, n int) []byte {
 	rec := make([]byte, VnetStreamHdrLen+ShmDescLen)
-	binary.LittleEndian.PutUint32(rec[VnetStreamHdrLen:], seq)
+	binary.LittleEndian.PutUint32(rec[VnetStreamHdrLen:], slot)
 	binary.LittleEndian.PutUint32(rec[VnetStreamHdrLen+4:], uint32(n))
 	return rec
 }
@@ -240,7 +279,7 @@ func TestShmCloseWhileInUse(t *testing.T) {
 		t.Fatalf("n=%d err=%v lent=%v", n, err, lent[0] != nil)
 	}
 	slots := make([][]byte, 2)
-	if n, _ := a.TxSlots(slots, VnetStreamHdrLen); n != 2 {
+	if n := a.TxSlots(slots, VnetStreamHdrLen); n != 2 {
 		t.Fatal("no slots")
 	}
 	a.Close()
@@ -256,7 +295,7 @@ func TestShmCloseWhileInUse(t *testing.T) {
 		t.Fatal("a ring is still mapped after the last user let go")
 	}
 	// And a closed port hands out no slots.
-	if n, _ := a.TxSlots(slots, VnetStreamHdrLen); n != 0 {
+	if n := a.TxSlots(slots, VnetStreamHdrLen); n != 0 {
 		t.Fatalf("TxSlots after Close = %d", n)
 	}
 }

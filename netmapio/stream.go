@@ -75,12 +75,16 @@ type StreamPort struct {
 	emits   vnethdr.Offloads
 
 	// Shared-memory rings (shm.go), nil unless both ends of a vnet-hdr=on stream over
-	// AF_UNIX agreed on them. shmTx, txHead and txConsumed belong to the writing
-	// goroutine; shmRx, rxNext and rxHeld to the reading one.
-	shmTx, shmRx       *shmArea
-	txHead, txConsumed uint32
-	rxNext             uint32
-	rxHeld             bool // a reference on shmRx is held for frames lent out
+	// AF_UNIX agreed on them. shmTx and the tx fields belong to the writing goroutine,
+	// shmRx and the rx fields to the reading one.
+	shmTx, shmRx *shmArea
+	txFree       []uint32 // free slots, the most recently freed last
+	txLent       []bool   // per slot: lent to the peer
+	txBatch      []uint32 // the slots the last TxSlots handed out
+	txN          int      // how many
+	txCons       uint32   // completions taken from the peer
+	rxLent       []uint32 // slots lent to our caller since the last ReleaseLent
+	rxProd       uint32   // completions handed back to the peer
 }
 
 var (

@@ -205,7 +205,7 @@ func NewVnetStreamPort(c net.Conn, st *Stats, accepts vnethdr.Offloads, shm bool
 	}
 	s.accepts, s.emits = pa, accepts
 	if tx != nil {
-		s.shmTx, s.shmRx = tx, rx
+		s.setShm(tx, rx)
 		// Descriptors are shorter than any frame record (shm.go): the deframer lets
 		// them through and ReadBatchLent tells the two apart.
 		s.df.lo = s.hdrLen + ShmDescLen
