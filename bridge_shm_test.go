@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"errors"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -44,9 +45,13 @@ func TestShmBridgeEndToEnd(t *testing.T) {
 			a, b := testBridge(tapA, false), testBridge(tapB, false)
 			near, far := vnetPair(t, true)
 			a.port.Store(newPortRef(near))
+			// The port-side capture records the frames descriptors name, not descriptors.
+			portFile := filepath.Join(t.TempDir(), "port.pcap")
+			if err := a.capture.set(&a.capture.port, portFile); err != nil {
+				t.Fatal(err)
+			}
 			doneA := make(chan error, 1)
 			go func() { doneA <- a.runTapToPort() }()
-			defer func() { close(tapA.closed); <-doneA }()
 
 			in := shmFrames(900)
 			for _, pkt := range in {
@@ -88,6 +93,20 @@ func TestShmBridgeEndToEnd(t *testing.T) {
 			far.Close()
 			if err := <-doneB; !errors.Is(err, netmapio.ErrClosed) {
 				t.Fatalf("runPortToTap: %v", err)
+			}
+			close(tapA.closed)
+			<-doneA
+			if err := a.capture.close(); err != nil {
+				t.Fatal(err)
+			}
+			lens := readPcap(t, portFile)
+			if len(lens) != len(in) {
+				t.Fatalf("port capture holds %d records, want %d", len(lens), len(in))
+			}
+			for i, l := range lens {
+				if l != len(in[i])-10 {
+					t.Fatalf("port capture record %d is %d bytes, want the %d-byte frame", i, l, len(in[i])-10)
+				}
 			}
 		})
 	}

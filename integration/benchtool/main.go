@@ -9,6 +9,9 @@
 //
 // where "relay" is tapgro (with the settings the row names) or the naive frame-at-a-time
 // relay, and the "veth" row joins the two namespaces with a veth pair (the kernel ceiling).
+// The TAP-to-TAP rows are one process (gsorelay) holding both TAPs with no stream
+// between: the floor of what any TAP relay pays per frame, with the read and the write of
+// a frame on one thread, or on two (-split), the references for the vnet-hdr=on rows.
 // The guest side is emulated the way the issue asks: its TAP keeps TSO on and its tapgro
 // segments in software, so the stream carries exactly the MTU frames a QEMU guest behind
 // -netdev stream would send, without a per-frame TAP read capping the sender.
@@ -41,6 +44,7 @@ const (
 	kindVeth relayKind = iota
 	kindNaive
 	kindTapgro
+	kindGSORelay
 )
 
 type caseDef struct {
@@ -58,14 +62,24 @@ var cases = []caseDef{
 	{"tapgro GRO off, offload off", kindTapgro, []string{"--gro", "off", "--offload", "off"}},
 	{"tapgro GRO on, timer flush 50us", kindTapgro, []string{"--gro-flush", "timer"}},
 	{vnetRow, kindTapgro, nil},
+	{vnetSocketRow, kindTapgro, nil},
+	{gsoRelayRow, kindGSORelay, nil},
+	{gsoSplitRow, kindGSORelay, []string{"-split"}},
 }
 
 // vnetRow joins the two tapgro with the vnet-hdr=on stream (tapgro to tapgro only):
-// GSO frames cross whole instead of being split and coalesced again.
-const vnetRow = "tapgro vnet-hdr=on (GSO passthrough)"
+// GSO frames cross whole instead of being split and coalesced again, through the
+// shared-memory rings two tapgro on one host set up. vnetSocketRow is the same with
+// shm=off, every frame crossing the socket (as between hosts).
+const (
+	vnetRow       = "tapgro vnet-hdr=on (GSO passthrough, shared memory)"
+	vnetSocketRow = "tapgro vnet-hdr=on,shm=off (GSO passthrough over the socket)"
+	gsoRelayRow   = "TAP-to-TAP relay, one process, GSO passthrough (no socket)"
+	gsoSplitRow   = "TAP-to-TAP relay, reader and writer threads (no socket)"
+)
 
 // netdevSuffix is appended to both tapgro --netdev specs of a row.
-var netdevSuffix = map[string]string{vnetRow: ",vnet-hdr=on"}
+var netdevSuffix = map[string]string{vnetRow: ",vnet-hdr=on", vnetSocketRow: ",vnet-hdr=on,shm=off"}
 
 type testDef struct {
 	name  string
@@ -85,6 +99,7 @@ type bench struct {
 	secs, reps, mtu int
 	work            string
 	tapgro, naive   string
+	gsorelay        string
 	nsGuest, nsHost string
 	procs           []*exec.Cmd
 	relayPIDs       map[string]int // "host"/"guest" -> pid
@@ -116,7 +131,8 @@ func main() {
 	defer os.RemoveAll(b.work)
 	b.tapgro = filepath.Join(b.work, "tapgro")
 	b.naive = filepath.Join(b.work, "naiverelay")
-	for bin, pkg := range map[string]string{b.tapgro: "tapgro", b.naive: "tapgro/integration/naiverelay"} {
+	b.gsorelay = filepath.Join(b.work, "gsorelay")
+	for bin, pkg := range map[string]string{b.tapgro: "tapgro", b.naive: "tapgro/integration/naiverelay", b.gsorelay: "tapgro/integration/gsorelay"} {
 		if out, err := exec.Command("go", "build", "-o", bin, pkg).CombinedOutput(); err != nil {
 			fatal("go build %s: %v\n%s", pkg, err, out)
 		}
@@ -169,7 +185,11 @@ func main() {
 						gb += v * float64(b.secs) / 8
 					}
 					cpu1 := b.cpu()
-					r.cpu = fmt.Sprintf("%.2f / %.2f", (cpu1["host"]-cpu0["host"])/gb, (cpu1["guest"]-cpu0["guest"])/gb)
+					if _, ok := cpu1["guest"]; ok {
+						r.cpu = fmt.Sprintf("%.2f / %.2f", (cpu1["host"]-cpu0["host"])/gb, (cpu1["guest"]-cpu0["guest"])/gb)
+					} else {
+						r.cpu = fmt.Sprintf("%.2f (one process)", (cpu1["host"]-cpu0["host"])/gb)
+					}
 				}
 				fmt.Fprintf(os.Stderr, "   %-38s %-14s %v %s\n", t.name, d.name, fmtVals(r.vals), t.unit)
 				if res[t.name] == nil {
@@ -284,11 +304,15 @@ func (b *bench) setup(c caseDef) error {
 		time.Sleep(300 * time.Millisecond)
 		b.start("guest", b.nsGuest, b.naive, "-tap", "tg0", "-addr", "198.18.0.2/24", "-mtu", mtu, "-connect", sock)
 	case kindTapgro:
-		common := append([]string{"--tap", "tg0", "--mtu", mtu, "--log-level", "warn"}, c.args...)
+		// Both TAPs are tg0: without --ctl-socket "" the two would race for /run/tapgro/tg0.ctl.
+		common := append([]string{"--tap", "tg0", "--mtu", mtu, "--log-level", "warn", "--ctl-socket", ""}, c.args...)
 		sfx := netdevSuffix[c.name]
 		b.start("host", b.nsHost, b.tapgro, append([]string{"--addr", "198.18.0.1/24", "--netdev", "stream,server=on,addr.type=unix,addr.path=" + sock + sfx}, common...)...)
 		time.Sleep(300 * time.Millisecond)
 		b.start("guest", b.nsGuest, b.tapgro, append([]string{"--addr", "198.18.0.2/24", "--netdev", "stream,server=off,addr.type=unix,addr.path=" + sock + sfx}, common...)...)
+	case kindGSORelay:
+		// One process for both sides: its CPU is reported as the host side's.
+		b.start("host", "", b.gsorelay, append([]string{"-a", b.nsGuest, "-a-addr", "198.18.0.2/24", "-b", b.nsHost, "-b-addr", "198.18.0.1/24", "-mtu", mtu}, c.args...)...)
 	}
 	deadline := time.Now().Add(15 * time.Second)
 	for exec.Command("ip", "netns", "exec", b.nsGuest, "ping", "-c", "1", "-W", "1", "198.18.0.1").Run() != nil {
@@ -300,8 +324,12 @@ func (b *bench) setup(c caseDef) error {
 	return nil
 }
 
+// start runs bin in namespace ns ("": in tapgro's own).
 func (b *bench) start(role, ns, bin string, args ...string) {
-	cmd := exec.Command("ip", append([]string{"netns", "exec", ns, bin}, args...)...)
+	cmd := exec.Command(bin, args...)
+	if ns != "" {
+		cmd = exec.Command("ip", append([]string{"netns", "exec", ns, bin}, args...)...)
+	}
 	cmd.Stderr = os.Stderr
 	if err := cmd.Start(); err != nil {
 		fatal("start %s: %v", bin, err)
@@ -443,7 +471,7 @@ func (b *bench) report(path, pngPath string, sel []caseDef, tests []testDef, dir
 	fmt.Fprintf(&w, "Generated by `go run ./integration/benchtool -t %d -r %d -mtu %d` on %s.\n\n", b.secs, b.reps, b.mtu, time.Now().UTC().Format("2006-01-02 15:04 UTC"))
 	fmt.Fprintf(&w, "Machine: %s, kernel %s, %d cores (%s), Go %s. Shared and noisy: compare ratios within one table, not absolutes across runs.\n\n",
 		host, strings.TrimSpace(output("uname", "-r")), runtime.NumCPU(), cpuModel(), runtime.Version())
-	fmt.Fprintf(&w, "Topology: two network namespaces; the relay on each side bridges a TAP (MTU %d) and a QEMU-protocol stream socket (`-netdev stream` framing over UNIX). The guest side's TAP keeps TSO on, so the stream carries the plain MTU frames a QEMU guest behind `-netdev stream` sends. Every row: %d runs of %d s per direction; ratio = median / first row's median. CPU = seconds of CPU (user+system) per GB moved, host-side relay / guest-side relay.\n\n", b.mtu, b.reps, b.secs)
+	fmt.Fprintf(&w, "Topology: two network namespaces; the relay on each side bridges a TAP (MTU %d) and a QEMU-protocol stream socket (`-netdev stream` framing over UNIX). The guest side's TAP keeps TSO on, so the stream carries the plain MTU frames a QEMU guest behind `-netdev stream` sends. The vnet-hdr=on rows use tapgro's own extension of that stream instead (headers with every frame, GSO frames whole; tapgro to tapgro only). The TAP-to-TAP rows are one process holding both TAPs, no socket: what any TAP relay pays, reading and writing each frame on one thread or (reader and writer threads) handing it from the reading thread to a writing one, as any relay with a hop between the two TAPs must. Every row: %d runs of %d s per direction; ratio = median / first row's median. CPU = seconds of CPU (user+system) per GB moved, host-side relay / guest-side relay.\n\n", b.mtu, b.reps, b.secs)
 	fmt.Fprintf(&w, "![TCP bulk throughput](%s)\n\n", filepath.Base(pngPath))
 	for _, t := range tests {
 		for _, d := range dirs {
@@ -484,6 +512,7 @@ func (b *bench) report(path, pngPath string, sel []caseDef, tests []testDef, dir
 	fmt.Fprintf(&w, "tapgro (host):  ip netns exec HOST  tapgro --tap tg0 --mtu %d --addr 198.18.0.1/24 --netdev stream,server=on,addr.type=unix,addr.path=S [row flags]\n", b.mtu)
 	fmt.Fprintf(&w, "tapgro (guest): ip netns exec GUEST tapgro --tap tg0 --mtu %d --addr 198.18.0.2/24 --netdev stream,server=off,addr.type=unix,addr.path=S [row flags]\n", b.mtu)
 	fmt.Fprintf(&w, "naive relay:    ip netns exec NS naiverelay -tap tg0 -addr ... -mtu %d -listen|-connect S\n", b.mtu)
+	fmt.Fprintf(&w, "TAP-to-TAP:     gsorelay -a GUEST -a-addr 198.18.0.2/24 -b HOST -b-addr 198.18.0.1/24 -mtu %d [-split]\n", b.mtu)
 	fmt.Fprintf(&w, "TCP bulk:       iperf3 -c DST -J -t %d [-P 4]\n", b.secs)
 	fmt.Fprintf(&w, "UDP 64 B:       iperf3 -c DST -J -u -l 64 -b 0 -t %d   (received datagrams/s)\n", b.secs)
 	fmt.Fprintf(&w, "latency:        ping -q -c 200 -i 0.005 DST            (mean RTT)\n")
