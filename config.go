@@ -156,6 +156,8 @@ SPEC mirrors QEMU's -netdev syntax from tapgro's side:
   stream,server=off,addr.type=fd,addr.str=N | socket,fd=N   a connected stream passed as fd N
   dgram,local.type=inet,local.host=H,local.port=N,remote.type=inet,remote.host=H,remote.port=N
   dgram,local.type=unix,local.path=P,remote.type=unix,remote.path=P
+  stream,...,vnet-hdr=on[,shm=off]   tapgro to tapgro only: GSO frames cross whole (over
+                                     unix, through shared memory unless shm=off)
 
 Environment (a flag on the command line wins over its variable):
   TAPGRO_GRO=on|off  TAPGRO_UDP_GRO=on|off  TAPGRO_OFFLOAD=auto|off|LIST   as --gro, --udp-gro, --offload

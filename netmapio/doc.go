@@ -21,8 +21,12 @@
 // two tapgro instances: a 16-byte hello in both directions ("TAPGRO\x00", version,
 // header length, accepted offloads; 5 s timeout), then records of [length][12-byte
 // virtio_net_hdr][frame], so 64 KiB GSO frames cross whole. QEMU, or a plain tapgro,
-// fails the hello at once on both ends. Every Port is also a VnetBackend (backend.go),
-// QEMU's backend offload callbacks (wire.md §5) as one interface.
+// fails the hello at once on both ends. Over AF_UNIX the two ends may also agree on
+// shared-memory rings (shm.go): large frames then stay in a memfd slot the sender read
+// the TAP into, a descriptor crosses the stream in their place, and the receiver writes
+// the TAP from the slot (ShmSender on the sending side, Lender on the receiving one).
+// Every Port is also a VnetBackend (backend.go), QEMU's backend offload callbacks
+// (wire.md §5) as one interface.
 //
 // # Framing
 //

@@ -215,7 +215,7 @@ func (sp *Spec) parseStream(kv map[string]string) error {
 	}
 	if v, ok := kv["shm"]; ok {
 		if !sp.VnetHdr {
-			return fmt.Errorf("stream: shm=%s needs vnet-hdr=on (shared-memory rings are a tapgro-to-tapgro extension)", v)
+			return fmt.Errorf("netdev: stream: shm=%s needs vnet-hdr=on (shared-memory rings are a tapgro-to-tapgro extension)", v)
 		}
 		shm, err := boolKey(kv, "shm")
 		if err != nil {

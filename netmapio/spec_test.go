@@ -37,6 +37,18 @@ func TestParseSpecGood(t *testing.T) {
 			qemu: "stream,id=n0,server=off,addr.type=inet,addr.host=::1,addr.port=5555",
 		},
 		{
+			in:   "stream,server=on,addr.type=unix,addr.path=/p,vnet-hdr=on,shm=off",
+			want: Spec{Backend: BackendStream, Role: RoleServer, Local: Addr{Type: "unix", Path: "/p"}, VnetHdr: true, NoShm: true},
+			str:  "stream,server=on,addr.type=unix,addr.path=/p,vnet-hdr=on,shm=off",
+			qemu: "stream,id=n0,server=off,addr.type=unix,addr.path=/p",
+		},
+		{
+			in:   "stream,server=on,addr.type=unix,addr.path=/p,vnet-hdr=on,shm=on",
+			want: Spec{Backend: BackendStream, Role: RoleServer, Local: Addr{Type: "unix", Path: "/p"}, VnetHdr: true},
+			str:  "stream,server=on,addr.type=unix,addr.path=/p,vnet-hdr=on",
+			qemu: "stream,id=n0,server=off,addr.type=unix,addr.path=/p",
+		},
+		{
 			in:   "stream,server=on,addr.type=inet,addr.host=0.0.0.0,addr.port=5555",
 			want: Spec{Backend: BackendStream, Role: RoleServer, Local: Addr{Type: "inet", Host: "0.0.0.0", Port: 5555}},
 			str:  "stream,server=on,addr.type=inet,addr.host=0.0.0.0,addr.port=5555",
@@ -123,6 +135,8 @@ func TestParseSpecBad(t *testing.T) {
 		{"stream,server", `"server" is not key=value`},
 		{"stream,server=maybe,addr.type=unix,addr.path=/p", `bad value "maybe" for key "server"`},
 		{"stream,vnet-hdr=2,addr.type=unix,addr.path=/p", `bad value "2" for key "vnet-hdr"`},
+		{"stream,shm=off,addr.type=unix,addr.path=/p", `shm=off needs vnet-hdr=on`},
+		{"stream,vnet-hdr=on,shm=x,addr.type=unix,addr.path=/p", `bad value "x" for key "shm"`},
 		{"stream,server=on", `needs key "addr.type"`},
 		{"stream,addr.type=fd,addr.str=1", `want a file descriptor number >= 3`},
 		{"stream,addr.type=fd", `addr.type=fd needs key "addr.str"`},
