@@ -49,10 +49,6 @@ type dirStats struct {
 	// them (vnet-hdr), port→TAP from a vnet-hdr port to the TAP.
 	GSOPassthrough atomic.Uint64
 	CsumCompleted  atomic.Uint64 // TAP→port: NEEDS_CSUM completed in software
-	// ShmFrames counts frames that crossed in a shared-memory ring slot instead of the
-	// socket (netmapio/shm.go): TAP→port read into our ring, port→TAP written from the
-	// peer's.
-	ShmFrames atomic.Uint64
 }
 
 type bridgeConfig struct {
@@ -365,7 +361,6 @@ func (p *tapToPort) stageShm(n int, i int) {
 	_ = p.outHdr.Encode(buf, p.hl)
 	p.shmRef.shm.PutShmDesc(buf[p.hl:], i, n)
 	p.pool.Commit(p.hl + netmapio.ShmDescLen)
-	p.b.t2p.ShmFrames.Add(1)
 	if p.pool.PerFrame() {
 		p.flush(rxpool.ReasonFrame)
 	}
@@ -557,9 +552,10 @@ type portToTap struct {
 	head  int // where the Ethernet frame starts in bufs[i]
 	hdr   vnethdr.Hdr
 
-	// A port that lends frames in place from its peer's shared-memory ring
-	// (netmapio/shm.go): lent[i] is set for such a frame, and cur[i] is the buffer frame i
-	// of the batch is in, laid out like bufs[i] (frame at head), whichever it came in.
+	// A port that lends frames in place (from its peer's shared-memory ring, or its own
+	// read buffer; netmapio/shm.go): lent[i] is set for such a frame, and cur[i] is the
+	// buffer frame i of the batch is in, laid out like bufs[i] (frame at head), whichever
+	// it came in.
 	lender netmapio.Lender
 	lent   [][]byte
 	cur    [][]byte

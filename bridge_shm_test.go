@@ -80,7 +80,7 @@ func TestShmBridgeEndToEnd(t *testing.T) {
 			if len(out) != len(in) {
 				t.Fatalf("far TAP got %d frames, want %d", len(out), len(in))
 			}
-			sent, got := a.t2p.ShmFrames.Load(), b.p2t.ShmFrames.Load()
+			sent, got := near.Stats().ShmFramesOut.Load(), far.Stats().ShmFramesIn.Load()
 			if sent == 0 || sent != got {
 				t.Fatalf("frames by descriptor: %d sent, %d received", sent, got)
 			}

@@ -65,6 +65,13 @@ func (f *fakeTap) Write(pkt []byte) (int, error) {
 	return len(pkt), nil
 }
 
+// writes is how many packets were written so far.
+func (f *fakeTap) writes() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.count
+}
+
 func (f *fakeTap) written() [][]byte {
 	f.mu.Lock()
 	defer f.mu.Unlock()

@@ -49,9 +49,6 @@ func (p *portToTap) addWithHeaders(coal *coalescer.Coalescer, n int, now int64) 
 				st.GSOPassthrough.Add(1)
 			}
 		}
-		if p.lent != nil && p.lent[i] != nil {
-			st.ShmFrames.Add(1)
-		}
 		coal.Add(buf[p.head-tl:p.head-p.phl+p.sizes[i]], &p.hdr, now)
 	}
 }

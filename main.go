@@ -248,7 +248,7 @@ func run(ctx context.Context, o *options, log *logrus.Logger) error {
 	err = supervise(ctx, b, ep, log, drain)
 	tap.Close()
 	<-tapErr
-	logSummary(b, log)
+	logSummary(b, ep.Stats(), log)
 	return err
 }
 
@@ -388,7 +388,7 @@ func onOffString(b bool) string {
 
 // logSummary prints the counters once at exit; `tapgro demo` and the integration tests
 // read them from here.
-func logSummary(b *bridge, log *logrus.Logger) {
+func logSummary(b *bridge, ps *netmapio.Stats, log *logrus.Logger) {
 	f := logrus.Fields{
 		"tap_to_port_reads":  b.t2p.Reads.Load(),
 		"tap_to_port_frames": b.t2p.Frames.Load(),
@@ -410,8 +410,8 @@ func logSummary(b *bridge, log *logrus.Logger) {
 	f["tap_to_port_gso_passthrough"] = b.t2p.GSOPassthrough.Load()
 	f["port_to_tap_gso_passthrough"] = b.p2t.GSOPassthrough.Load()
 	f["port_to_tap_malformed"] = b.p2t.DropMalformed.Load()
-	f["tap_to_port_shm"] = b.t2p.ShmFrames.Load()
-	f["port_to_tap_shm"] = b.p2t.ShmFrames.Load()
+	f["tap_to_port_shm"] = ps.ShmFramesOut.Load()
+	f["port_to_tap_shm"] = ps.ShmFramesIn.Load()
 	f["dropped"] = b.t2p.DropNoPeer.Load() + b.t2p.DropMalformed.Load() + b.t2p.DropPortError.Load() +
 		b.p2t.DropMalformed.Load() + b.p2t.DropTapEIO.Load() + b.p2t.DropTapError.Load()
 	// Per-direction accounting: every frame read from the TAP was delivered, split (GSO),

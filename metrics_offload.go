@@ -68,9 +68,9 @@ func addOffloadMetrics(c *collector, b *bridge, ep netmapio.Endpoint) {
 	c.add("tapgro_shm_connects_total", "vnet-hdr=on connections over AF_UNIX that set up shared-memory rings with their peer.",
 		prometheus.CounterValue, nil, u(ep.Stats().ShmConnects.Load))
 	c.add("tapgro_shm_frames_total", "Frames that crossed in a shared-memory ring slot instead of the socket (tap_to_port: read into this end's ring; port_to_tap: written from the peer's).",
-		prometheus.CounterValue, prometheus.Labels{"direction": "tap_to_port"}, u(b.t2p.ShmFrames.Load))
+		prometheus.CounterValue, prometheus.Labels{"direction": "tap_to_port"}, u(ep.Stats().ShmFramesOut.Load))
 	c.add("tapgro_shm_frames_total", "Frames that crossed in a shared-memory ring slot instead of the socket (tap_to_port: read into this end's ring; port_to_tap: written from the peer's).",
-		prometheus.CounterValue, prometheus.Labels{"direction": "port_to_tap"}, u(b.p2t.ShmFrames.Load))
+		prometheus.CounterValue, prometheus.Labels{"direction": "port_to_tap"}, u(ep.Stats().ShmFramesIn.Load))
 	c.add("tapgro_shm_ring_full_total", "TAP read batches that found this end's shared-memory ring full: their frames crossed the socket instead.",
 		prometheus.CounterValue, nil, u(ep.Stats().ShmRingFull.Load))
 }

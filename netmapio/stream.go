@@ -147,14 +147,15 @@ func (s *StreamPort) ReadBatch(bufs [][]byte, sizes []int) (int, error) {
 	return s.ReadBatchLent(bufs, sizes, nil)
 }
 
-// ReadBatchLent is ReadBatch for a caller that can take frames in place from the peer's
-// shared-memory ring (shm.go) instead of having them copied. With lent non-nil, frame i
-// is either copied into bufs[i] as by ReadBatch, with lent[i] set to nil, or lent:
-// lent[i] is then the whole slot, the record (vnet header, then frame, sizes[i] bytes in
-// all) starts at lent[i][ShmHeadroom-VnetHdrLen()], and the ShmHeadroom bytes before the
-// frame may be overwritten (with the TAP's own header). Lent frames stay valid, and the
-// slot stays the caller's, until ReleaseLent, which the caller must call once it is done
-// with them and before the next ReadBatchLent. With lent nil, nothing is lent.
+// ReadBatchLent is ReadBatch for a caller that can take frames in place instead of
+// having them copied: from the peer's shared-memory ring (shm.go), or, on a vnet-hdr=on
+// stream, from the port's own read buffer. With lent non-nil, frame i is either copied
+// into bufs[i] as by ReadBatch, with lent[i] set to nil, or lent: the record (vnet
+// header, then frame, sizes[i] bytes in all) then starts at
+// lent[i][ShmHeadroom-VnetHdrLen()], and the ShmHeadroom bytes before the frame may be
+// overwritten (with the TAP's own header). Lent frames stay valid until ReleaseLent,
+// which the caller must call once it is done with them and before the next
+// ReadBatchLent. With lent nil, nothing is lent.
 func (s *StreamPort) ReadBatchLent(bufs [][]byte, sizes []int, lent [][]byte) (int, error) {
 	want := min(len(bufs), len(sizes))
 	if lent != nil {
@@ -197,6 +198,17 @@ func (s *StreamPort) ReadBatchLent(bufs [][]byte, sizes []int, lent [][]byte) (i
 				// The deframer lets descriptors through; nothing else this short is a record.
 				ferr = &FrameError{Length: uint64(len(f)), Limit: MinFrame + s.hdrLen}
 				break
+			}
+			if lent != nil && s.hdrLen > 0 {
+				// Lent in place from the read buffer, which stays as it is until the
+				// next call: the record's own vnet header is the room for the caller's,
+				// and ShmHeadroom bytes before the frame are always inside the buffer.
+				rec := s.df.r + PrefixLen
+				lent[n], sizes[n] = s.df.buf[rec+s.hdrLen-ShmHeadroom:rec+len(f)], len(f)
+				bytes += len(f)
+				s.df.Discard()
+				n++
+				continue
 			}
 			if len(bufs[n]) < len(f) {
 				ferr = fmt.Errorf("netmapio: read buffer %d holds %d bytes, frame is %d: %w",

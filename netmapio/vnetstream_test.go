@@ -125,6 +125,48 @@ func TestVnetRecordsRoundTrip(t *testing.T) {
 	}
 }
 
+// On a vnet-hdr=on stream ReadBatchLent lends records from the read buffer instead of
+// copying them, with ShmHeadroom bytes in front of each frame that the caller may
+// overwrite without touching any other record of the batch.
+func TestVnetLendFromReadBuffer(t *testing.T) {
+	checkLeaks(t)
+	a, b := vnetPorts(t, "unix", VnetStreamAccepts, VnetStreamAccepts)
+	want := [][]byte{vnetRecordTag(65000, 1), vnetRecordTag(MinFrame, 2), vnetRecordTag(1500, 3), vnetRecordTag(MinFrame, 4)}
+	go a.WriteBatch(want)
+	bufs, sizes := makeBufs(8, 16)
+	lent := make([][]byte, 8)
+	got := 0
+	for got < len(want) {
+		n, err := b.ReadBatchLent(bufs[got:], sizes[got:], lent[got:])
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := got; i < got+n; i++ {
+			if lent[i] == nil {
+				t.Fatalf("record %d was copied, not lent", i)
+			}
+		}
+		// Scribble over every headroom of the batch, then check every record.
+		for i := got; i < got+n; i++ {
+			copy(lent[i][:ShmHeadroom], bytes.Repeat([]byte{0xAA}, ShmHeadroom))
+		}
+		for i := got; i < got+n; i++ {
+			frame := lent[i][ShmHeadroom : ShmHeadroom-VnetStreamHdrLen+sizes[i]]
+			if !bytes.Equal(frame, want[i][VnetStreamHdrLen:]) {
+				t.Fatalf("record %d: frame damaged by the batch's headroom writes", i)
+			}
+		}
+		got += n
+		b.ReleaseLent()
+	}
+}
+
+func vnetRecordTag(n int, tag byte) []byte {
+	rec := make([]byte, VnetStreamHdrLen+n)
+	copy(rec[VnetStreamHdrLen:], frame(n, tag))
+	return rec
+}
+
 // A vnet-hdr=on end meeting a plain (QEMU-framed) stream peer: both sides fail at once
 // with an error that says what happened, whichever speaks first.
 func TestVnetHelloAgainstPlainPeer(t *testing.T) {
