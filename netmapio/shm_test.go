@@ -19,25 +19,8 @@ import (
 func shmPorts(t *testing.T, shmA, shmB bool) (a, b *StreamPort, rawA *net.UnixConn) {
 	t.Helper()
 	ca, cb := unixPair(t, unix.SOCK_STREAM)
-	type res struct {
-		p   *StreamPort
-		err error
-	}
-	ch := make(chan res, 1)
-	go func() {
-		p, err := NewVnetStreamPort(cb, nil, VnetStreamAccepts, shmB, time.Second)
-		ch <- res{p, err}
-	}()
-	a, err := NewVnetStreamPort(ca, nil, VnetStreamAccepts, shmA, time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
-	r := <-ch
-	if r.err != nil {
-		t.Fatal(r.err)
-	}
-	t.Cleanup(func() { a.Close(); r.p.Close() })
-	return a, r.p, ca
+	a, b = helloBoth(t, ca, cb, VnetStreamAccepts, VnetStreamAccepts, shmA, shmB)
+	return a, b, ca
 }
 
 // Shared memory is set up only when both ends offer it, and only over AF_UNIX.

@@ -26,16 +26,23 @@ func vnetPorts(t testing.TB, kind string, acceptsA, acceptsB vnethdr.Offloads) (
 	} else {
 		ca, cb = unixPair(t, unix.SOCK_STREAM)
 	}
+	return helloBoth(t, ca, cb, acceptsA, acceptsB, shm, shm)
+}
+
+// helloBoth makes vnet-hdr=on ports of both ends of a connection, each offering shared
+// memory or not.
+func helloBoth(t testing.TB, ca, cb net.Conn, acceptsA, acceptsB vnethdr.Offloads, shmA, shmB bool) (a, b *StreamPort) {
+	t.Helper()
 	type res struct {
 		p   *StreamPort
 		err error
 	}
 	ch := make(chan res, 1)
 	go func() {
-		p, err := NewVnetStreamPort(cb, nil, acceptsB, shm, time.Second)
+		p, err := NewVnetStreamPort(cb, nil, acceptsB, shmB, time.Second)
 		ch <- res{p, err}
 	}()
-	a, err := NewVnetStreamPort(ca, nil, acceptsA, shm, time.Second)
+	a, err := NewVnetStreamPort(ca, nil, acceptsA, shmA, time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -26,20 +26,21 @@ var palette = []color.RGBA{{0x1f, 0x77, 0xb4, 0xff}, {0xff, 0x7f, 0x0e, 0xff}, {
 
 func drawChart(path, title string, series []string, bars []bar) error {
 	const (
-		labelW = 330
-		barH   = 14
-		gap    = 10
-		left   = 10
-		plotW  = 460
-		top    = 50
+		barH  = 14
+		gap   = 10
+		left  = 10
+		plotW = 460
+		top   = 50
 	)
 	var groups []string
 	seen := map[string]bool{}
 	maxV := 0.0
+	labelW := 330 // wide enough for the longest label in basicfont's 7-pixel cells
 	for _, b := range bars {
 		if !seen[b.label] {
 			seen[b.label] = true
 			groups = append(groups, b.label)
+			labelW = max(labelW, 7*len(b.label)+16)
 		}
 		maxV = max(maxV, b.value)
 	}

@@ -115,7 +115,14 @@ func main() {
 	png := flag.String("png", "BENCHMARKS.png", "bar chart (TCP bulk medians)")
 	only := flag.String("cases", "", "comma-separated case numbers to run (default all)")
 	withQEMU := flag.Bool("qemu", true, "add TCP rows for a real QEMU guest under TCG (needs qemu-system-x86_64)")
+	replot := flag.Bool("replot", false, "only redraw -png from the TCP 1-stream tables of an existing -out report")
 	flag.Parse()
+	if *replot {
+		if err := replotFrom(*out, *png); err != nil {
+			fatal("%v", err)
+		}
+		return
+	}
 	if os.Geteuid() != 0 {
 		fatal("needs root (network namespaces and TAP devices)")
 	}
@@ -556,4 +563,43 @@ func cpuModel() string {
 		}
 	}
 	return "unknown CPU"
+}
+
+// replotFrom redraws the chart from a report this tool wrote: the medians of its two
+// "TCP bulk, 1 stream" tables, so a change to the chart needs no new measurement.
+func replotFrom(mdPath, pngPath string) error {
+	md, err := os.ReadFile(mdPath)
+	if err != nil {
+		return err
+	}
+	var bars []bar
+	var dirs []string
+	title := ""
+	for _, sec := range strings.Split(string(md), "\n## ")[1:] {
+		head, body, _ := strings.Cut(sec, "\n")
+		if !strings.HasPrefix(head, "TCP bulk, 1 stream, ") {
+			continue
+		}
+		dir := strings.TrimSuffix(strings.TrimPrefix(head, "TCP bulk, 1 stream, "), " (Gbit/s)")
+		dirs = append(dirs, dir)
+		for _, line := range strings.Split(body, "\n") {
+			f := strings.Split(line, "|")
+			if len(f) < 4 || strings.TrimSpace(f[1]) == "case" || strings.HasPrefix(strings.TrimSpace(f[1]), "---") {
+				continue
+			}
+			v, err := strconv.ParseFloat(strings.TrimSpace(f[2]), 64)
+			if err != nil {
+				continue
+			}
+			bars = append(bars, bar{label: strings.TrimSpace(f[1]), series: dir, value: v})
+		}
+	}
+	if len(dirs) != 2 || len(bars) == 0 {
+		return fmt.Errorf("%s: no two \"TCP bulk, 1 stream\" tables to plot", mdPath)
+	}
+	m := regexp.MustCompile(`-r (\d+)`).FindStringSubmatch(string(md))
+	if m != nil {
+		title = "TCP bulk, 1 stream: median Gbit/s (" + m[1] + " runs)"
+	}
+	return drawChart(pngPath, title, dirs, bars)
 }
