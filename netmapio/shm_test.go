@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"net"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -332,4 +333,37 @@ func TestShmAnnouncementWithoutFD(t *testing.T) {
 		t.Fatalf("err = %v, want a HelloError about the missing descriptor", err)
 	}
 	ca.Close()
+}
+
+// ringMappings counts this process's mappings of tapgro ring memfds.
+func ringMappings(t *testing.T) int {
+	t.Helper()
+	maps, err := os.ReadFile("/proc/self/maps")
+	if err != nil {
+		t.Skipf("no /proc/self/maps: %v", err)
+	}
+	return bytes.Count(maps, []byte("memfd:tapgro-vnet-ring"))
+}
+
+// Rings are unmapped once both ports of a connection are closed and nothing holds a
+// slot, however many connections come and go.
+func TestShmNoMappingLeak(t *testing.T) {
+	before := ringMappings(t)
+	for i := 0; i < 20; i++ {
+		ca, cb := unixPair(t, unix.SOCK_STREAM)
+		a, b := helloBoth(t, ca, cb, VnetStreamAccepts, VnetStreamAccepts, true, true)
+		if got := ringMappings(t); got != before+4 {
+			t.Fatalf("connection %d: %d ring mappings, want %d (two rings, each mapped by both ends)", i, got, before+4)
+		}
+		descs := sendLent(t, a, [][]byte{vnetRecord(65000, byte(i))})
+		a.WriteBatch(descs)
+		bufs, sizes := makeBufs(1, MaxFrame+VnetStreamHdrLen)
+		b.ReadBatchLent(bufs, sizes, make([][]byte, 1))
+		a.Close()
+		b.Close()
+		b.ReleaseLent() // the lent slot kept the peer's ring mapped until now
+	}
+	if got := ringMappings(t); got != before {
+		t.Fatalf("%d ring mappings left after all connections closed, want %d", got, before)
+	}
 }
