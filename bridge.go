@@ -29,6 +29,11 @@ import (
 // The TAP→port goroutine lives as long as the TAP: while no peer is connected it keeps
 // reading and discards (counted), as QEMU itself discards while its link is down
 // (wire.md §3.3). The port→TAP goroutine lives as long as one connection.
+//
+// Towards another tapgro on the same host (vnet-hdr=on over UNIX, netmapio/shm.go) the
+// TAP is read straight into the port's shared ring slots and only a descriptor is
+// staged for a large frame; on the far side the frame is written to the TAP from the
+// slot it arrived in, so neither pipeline copies it.
 
 // dirStats counts one direction. Drops are split by reason so an operator can tell a
 // missing peer from a malformed frame from a kernel refusal.
