@@ -28,10 +28,26 @@ func statPair(t testing.TB) (near, far *netmapio.StreamPort, st *netmapio.Stats)
 
 // drain reads far until it is closed and sends every frame's TCP sequence number and
 // length on the channel (when it is not nil).
+// fillMixed fills p's read buffers as a TAP read would: 64 KB TSO frames, every fourth
+// a plain MTU frame.
+func fillMixed(p *tapToPort) {
+	pkt := gsoTCP4(10, pattern(65000), 1448)
+	plain := tcp4(1, 1, pattern(1448))
+	plainPkt := make([]byte, 10+len(plain))
+	copy(plainPkt[10:], plain)
+	for i := range p.bufs {
+		if i%4 == 3 {
+			p.sizes[i] = copy(p.bufs[i], plainPkt)
+		} else {
+			p.sizes[i] = copy(p.bufs[i], pkt)
+		}
+	}
+}
+
 func drain(far netmapio.Port, seqs chan<- [2]uint32) {
 	bufs := make([][]byte, 64)
 	for i := range bufs {
-		bufs[i] = make([]byte, netmapio.MaxFrame)
+		bufs[i] = make([]byte, netmapio.MaxFrame+netmapio.VnetStreamHdrLen)
 	}
 	sizes := make([]int, 64)
 	for {
@@ -200,17 +216,7 @@ func TestTapToPortZeroAllocs(t *testing.T) {
 	b.port.Store(&portRef{p: near})
 	go drain(far, nil)
 	p := newTapToPort(b)
-	pkt := gsoTCP4(10, pattern(65000), 1448)
-	plain := tcp4(1, 1, pattern(1448))
-	plainPkt := make([]byte, 10+len(plain))
-	copy(plainPkt[10:], plain)
-	for i := range p.bufs {
-		if i%4 == 3 {
-			p.sizes[i] = copy(p.bufs[i], plainPkt)
-		} else {
-			p.sizes[i] = copy(p.bufs[i], pkt)
-		}
-	}
+	fillMixed(p)
 	allocs := testing.AllocsPerRun(100, func() { p.process(8) })
 	if allocs != 0 {
 		t.Fatalf("%v allocations per batch, want 0", allocs)

@@ -289,18 +289,7 @@ func BenchmarkTapToPort(b *testing.B) {
 	br := testBridge(tap, true)
 	near, far := streamPair(b)
 	br.port.Store(&portRef{p: near})
-	go func() {
-		bufs := make([][]byte, 64)
-		for i := range bufs {
-			bufs[i] = make([]byte, netmapio.MaxFrame)
-		}
-		sizes := make([]int, 64)
-		for {
-			if _, err := far.ReadBatch(bufs, sizes); err != nil {
-				return
-			}
-		}
-	}()
+	go drain(far, nil)
 	p := newTapToPort(br)
 	pkt := gsoTCP4(10, pattern(65000), 1448)
 	for i := range p.bufs {

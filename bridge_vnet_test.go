@@ -317,30 +317,9 @@ func TestTapToVnetPortZeroAllocs(t *testing.T) {
 	b := testBridge(tap, true)
 	near, far := vnetPair(t, false)
 	b.port.Store(newPortRef(near))
-	go func() {
-		bufs := make([][]byte, 64)
-		for i := range bufs {
-			bufs[i] = make([]byte, netmapio.MaxFrame+12)
-		}
-		sizes := make([]int, 64)
-		for {
-			if _, err := far.ReadBatch(bufs, sizes); err != nil {
-				return
-			}
-		}
-	}()
+	go drain(far, nil)
 	p := newTapToPort(b)
-	pkt := gsoTCP4(10, pattern(65000), 1448)
-	plain := tcp4(1, 1, pattern(1448))
-	plainPkt := make([]byte, 10+len(plain))
-	copy(plainPkt[10:], plain)
-	for i := range p.bufs {
-		if i%4 == 3 {
-			p.sizes[i] = copy(p.bufs[i], plainPkt)
-		} else {
-			p.sizes[i] = copy(p.bufs[i], pkt)
-		}
-	}
+	fillMixed(p)
 	if allocs := testing.AllocsPerRun(100, func() { p.process(8) }); allocs != 0 {
 		t.Fatalf("%v allocations per batch, want 0", allocs)
 	}
@@ -352,18 +331,7 @@ func BenchmarkTapToVnetPort(b *testing.B) {
 	br := testBridge(tap, true)
 	near, far := vnetPair(b, false)
 	br.port.Store(newPortRef(near))
-	go func() {
-		bufs := make([][]byte, 64)
-		for i := range bufs {
-			bufs[i] = make([]byte, netmapio.MaxFrame+12)
-		}
-		sizes := make([]int, 64)
-		for {
-			if _, err := far.ReadBatch(bufs, sizes); err != nil {
-				return
-			}
-		}
-	}()
+	go drain(far, nil)
 	p := newTapToPort(br)
 	pkt := gsoTCP4(10, pattern(65000), 1448)
 	for i := range p.bufs {
