@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -88,6 +89,12 @@ type proc struct {
 func startTapgro(t testing.TB, ns *netnstest.NS, name string, args ...string) *proc {
 	t.Helper()
 	bin := tapgroBin(t)
+	if !slices.Contains(args, "--ctl-socket") {
+		// The default control socket, /run/tapgro/<tap>.ctl, is shared by every
+		// namespace: tests whose TAPs share a name would race for it, and a killed
+		// tapgro would leave it behind on the host.
+		args = append(slices.Clip(args), "--ctl-socket", "")
+	}
 	// ip netns exec execs in place, so the PID we hold is tapgro's own.
 	cmd := exec.Command("ip", append([]string{"netns", "exec", ns.Name, bin}, args...)...)
 	p := &proc{t: t, name: name, cmd: cmd, out: &syncBuffer{}, done: make(chan struct{})}
