@@ -457,9 +457,11 @@ func (p *tapToPort) reserve(segCap, nseg int) bool {
 }
 
 // flush hands everything staged to the port and reports whether the port is still
-// usable. A failing port is closed so its port→TAP goroutine ends and the supervisor
-// waits for the next peer; the frames it could not take are counted, not retried, like
-// a NIC whose cable was pulled.
+// usable. A failing port is dropped from the TAP→port side; the frames it could not take
+// are counted, not retried, like a NIC whose cable was pulled. When the peer has simply
+// gone (EPIPE, ECONNRESET) the port is left open for its port→TAP goroutine, which reads
+// what the peer sent before it went, up to the end of the stream, and then ends the
+// connection; any other failure closes the port at once.
 func (p *tapToPort) flush(why rxpool.Reason) bool {
 	st := &p.b.t2p
 	staged, _ := p.pool.Queued()
@@ -476,7 +478,9 @@ func (p *tapToPort) flush(why rxpool.Reason) bool {
 	}
 	st.DropPortError.Add(uint64(staged - n))
 	p.pool.Discard(rxpool.DropPortError)
-	p.ref.p.Close()
+	if !errors.Is(err, unix.EPIPE) && !errors.Is(err, unix.ECONNRESET) {
+		p.ref.p.Close()
+	}
 	p.b.port.CompareAndSwap(p.ref, nil)
 	p.ref, p.out = nil, nil
 	return false

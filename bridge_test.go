@@ -345,3 +345,38 @@ func BenchmarkPortToTap(b *testing.B) {
 	b.StopTimer()
 	b.ReportMetric(float64(br.p2t.Reads.Load())/float64(max(1, br.p2t.Frames.Load())), "segs/packet")
 }
+
+// A peer that sends and then goes away: the TAP→port write fails with EPIPE, and the
+// port→TAP side still delivers everything the peer sent before it went.
+func TestPeerGoneKeepsWhatItSent(t *testing.T) {
+	tap := newFakeTap(10, true)
+	b := testBridge(tap, false)
+	near, far := streamPair(t)
+	ref := newPortRef(near)
+	b.port.Store(ref)
+	var sent [][]byte
+	for i := 0; i < 200; i++ {
+		sent = append(sent, tcp4(uint32(i), uint16(i), pattern(1000)))
+	}
+	if _, err := far.WriteBatch(sent); err != nil {
+		t.Fatal(err)
+	}
+	far.Close()
+	// The TAP→port side writes into the dead connection first, before anyone reads.
+	p := newTapToPort(b)
+	pkt := make([]byte, 10+len(sent[0]))
+	copy(pkt[10:], sent[0])
+	p.sizes[0] = copy(p.bufs[0], pkt)
+	for i := 0; i < 10 && b.port.Load() != nil; i++ {
+		p.process(1)
+	}
+	if b.port.Load() != nil {
+		t.Fatal("the TAP→port side kept a port whose peer is gone")
+	}
+	if err := b.runPortToTap(near); !errors.Is(err, netmapio.ErrClosed) {
+		t.Fatalf("runPortToTap: %v, want the end of the stream", err)
+	}
+	if got := len(tap.written()); got != len(sent) {
+		t.Fatalf("TAP got %d of the %d frames the peer sent before it went", got, len(sent))
+	}
+}
