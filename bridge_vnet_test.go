@@ -330,20 +330,7 @@ func BenchmarkTapToVnetPort(b *testing.B) {
 	tap := newFakeTap(10, false)
 	br := testBridge(tap, true)
 	near, far := vnetPair(b, false)
-	br.port.Store(newPortRef(near))
-	go drain(far, nil)
-	p := newTapToPort(br)
-	pkt := gsoTCP4(10, pattern(65000), 1448)
-	for i := range p.bufs {
-		p.sizes[i] = copy(p.bufs[i], pkt)
-	}
-	const perBatch = 8
-	b.SetBytes(int64(len(pkt) * perBatch))
-	b.ReportAllocs()
-	b.ResetTimer()
-	for i := 0; i < b.N; i++ {
-		p.process(perBatch)
-	}
+	benchTapToPort(b, br, near, far)
 }
 
 // BenchmarkVnetPortToTap: 64 KB GSO records from a vnet-hdr=on peer to the TAP, lent
