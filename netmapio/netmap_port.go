@@ -112,9 +112,6 @@ func (p *NetmapPort) Accepts() vnethdr.Offloads {
 // NetmapStats returns the netmap-specific counters (shared with the Endpoint's other ports).
 func (p *NetmapPort) NetmapStats() *NetmapStats { return p.nst }
 
-// HasVnetHdr is the backend probe of wire.md §5.3: a VALE port can carry a header.
-func (p *NetmapPort) HasVnetHdr() bool { return p.vale }
-
 // HasVnetHdrLen reports whether the port can switch to header length n: 0, 10 or 12 on a
 // VALE port, 0 elsewhere.
 func (p *NetmapPort) HasVnetHdrLen(n int) bool {

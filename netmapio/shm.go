@@ -11,6 +11,8 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"tapgro/port"
 )
 
 // Shared-memory rings for the vnet-hdr=on stream between two tapgro on one host.
@@ -45,10 +47,9 @@ import (
 // the TAP validates what it is given as it does for every write.
 
 const (
-	// ShmHeadroom is where a frame starts in its slot: room in front for either end's
-	// TAP vnet header (10 or 12 bytes), so both the sender's TAP read and the receiver's
-	// TAP write see [header][frame] contiguous.
-	ShmHeadroom = 16
+	// ShmHeadroom is where a frame starts in its slot (port.ShmHeadroom: room in front
+	// for either end's TAP vnet header).
+	ShmHeadroom = port.ShmHeadroom
 
 	// ShmMinFrame is the smallest frame sent through the ring: below it a copy is
 	// cheaper than a slot, and ACKs and MTU frames stay inline.
@@ -250,22 +251,6 @@ func rightsOf(oob []byte) ([]int, error) {
 		}
 	}
 	return fds, nil
-}
-
-// ShmSender is a port that can send frames through its shared-memory ring
-// (*StreamPort once shared memory is set up; see TxSlots).
-type ShmSender interface {
-	ShmActive() bool
-	TxSlots(slots [][]byte, hl int) int
-	PutShmDesc(rec []byte, i int, n int)
-	TxDone()
-	TxFrame(rec []byte) []byte
-}
-
-// Lender is a port that can lend received frames in place (see ReadBatchLent).
-type Lender interface {
-	ReadBatchLent(bufs [][]byte, sizes []int, lent [][]byte) (int, error)
-	ReleaseLent()
 }
 
 var (

@@ -69,7 +69,7 @@ func TestVnetHelloRoundTrip(t *testing.T) {
 			if got := b.Accepts(); got != VnetStreamAccepts {
 				t.Errorf("b.Accepts() = %s, want %s", got, VnetStreamAccepts)
 			}
-			if !a.HasVnetHdr() || !a.HasVnetHdrLen(12) || a.HasVnetHdrLen(10) || a.SetVnetHdrLen(10) == nil {
+			if a.VnetHdrLen() != VnetStreamHdrLen || b.VnetHdrLen() != VnetStreamHdrLen {
 				t.Error("vnet stream must report a fixed 12-byte header")
 			}
 			if got := a.State(); got != "stream(vnet-hdr 12, accepts csum,tso4)" {

@@ -23,7 +23,7 @@
 //
 // # Delivery and backpressure
 //
-// Flush hands every staged frame to a Sender (netmapio.BatchSender: many
+// Flush hands every staged frame to a Sender (port.BatchSender: many
 // length-prefixed records per writev on streams, sendmmsg on datagrams) and returns only
 // when the pool is empty or the port failed. In the unconstrained steady state the
 // caller flushes at the end of each TAP read batch and when the pool is full, and no

@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"time"
 
-	"tapgro/netmapio"
+	"tapgro/port"
 )
 
 // Defaults. The buffer size and pool size were chosen with BenchmarkTapToPort and the
@@ -41,9 +41,9 @@ type realClock struct{}
 func (realClock) Now() time.Time        { return time.Now() }
 func (realClock) Sleep(d time.Duration) { time.Sleep(d) }
 
-// Sender is where a Pool delivers: netmapio.BatchSender (StreamPort and DgramPort
-// implement it). TryWriteBatch returns netmapio.ErrWouldBlock when the port is full.
-type Sender = netmapio.BatchSender
+// Sender is where a Pool delivers: a port.BatchSender. TryWriteBatch returns
+// port.ErrWouldBlock when the port is full.
+type Sender = port.BatchSender
 
 // Config sizes a Pool. Zero fields take the defaults.
 type Config struct {
@@ -359,7 +359,7 @@ func (p *Pool) Flush(s Sender, r Reason) (frames, bytes int, err error) {
 		case werr == nil && n == 0:
 			return frames, bytes, errNoProgress
 		case werr == nil:
-		case errors.Is(werr, netmapio.ErrWouldBlock):
+		case errors.Is(werr, port.ErrWouldBlock):
 			// A stream port that met a full socket mid-record waited in the
 			// netpoller for the rest of that record: blocked time too.
 			p.stats.BlockedNanos.Add(uint64(max(0, p.clock.Now().Sub(t0))))

@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"tapgro/netmapio"
+	"tapgro/port"
 )
 
 // fakeClock only moves when the pool sleeps or a test says so.
@@ -60,7 +60,7 @@ func (s *fakeSender) TryWriteBatch(frames [][]byte) (int, error) {
 	}
 	s.frames += n
 	if n < len(frames) {
-		return n, netmapio.ErrWouldBlock
+		return n, port.ErrWouldBlock
 	}
 	return n, nil
 }
@@ -370,11 +370,11 @@ func TestAutoThreshold(t *testing.T) {
 // A failing port ends Flush with its error and leaves the rest staged for Discard.
 func TestFlushPortError(t *testing.T) {
 	p := newPool(t, Config{BufSize: 2048, Bytes: 1 << 20, Clock: newFakeClock()})
-	s := &fakeSender{accept: func() int { return 0 }, waitErr: netmapio.ErrClosed}
+	s := &fakeSender{accept: func() int { return 0 }, waitErr: port.ErrClosed}
 	for i := uint64(0); i < 5; i++ {
 		stage(t, p, seqFrame(i, 100))
 	}
-	if _, _, err := p.Flush(s, ReasonBatchEnd); !errors.Is(err, netmapio.ErrClosed) {
+	if _, _, err := p.Flush(s, ReasonBatchEnd); !errors.Is(err, port.ErrClosed) {
 		t.Fatalf("Flush on a closed port: %v", err)
 	}
 	if f, _ := p.Queued(); f != 5 {
