@@ -400,7 +400,7 @@ func (s *ctlServer) serveConn(c *net.UnixConn) {
 	}
 	if cred.Uid != 0 && int(cred.Uid) != os.Geteuid() {
 		s.log.WithFields(logrus.Fields{"uid": cred.Uid, "pid": cred.Pid}).Warn("control socket: refused a client that is neither root nor tapgro's user")
-		writeCtlResponse(c, &ctlResponse{Error: "permission denied: only root and tapgro's own user may use the control socket"})
+		refuseCtl(c, &ctlResponse{Error: "permission denied: only root and tapgro's own user may use the control socket"})
 		return
 	}
 	line, err := readCtlRequest(c)
@@ -412,6 +412,27 @@ func (s *ctlServer) serveConn(c *net.UnixConn) {
 	}
 	resp := s.handle(line, logrus.Fields{"uid": cred.Uid, "pid": cred.Pid})
 	writeCtlResponse(c, resp)
+}
+
+// refuseCtl answers a client that will not be served with r and makes sure it can read
+// the answer. Closing an AF_UNIX socket with input still unread in its receive queue
+// makes the kernel reset the peer (unix_release_sock in net/unix/af_unix.c sets
+// ECONNRESET on it), so a client whose request arrived but was never read gets
+// ECONNRESET instead of the end of the reply, and one whose request comes after the
+// close gets EPIPE. So the reply goes out first, our side is shut for writing (the
+// client sees the reply and then EOF), and the client's input is read and thrown away
+// until it closes its side, for at most refuseLimit bytes and refuseWait.
+func refuseCtl(c *net.UnixConn, r *ctlResponse) {
+	const (
+		refuseWait  = time.Second
+		refuseLimit = 64 << 10
+	)
+	c.SetDeadline(time.Now().Add(refuseWait))
+	if writeCtlResponse(c, r) != nil {
+		return
+	}
+	c.CloseWrite()
+	io.Copy(io.Discard, io.LimitReader(c, refuseLimit))
 }
 
 func peerCred(c *net.UnixConn) (*unix.Ucred, error) {

@@ -5,11 +5,14 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -626,6 +629,100 @@ func TestCtlPcap(t *testing.T) {
 	for _, f := range []string{tapFile, portFile} {
 		if fi, err := os.Stat(f); err != nil || fi.Size() != 24 || fi.Mode().Perm() != 0o600 {
 			t.Errorf("%s: %v %v; want an empty capture (file header only), mode 0600", f, fi, err)
+		}
+	}
+}
+
+// ctlClientEnv turns the test binary into a ctl client: TestCtlRefusalIsReadable re-runs
+// itself with the socket address in this variable, as another user, and the re-run
+// calls ctlCall and prints what it got.
+const ctlClientEnv = "TAPGRO_TEST_CTL_CLIENT"
+
+// A client the peer-credential check refuses reads the "permission denied" reply and a
+// clean end of stream, not ECONNRESET (or EPIPE on sending its request). The client must
+// really be another user, since SO_PEERCRED is what connect(2) recorded: the test binary
+// is re-run as nobody (65534) and dials an abstract socket, which has no file
+// permissions to get past.
+func TestCtlRefusalIsReadable(t *testing.T) {
+	if addr := os.Getenv(ctlClientEnv); addr != "" {
+		body, err := ctlCall(addr, "status", 5*time.Second)
+		if err != nil {
+			fmt.Printf("CTL-ERROR %v\n", err)
+		} else {
+			fmt.Printf("CTL-REPLY %s", body)
+		}
+		return
+	}
+	if os.Geteuid() != 0 {
+		why := fmt.Sprintf("needs root to run a client as another user (euid is %d)", os.Geteuid())
+		if os.Getenv("TAPGRO_REQUIRE_PRIV") == "1" {
+			t.Fatalf("%s, and TAPGRO_REQUIRE_PRIV=1 forbids skipping", why)
+		}
+		t.Skip(why)
+	}
+	s, _, _ := newCtlTest(t)
+	addr := fmt.Sprintf("@tapgro-ctl-test-%d", os.Getpid())
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: addr, Net: "unix"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() { s.serve(ln); close(done) }()
+	defer func() { ln.Close(); <-done }()
+
+	// The build directory is root's (0700); nobody needs a copy it can execute.
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir, err := os.MkdirTemp("", "tapgro-ctl-test-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
+	bin := filepath.Join(dir, "ctl.test")
+	data, err := os.ReadFile(exe)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(bin, data, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+
+	for i := 0; i < 3; i++ {
+		cmd := exec.Command(bin, "-test.run=^TestCtlRefusalIsReadable$")
+		cmd.Dir = dir
+		cmd.Env = append(os.Environ(), ctlClientEnv+"="+addr)
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			why := fmt.Sprintf("cannot run the client as uid 65534: %v\n%s", err, out)
+			if os.Getenv("TAPGRO_REQUIRE_PRIV") == "1" || !errors.Is(err, syscall.EPERM) && !errors.Is(err, syscall.EACCES) && !errors.Is(err, syscall.EINVAL) {
+				t.Fatal(why)
+			}
+			t.Skip(why)
+		}
+		var reply, cerr string
+		for _, l := range strings.Split(string(out), "\n") {
+			if r, ok := strings.CutPrefix(l, "CTL-REPLY "); ok {
+				reply = r
+			}
+			if e, ok := strings.CutPrefix(l, "CTL-ERROR "); ok {
+				cerr = e
+			}
+		}
+		if cerr != "" || reply == "" {
+			t.Fatalf("refused client: error %q, reply %q; want the refusal reply\n%s", cerr, reply, out)
+		}
+		var resp ctlResponse
+		if err := json.Unmarshal([]byte(reply), &resp); err != nil {
+			t.Fatalf("reply %q: %v", reply, err)
+		}
+		if resp.OK || !strings.HasPrefix(resp.Error, "permission denied") {
+			t.Fatalf("reply %+v, want a permission denied error", resp)
 		}
 	}
 }

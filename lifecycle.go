@@ -212,6 +212,7 @@ func portProblems(ep netmapio.Endpoint) portProblemStats {
 			"short_datagram":    ps.ShortDatagram.Load(),
 			"oversize_datagram": ps.OversizeDatagram.Load(),
 			"send_refused":      ps.SendDrops.Load(),
+			"rejected_clients":  ps.Rejects.Load(),
 		}
 	}
 }

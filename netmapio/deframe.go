@@ -125,8 +125,9 @@ func (d *Deframer) Next() ([]byte, error) {
 	return f, err
 }
 
-// Buffered is the number of received bytes not yet handed out: after the peer's EOF,
-// anything left is a truncated frame.
+// Buffered is the number of received bytes not yet handed out: once the peer has gone
+// (EOF or reset), anything left is a truncated record, even if it is only part of the
+// length prefix.
 func (d *Deframer) Buffered() int { return d.w - d.r }
 
 // Want is the size of the record (prefix included) currently at the front: PrefixLen while

@@ -29,7 +29,10 @@ type Events struct {
 	// OnConnect: Next is about to return a Port for this peer.
 	OnConnect func(peer string)
 	// OnReject: a server turned away a client because one is already being served.
-	// peer carries SO_PEERCRED pid/uid/gid for UNIX, the address for TCP.
+	// peer carries SO_PEERCRED pid/uid/gid for UNIX, the address for TCP. It is called at
+	// most once per rejectQuiet: a client connecting and closing in a loop would otherwise
+	// make a log line per connection. Every rejection is counted in Stats.Rejects, which
+	// is how the others are seen.
 	OnReject func(peer, why string)
 	// OnDisconnect: a Port was closed; err is the error that ended it, nil if it was
 	// closed without one.
@@ -280,6 +283,10 @@ func (e *endpoint) openServer() error {
 	return nil
 }
 
+// rejectQuiet is the shortest time between two OnReject calls; the rejections in between
+// are only counted (Stats.Rejects).
+const rejectQuiet = 10 * time.Second
+
 // acceptLoop accepts every connection so that extra clients get a clean close and an
 // OnReject with their identity instead of hanging in the backlog (passt does the same,
 // style.md §3.5). Only one client is served at a time, as QEMU's own listeners do
@@ -287,6 +294,7 @@ func (e *endpoint) openServer() error {
 func (e *endpoint) acceptLoop() {
 	defer e.wg.Done()
 	wait := acceptWaitMin
+	var reported time.Time // when OnReject was last called
 	for {
 		c, err := e.ln.Accept()
 		if err != nil {
@@ -310,12 +318,15 @@ func (e *endpoint) acceptLoop() {
 		e.busy = true
 		e.mu.Unlock()
 		if busy {
+			e.stats.Rejects.Add(1)
+			if e.ev.OnReject == nil || time.Since(reported) < rejectQuiet {
+				c.Close()
+				continue
+			}
 			peer := peerString(c)
 			c.Close()
-			e.stats.Rejects.Add(1)
-			if e.ev.OnReject != nil {
-				e.ev.OnReject(peer, "another client is already connected")
-			}
+			reported = time.Now()
+			e.ev.OnReject(peer, fmt.Sprintf("another client is already connected (further ones within %v are only counted)", rejectQuiet))
 			continue
 		}
 		e.ready <- c // never blocks: busy admits one conn at a time

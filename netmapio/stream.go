@@ -140,7 +140,9 @@ func (s *StreamPort) Accepts() vnethdr.Offloads { return s.accepts }
 // the socket, and blocking in the netpoller, only when none is complete.
 //
 // A bad length prefix returns a *FrameError and a clean EOF returns an error wrapping
-// ErrClosed and io.EOF; an EOF inside a frame wraps ErrClosed and io.ErrUnexpectedEOF.
+// ErrClosed and io.EOF; a reset by the peer wraps ErrClosed and syscall.ECONNRESET. A
+// connection that ends (EOF or reset) inside a record, its length prefix included, also
+// wraps io.ErrUnexpectedEOF and is counted in Stats.Truncated.
 // Frames complete before such a condition are returned first, with a nil error. After an
 // error the caller must Close the port: the stream has lost sync or ended.
 func (s *StreamPort) ReadBatch(bufs [][]byte, sizes []int) (int, error) {
@@ -262,18 +264,41 @@ func (s *StreamPort) Pending() bool {
 	return f != nil || err != nil
 }
 
+// readErr maps the error that ended a read. The peer going away is ErrClosed whether it
+// closed cleanly (EOF) or the kernel reset the connection (ECONNRESET): Linux resets
+// instead of sending EOF when the peer closes with data of ours still unread in its
+// receive queue (tcp_close sends an RST, RFC 2525 section 2.17; unix_release_sock sets
+// ECONNRESET on an AF_UNIX peer), which a QEMU that quits under load does. Either way
+// the reader first gets every byte the peer sent, so anything still buffered — part of a
+// length prefix or part of a frame — is a truncated record, counted once per connection.
 func (s *StreamPort) readErr(err error) error {
+	reset := errors.Is(err, syscall.ECONNRESET)
 	switch {
 	case errors.Is(err, net.ErrClosed):
 		return ErrClosed
-	case errors.Is(err, io.EOF) && s.df.Buffered() > 0:
-		s.stats.Truncated.Add(1)
-		return fmt.Errorf("%w: %s closed the connection mid-frame (%d of %d bytes received): %w",
-			ErrClosed, s.peer, s.df.Buffered(), s.df.Want(), io.ErrUnexpectedEOF)
-	case errors.Is(err, io.EOF):
-		return fmt.Errorf("%w: %s closed the connection: %w", ErrClosed, s.peer, io.EOF)
+	case !reset && !errors.Is(err, io.EOF):
+		return fmt.Errorf("netmapio: read from %s: %w", s.peer, err)
 	}
-	return fmt.Errorf("netmapio: read from %s: %w", s.peer, err)
+	how := "closed"
+	if reset {
+		how = "reset"
+	} else {
+		err = io.EOF // a bare EOF, not the *net.OpError around it
+	}
+	if n := s.df.Buffered(); n > 0 {
+		s.stats.Truncated.Add(1)
+		where := "frame"
+		if n < PrefixLen {
+			where = "length prefix"
+		}
+		if reset {
+			return fmt.Errorf("%w: %s reset the connection inside a %s (%d of %d bytes received): %w: %w",
+				ErrClosed, s.peer, where, n, s.df.Want(), io.ErrUnexpectedEOF, err)
+		}
+		return fmt.Errorf("%w: %s closed the connection inside a %s (%d of %d bytes received): %w",
+			ErrClosed, s.peer, where, n, s.df.Want(), io.ErrUnexpectedEOF)
+	}
+	return fmt.Errorf("%w: %s %s the connection: %w", ErrClosed, s.peer, how, err)
 }
 
 // WriteBatch sends the frames in order, up to 512 per writev. A frame shorter than

@@ -4,7 +4,9 @@ import (
 	"errors"
 	"io"
 	"net"
+	"syscall"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -171,6 +173,123 @@ func TestStreamEOF(t *testing.T) {
 		t.Errorf("Truncated = %d, want 1", b2.stats.Truncated.Load())
 	}
 	t.Log(err)
+}
+
+// A connection that ends inside a record is counted in Truncated and reported as the
+// peer closing (ErrClosed, io.ErrUnexpectedEOF), whether it ends inside the 4-byte length
+// prefix or inside the frame, and whether the peer closed cleanly (FIN, EOF) or with
+// data of ours still unread in its receive queue. Linux then resets the connection
+// instead: for TCP, tcp_close sends an RST when unread data is discarded (RFC 2525 section 2.17);
+// for AF_UNIX, unix_release_sock sets ECONNRESET on the peer. Either way the reader sees
+// what was sent first, then ECONNRESET instead of EOF.
+func TestStreamTruncatedCounted(t *testing.T) {
+	for _, kind := range []string{"unix", "tcp"} {
+		for _, tc := range []struct {
+			name string
+			data []byte
+		}{
+			{"in-prefix", prefixOnly(1514)[:2]},
+			{"in-frame", append(prefixOnly(1514), make([]byte, 100)...)},
+			{"after-frame-in-prefix", append(append(prefixOnly(60), make([]byte, 60)...), 0, 0, 5)},
+		} {
+			for _, reset := range []bool{false, true} {
+				name := kind + "/" + tc.name + "/eof"
+				if reset {
+					name = kind + "/" + tc.name + "/reset"
+				}
+				t.Run(name, func(t *testing.T) {
+					var raw, cb net.Conn
+					if kind == "tcp" {
+						raw, cb = tcpPair(t)
+					} else {
+						raw, cb = unixPair(t, unix.SOCK_STREAM)
+					}
+					b, err := NewStreamPort(cb, nil)
+					if err != nil {
+						t.Fatal(err)
+					}
+					defer b.Close()
+					if reset {
+						// Something of ours the peer never reads: its close then resets.
+						if _, err := b.WriteBatch([][]byte{frame(60, 1)}); err != nil {
+							t.Fatal(err)
+						}
+						if kind == "unix" {
+							waitUnread(t, raw)
+						} else {
+							// Unread data alone makes Linux reset; SO_LINGER 0 makes
+							// sure of it whatever the timing.
+							raw.(*net.TCPConn).SetLinger(0)
+						}
+					}
+					if _, err := raw.Write(tc.data); err != nil {
+						t.Fatal(err)
+					}
+					raw.Close()
+					bufs, sizes := makeBufs(4, MaxFrame)
+					b.SetReadDeadline(time.Now().Add(5 * time.Second))
+					for {
+						n, err := b.ReadBatch(bufs, sizes)
+						if n > 0 {
+							continue // the complete frame before the truncated one
+						}
+						if !errors.Is(err, ErrClosed) || !errors.Is(err, io.ErrUnexpectedEOF) {
+							t.Errorf("ReadBatch: %v, want ErrClosed and io.ErrUnexpectedEOF", err)
+						}
+						if reset && !errors.Is(err, unix.ECONNRESET) {
+							t.Errorf("ReadBatch: %v, want it to carry ECONNRESET too", err)
+						}
+						t.Log(err)
+						break
+					}
+					if got := b.stats.Truncated.Load(); got != 1 {
+						t.Errorf("Truncated = %d, want 1", got)
+					}
+				})
+			}
+		}
+	}
+}
+
+// A reset at a record boundary is the peer closing too, not a truncation.
+func TestStreamResetBetweenFrames(t *testing.T) {
+	raw, cb := unixPair(t, unix.SOCK_STREAM)
+	b, err := NewStreamPort(cb, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	if _, err := b.WriteBatch([][]byte{frame(60, 1)}); err != nil {
+		t.Fatal(err)
+	}
+	waitUnread(t, raw)
+	raw.Close()
+	bufs, sizes := makeBufs(1, MaxFrame)
+	_, err = b.ReadBatch(bufs, sizes)
+	if !errors.Is(err, ErrClosed) || !errors.Is(err, unix.ECONNRESET) || errors.Is(err, io.ErrUnexpectedEOF) {
+		t.Errorf("ReadBatch: %v, want ErrClosed and ECONNRESET, not io.ErrUnexpectedEOF", err)
+	}
+	if got := b.stats.Truncated.Load(); got != 0 {
+		t.Errorf("Truncated = %d, want 0", got)
+	}
+}
+
+// waitUnread waits until c has unread bytes in its receive queue (SIOCINQ).
+func waitUnread(t *testing.T, c net.Conn) {
+	t.Helper()
+	rc, err := c.(syscall.Conn).SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 500; i++ {
+		var n int
+		rc.Control(func(fd uintptr) { n, _ = unix.IoctlGetInt(int(fd), unix.SIOCINQ) })
+		if n > 0 {
+			return
+		}
+		time.Sleep(time.Millisecond)
+	}
+	t.Fatal("the peer never had unread data")
 }
 
 func TestStreamCloseUnblocksRead(t *testing.T) {
