@@ -10,15 +10,20 @@ import (
 
 // Defaults and limits.
 const (
-	DefaultMaxFlows    = 64
-	DefaultMaxSegments = 64
+	DefaultMaxFlows = 64
+	// DefaultMaxSegments does not bind before the size cap for segments of 64 bytes or
+	// more: Linux TCP GRO counts no segments (skb_gro_receive limits bytes only), so a
+	// lower default would stop short of 65535 bytes at small MSS. 1024 is UIO_MAXIOV,
+	// the most segments a software fallback can write as one iovec batch.
+	DefaultMaxSegments = 1024
 
 	// maxIPLen bounds an aggregate's IP length (IPv4 total length / IPv6 40 + payload
-	// length; Linux gro_max_size default, research/gro.md §a "Max size").
+	// length, extension headers included): Linux net/core/gro.c skb_gro_receive refuses
+	// a segment once p->len + len >= gro_max_size, whose default is 65536.
 	maxIPLen = 65535
 	// maxL2 is the largest L2 header we coalesce: Ethernet + one 802.1Q tag.
 	maxL2 = vlanHdrLen
-	// udpMaxSegments is UDP_MAX_SEGMENTS on kernels before 2024 (wire.md §1.6); a
+	// udpMaxSegments is UDP_MAX_SEGMENTS on kernels before 2024 (include/linux/udp.h); a
 	// larger USO frame is rejected with EINVAL by those kernels.
 	udpMaxSegments = 64
 )
@@ -27,7 +32,7 @@ const (
 // means the default; VnetHdrLen must be 10 or 12.
 type Config struct {
 	MaxFlows    int  // flow table size (bounded, preallocated); default 64
-	MaxSegments int  // segments per aggregate; default 64 (UDP is capped at 64 regardless)
+	MaxSegments int  // segments per aggregate; default 1024 (UDP is capped at 64 regardless)
 	VnetHdrLen  int  // 10 or 12: bytes of virtio_net_hdr written before each output packet
 	DisableTCP  bool // --gro off for TCP
 	UDP         bool // coalesce UDP into GSO_UDP_L4 (only when the TAP accepted USO4|USO6)
@@ -92,11 +97,12 @@ type agg struct {
 	capSegs int
 }
 
-// IPv4 ID modes of an aggregate (Linux inet_gro_flush; README "Clarifications").
+// IPv4 ID modes of an aggregate, decided by its second segment (Linux 6.18
+// include/net/gro.h inet_gro_flush, which sets ip_fixedid at count 1 whatever DF says).
 const (
 	idUnknown = iota // one segment so far
 	idIncr           // ID grows by exactly 1 per segment
-	idFixed          // ID constant, DF set
+	idFixed          // ID constant, DF set or clear
 )
 
 // New returns a Coalescer that hands every output packet to emit. All memory is
@@ -252,8 +258,8 @@ func (c *Coalescer) bypass(buf []byte, in *vnethdr.Hdr, r Reason) {
 }
 
 // pass emits buf unchanged behind a fresh header: the arrival header for GSO and
-// NEEDS_CSUM frames (the kernel must still complete them), zero otherwise (research/gro.md
-// §c.3: never a stale header).
+// NEEDS_CSUM frames (the kernel must still complete them), zero otherwise (never a stale
+// header: tailscale/tailscale#19820).
 func (c *Coalescer) pass(buf []byte, in *vnethdr.Hdr) {
 	vl := c.cfg.VnetHdrLen
 	if len(buf) < vl {
@@ -289,9 +295,19 @@ func (c *Coalescer) lookup(p *pkt) int32 {
 }
 
 // mergeCheck returns ReasonMerged if p may join a, or why a must be flushed first. It
-// changes nothing except p.idMode. The order follows Linux tcp_gro_receive.
+// changes nothing except p.idMode. The order follows Linux: IP layer (ipv6_gro_receive,
+// inet_gro_receive), then tcp_gro_receive.
 func (c *Coalescer) mergeCheck(a *agg, p *pkt, frame []byte) Reason {
 	p.idMode = idUnknown
+	vl := c.cfg.VnetHdrLen
+	if p.v6 && (p.l4Off != a.l4Off || frame[p.l2+6] != a.buf[vl+a.l2+6] ||
+		!bytes.Equal(frame[p.l2+ipv6HdrLen:p.l4Off], a.buf[vl+a.l2+ipv6HdrLen:vl+a.l4Off])) {
+		// Linux ipv6_gro_receive compares the first next header and memcmp()s the
+		// extension headers: a different chain is another flow there. Here the flow key
+		// has no room for the chain, and one aggregate per 5-tuple keeps the
+		// no-overtaking guarantee, so a different chain flushes instead.
+		return ReasonExtHeader
+	}
 	if p.flags&tcpCWR != 0 && !p.udp {
 		return ReasonCWR // CWR never joins an aggregate (it may start one)
 	}
@@ -304,8 +320,9 @@ func (c *Coalescer) mergeCheck(a *agg, p *pkt, frame []byte) Reason {
 			switch {
 			case p.id == a.lastID+1:
 				p.idMode = idIncr
-			case p.id == a.lastID && p.df:
-				// RFC 6864: the ID of an atomic datagram carries no meaning.
+			case p.id == a.lastID:
+				// Linux 6.18 merges a fixed ID with DF clear too (its GRO selftest:
+				// "DF=0, Fixed - should coalesce").
 				p.idMode = idFixed
 			default:
 				return ReasonIPIDChanged
@@ -329,7 +346,6 @@ func (c *Coalescer) mergeCheck(a *agg, p *pkt, frame []byte) Reason {
 		if p.ack != a.ack {
 			return ReasonAckChanged
 		}
-		vl := c.cfg.VnetHdrLen
 		if p.payOff-p.l4Off != a.payOff-a.l4Off ||
 			!bytes.Equal(frame[p.l4Off+tcpHdrLen:p.payOff], a.buf[vl+a.l4Off+tcpHdrLen:vl+a.payOff]) {
 			return ReasonOptionsChanged
@@ -342,6 +358,7 @@ func (c *Coalescer) mergeCheck(a *agg, p *pkt, frame []byte) Reason {
 		return ReasonLargerSegment
 	}
 	if a.end-a.l2+p.payload > maxIPLen {
+		// This segment starts the next packet (skb_gro_receive returns -E2BIG).
 		return ReasonOverSize
 	}
 	return ReasonMerged

@@ -16,14 +16,22 @@ const mss = 1448
 // The returned segments are copies.
 func split(t testing.TB, o outPkt) [][]byte {
 	t.Helper()
-	if splitOut == nil {
-		splitOut = make([][]byte, 128)
-		for i := range splitOut {
-			splitOut[i] = make([]byte, 70000)
+	l, err := vnethdr.ParseLayout(o.frame)
+	if err != nil || o.hdr.GSOSize == 0 {
+		t.Fatalf("Split(%s, %d bytes): unparsable GSO packet: %v", o.hdr, len(o.frame), err)
+	}
+	// One buffer per segment: an aggregate of tiny segments can hold hundreds.
+	nseg := max(1, (l.PayloadLen()+int(o.hdr.GSOSize)-1)/int(o.hdr.GSOSize))
+	for len(splitOut) < nseg {
+		splitOut = append(splitOut, nil)
+	}
+	for i := range nseg {
+		if need := l.PayloadOff + int(o.hdr.GSOSize); len(splitOut[i]) < need {
+			splitOut[i] = make([]byte, need)
 		}
 	}
-	sizes := make([]int, len(splitOut))
-	n, err := vnethdr.Split(o.frame, &o.hdr, splitOut, sizes)
+	sizes := make([]int, nseg)
+	n, err := vnethdr.Split(o.frame, &o.hdr, splitOut[:nseg], sizes)
 	if err != nil {
 		t.Fatalf("Split(%s, %d bytes): %v", o.hdr, len(o.frame), err)
 	}
@@ -99,17 +107,56 @@ func checkGroups(t *testing.T, in [][]byte, out []outPkt, groups [][]int) {
 		if len(segs) != len(g) {
 			t.Fatalf("out[%d]: splits into %d segments, want %d", k, len(segs), len(g))
 		}
-		for j, s := range segs {
-			// Split drops link-layer padding; compare the IP packets.
-			wl, err := vnethdr.ParseLayout(in[g[j]])
-			if err != nil {
-				t.Fatal(err)
-			}
-			if !bytes.Equal(s, in[g[j]][:wl.End]) {
-				t.Errorf("out[%d] segment %d differs from input %d\n got %x\nwant %x", k, j, g[j], s[:min(80, len(s))], in[g[j]][:min(80, len(in[g[j]]))])
+		group := make([][]byte, len(g))
+		for j, i := range g {
+			group[j] = in[i]
+		}
+		for j, w := range resegmented(t, group) {
+			if s := segs[j]; !bytes.Equal(s, w) {
+				t.Errorf("out[%d] segment %d differs from input %d\n got %x\nwant %x", k, j, g[j], s[:min(80, len(s))], w[:min(80, len(w))])
 			}
 		}
 	}
+}
+
+// resegmented returns what re-segmenting the GSO packet built from group (two or more
+// frames of one aggregate, in order) must give back: each frame's IP packet (Split drops
+// link-layer padding), and, when every frame is IPv4 with the same ID, the IDs
+// renumbered head+i with a fresh header checksum: virtio_net_hdr has no equivalent of
+// Linux's SKB_GSO_TCP_FIXEDID, so the kernel's segmentation increments them.
+func resegmented(t testing.TB, group [][]byte) [][]byte {
+	t.Helper()
+	want := make([][]byte, len(group))
+	fixed := len(group) > 1
+	var id0 uint16
+	for j, fr := range group {
+		l, err := vnethdr.ParseLayout(fr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want[j] = append([]byte(nil), fr[:l.End]...)
+		if l.IPv6 {
+			fixed = false
+			continue
+		}
+		id := binary.BigEndian.Uint16(fr[l.L3Off+4:])
+		if j == 0 {
+			id0 = id
+		} else if id != id0 {
+			fixed = false
+		}
+	}
+	if !fixed {
+		return want
+	}
+	for j, w := range want {
+		l, _ := vnethdr.ParseLayout(w)
+		ip := w[l.L3Off:l.L4Off]
+		binary.BigEndian.PutUint16(ip[4:], id0+uint16(j))
+		ip[10], ip[11] = 0, 0
+		binary.BigEndian.PutUint16(ip[10:], vnethdr.Checksum(ip, 0))
+	}
+	return want
 }
 
 func seq(from, to int) []int {
@@ -416,13 +463,80 @@ func TestMatrix(t *testing.T) {
 			counts: map[Reason]int{ReasonFragment: 1},
 		},
 		{
-			name: "IPv6 extension header",
+			// A chain that differs from the aggregate's (here: none vs one) flushes.
+			name: "IPv6 extension header appears and goes",
 			frames: func() [][]byte {
 				f := newFlow("tcp6")
 				return [][]byte{f.seg(mss), f.seg(mss, dstOpts), f.seg(mss), f.seg(mss)}
 			},
 			groups: [][]int{{0}, {1}, {2, 3}},
+			counts: map[Reason]int{ReasonExtHeader: 2},
+		},
+		{
+			// Linux ipv6_gro_receive pulls HBH/DSTOPTS/ROUTING and merges segments whose
+			// chains are byte-identical.
+			name: "IPv6 identical extension headers merge",
+			frames: func() [][]byte {
+				f := newFlow("tcp6", dstOpts)
+				return [][]byte{f.seg(mss), f.seg(mss), f.seg(mss), f.seg(100)}
+			},
+			groups: [][]int{{0, 1, 2, 3}},
+			counts: map[Reason]int{ReasonExtHeader: 0, ReasonShortSegment: 1},
+		},
+		{
+			name: "IPv6 identical two-header chains merge",
+			frames: func() [][]byte {
+				f := newFlow("tcp6", hbhDstOpts, withVLAN(7))
+				return [][]byte{f.seg(mss), f.seg(mss), f.seg(mss)}
+			},
+			groups: [][]int{{0, 1, 2}},
+		},
+		{
+			name: "IPv6 extension header bytes differ",
+			frames: func() [][]byte {
+				f := newFlow("tcp6")
+				return [][]byte{f.seg(mss, dstOptsPad(1)), f.seg(mss, dstOptsPad(1)), f.seg(mss, dstOptsPad(2)), f.seg(mss, dstOptsPad(2))}
+			},
+			groups: [][]int{{0, 1}, {2, 3}},
 			counts: map[Reason]int{ReasonExtHeader: 1},
+		},
+		{
+			name: "IPv6 extension header type differs, same bytes",
+			frames: func() [][]byte {
+				f := newFlow("tcp6")
+				hbh := func(s *spec) { s.extType, s.ext = ipv6HopByHop, []byte{0, 0, 1, 4, 0, 0, 0, 0} }
+				return [][]byte{f.seg(mss, dstOpts), f.seg(mss, hbh)}
+			},
+			groups: [][]int{{0}, {1}},
+			counts: map[Reason]int{ReasonExtHeader: 1},
+		},
+		{
+			name: "IPv6 routing header, no segments left, merges",
+			frames: func() [][]byte {
+				f := newFlow("tcp6", routingHdr(0))
+				return [][]byte{f.seg(mss), f.seg(mss)}
+			},
+			groups: [][]int{{0, 1}},
+		},
+		{
+			// The pseudo-header uses the final destination (RFC 8200 section 8.1), not
+			// the IPv6 destination address the checksum is verified and re-seeded with.
+			name: "IPv6 routing header with segments left passes",
+			frames: func() [][]byte {
+				f := newFlow("tcp6")
+				return [][]byte{f.seg(mss), f.seg(mss), f.seg(mss, routingHdr(1)), f.seg(mss, routingHdr(1))}
+			},
+			groups: [][]int{{0, 1}, {2}, {3}},
+			counts: map[Reason]int{ReasonExtHeader: 2},
+		},
+		{
+			name: "udp6 identical extension headers merge",
+			cfg:  Config{UDP: true},
+			frames: func() [][]byte {
+				f := newFlow("udp6", dstOpts)
+				return [][]byte{f.seg(1200), f.seg(1200), f.seg(5)}
+			},
+			groups: [][]int{{0, 1, 2}},
 		},
 		{
 			name: "IPv6 fragment header",
@@ -434,13 +548,52 @@ func TestMatrix(t *testing.T) {
 			counts: map[Reason]int{ReasonFragment: 1},
 		},
 		{
+			// Linux 6.18 tools/testing/selftests/net/gro.c "DF=0, Fixed - should
+			// coalesce": inet_gro_flush no longer asks for DF on a fixed ID.
 			name: "IP ID fixed without DF",
 			frames: func() [][]byte {
 				f := newFlow("tcp4", withDF(false))
-				return [][]byte{f.seg(mss, withID(7)), f.seg(mss, withID(7))}
+				return [][]byte{f.seg(mss, withID(7)), f.seg(mss, withID(7)), f.seg(mss, withID(7))}
 			},
-			groups: [][]int{{0}, {1}},
+			groups: [][]int{{0, 1, 2}},
+			counts: map[Reason]int{ReasonIPIDChanged: 0, ReasonMerged: 2},
+		},
+		{
+			name: "IP ID mixed without DF: +1 twice then fixed",
+			frames: func() [][]byte {
+				f := newFlow("tcp4", withDF(false))
+				return [][]byte{f.seg(mss, withID(7)), f.seg(mss, withID(8)), f.seg(mss, withID(8)), f.seg(mss, withID(8))}
+			},
+			// The pattern is set by the second segment; the third breaks it and starts
+			// an aggregate whose own second segment makes it fixed.
+			groups: [][]int{{0, 1}, {2, 3}},
 			counts: map[Reason]int{ReasonIPIDChanged: 1},
+		},
+		{
+			name: "IP ID mixed without DF: fixed then +1",
+			frames: func() [][]byte {
+				f := newFlow("tcp4", withDF(false))
+				return [][]byte{f.seg(mss, withID(7)), f.seg(mss, withID(7)), f.seg(mss, withID(8))}
+			},
+			groups: [][]int{{0, 1}, {2}},
+			counts: map[Reason]int{ReasonIPIDChanged: 1},
+		},
+		{
+			name: "IP ID fixed with DF",
+			frames: func() [][]byte {
+				f := newFlow("tcp4")
+				return [][]byte{f.seg(mss, withID(0)), f.seg(mss, withID(0)), f.seg(mss, withID(0))}
+			},
+			groups: [][]int{{0, 1, 2}},
+		},
+		{
+			name: "udp4 IP ID fixed without DF",
+			cfg:  Config{UDP: true},
+			frames: func() [][]byte {
+				f := newFlow("udp4", withDF(false))
+				return [][]byte{f.seg(1200, withID(3)), f.seg(1200, withID(3)), f.seg(1200, withID(3))}
+			},
+			groups: [][]int{{0, 1, 2}},
 		},
 		{
 			name: "IP ID incrementing without DF",
@@ -529,6 +682,96 @@ func TestMatrix(t *testing.T) {
 			// 20 + 32 + 45×1448 = 65212; one more segment would make 66660.
 			groups: [][]int{seq(0, 44), {45, 46}},
 			counts: map[Reason]int{ReasonOverSize: 1},
+		},
+		{
+			// Linux skb_gro_receive: the IP length may reach 65535 exactly; a short tail
+			// that fits is merged even when a full segment no longer would.
+			name: "65535 size cap reached exactly by a short tail",
+			frames: func() [][]byte {
+				f := newFlow("tcp4", withOpts(nil))
+				var fr [][]byte
+				for range 8 {
+					fr = append(fr, f.seg(8072))
+				}
+				return append(fr, f.seg(919), f.seg(100))
+			},
+			// 20 + 20 + 8×8072 + 919 = 65535; the short tail ends it.
+			groups: [][]int{seq(0, 8), {9}},
+			counts: map[Reason]int{ReasonOverSize: 0, ReasonShortSegment: 1},
+		},
+		{
+			// 65495 = 5 × 13099: full segments fill it exactly, so it is emitted at once.
+			name: "65535 size cap reached exactly by full segments",
+			frames: func() [][]byte {
+				f := newFlow("tcp4", withOpts(nil))
+				var fr [][]byte
+				for range 5 {
+					fr = append(fr, f.seg(13099))
+				}
+				return fr
+			},
+			groups: [][]int{seq(0, 4)},
+			noEnd:  true,
+			counts: map[Reason]int{ReasonOverSize: 1, ReasonBatchEnd: 0},
+		},
+		{
+			name: "65535 size cap: one byte over starts the next packet",
+			frames: func() [][]byte {
+				f := newFlow("tcp4", withOpts(nil))
+				var fr [][]byte
+				for range 8 {
+					fr = append(fr, f.seg(8072))
+				}
+				return append(fr, f.seg(920))
+			},
+			groups: [][]int{seq(0, 7), {8}},
+			counts: map[Reason]int{ReasonOverSize: 1},
+		},
+		{
+			name: "65535 size cap, IPv6 with an extension header",
+			frames: func() [][]byte {
+				f := newFlow("tcp6", withOpts(nil), dstOpts)
+				var fr [][]byte
+				for range 8 {
+					fr = append(fr, f.seg(8000))
+				}
+				// 40 + 8 + 20 + 64000 + 1467 = 65535.
+				return append(fr, f.seg(1467), f.seg(1))
+			},
+			groups: [][]int{seq(0, 8), {9}},
+			counts: map[Reason]int{ReasonShortSegment: 1},
+		},
+		{
+			name: "huge head takes a tail",
+			frames: func() [][]byte {
+				f := newFlow("tcp4", withOpts(nil))
+				return [][]byte{f.seg(64960), f.seg(535)}
+			},
+			groups: [][]int{{0, 1}},
+		},
+		{
+			name: "full head passes",
+			frames: func() [][]byte {
+				f := newFlow("tcp4", withOpts(nil))
+				return [][]byte{f.seg(65495), f.seg(10)}
+			},
+			groups: [][]int{{0}, {1}},
+			counts: map[Reason]int{ReasonOverSize: 1},
+		},
+		{
+			// No TCP segment count cap in Linux GRO by default: 65 segments of 1009
+			// bytes plus a 919-byte tail fill one 65535-byte packet.
+			name: "default segment cap does not bind before 65535",
+			frames: func() [][]byte {
+				f := newFlow("tcp4", withOpts(nil))
+				var fr [][]byte
+				for range 64 {
+					fr = append(fr, f.seg(1009))
+				}
+				return append(fr, f.seg(919))
+			},
+			groups: [][]int{seq(0, 64)},
+			counts: map[Reason]int{ReasonSegmentCap: 0, ReasonShortSegment: 1},
 		},
 		{
 			name: "segment cap",
@@ -738,8 +981,13 @@ func TestGSOHeaderExact(t *testing.T) {
 		{"tcp4", nil, Config{}, vnethdr.Hdr{Flags: 1, GSOType: 1, HdrLen: 14 + 20 + 32, GSOSize: 1000, CsumStart: 34, CsumOffset: 16}},
 		{"tcp6", []func(*spec){withVLAN(5)}, Config{VnetHdrLen: 12}, vnethdr.Hdr{Flags: 1, GSOType: 4, HdrLen: 18 + 40 + 32, GSOSize: 1000, CsumStart: 58, CsumOffset: 16}},
 		{"udp4", nil, Config{UDP: true}, vnethdr.Hdr{Flags: 1, GSOType: 5, HdrLen: 14 + 20 + 8, GSOSize: 1000, CsumStart: 34, CsumOffset: 6}},
+		// IPv6 extension headers lie between the IP and L4 headers: csum_start and
+		// hdr_len count them (Linux tcp_gso_segment needs csum_start at the TCP header).
+		{"tcp6", []func(*spec){dstOpts}, Config{}, vnethdr.Hdr{Flags: 1, GSOType: 4, HdrLen: 14 + 40 + 8 + 32, GSOSize: 1000, CsumStart: 62, CsumOffset: 16}},
+		{"tcp6", []func(*spec){hbhDstOpts, withVLAN(5)}, Config{}, vnethdr.Hdr{Flags: 1, GSOType: 4, HdrLen: 18 + 40 + 24 + 32, GSOSize: 1000, CsumStart: 82, CsumOffset: 16}},
+		{"udp6", []func(*spec){dstOpts}, Config{UDP: true}, vnethdr.Hdr{Flags: 1, GSOType: 5, HdrLen: 14 + 40 + 8 + 8, GSOSize: 1000, CsumStart: 62, CsumOffset: 6}},
 	} {
-		t.Run(tc.kind, func(t *testing.T) {
+		t.Run(fmt.Sprintf("%s/%d", tc.kind, tc.want.HdrLen), func(t *testing.T) {
 			h := newHarness(t, tc.cfg)
 			f := newFlow(tc.kind, tc.mods...)
 			for range 3 {
@@ -756,17 +1004,20 @@ func TestGSOHeaderExact(t *testing.T) {
 			if want := int(tc.want.HdrLen) + 3010; len(o.frame) != want {
 				t.Errorf("frame %d bytes, want %d", len(o.frame), want)
 			}
-			l3 := int(tc.want.CsumStart) - 20
-			if tc.kind == "tcp6" {
-				l3 = int(tc.want.CsumStart) - 40
-				if got := binary.BigEndian.Uint16(o.frame[l3+4:]); got != 32+3010 {
-					t.Errorf("IPv6 payload length %d, want %d", got, 32+3010)
+			l3 := 14
+			if o.frame[12] == 0x81 {
+				l3 = 18
+			}
+			if tc.kind == "tcp6" || tc.kind == "udp6" {
+				// The payload length covers the extension headers too.
+				if got, want := int(binary.BigEndian.Uint16(o.frame[l3+4:])), len(o.frame)-l3-40; got != want {
+					t.Errorf("IPv6 payload length %d, want %d", got, want)
 				}
 			} else if got := binary.BigEndian.Uint16(o.frame[l3+2:]); int(got) != len(o.frame)-l3 {
 				t.Errorf("IPv4 total length %d, want %d", got, len(o.frame)-l3)
 			}
-			if tc.kind == "udp4" {
-				if got := binary.BigEndian.Uint16(o.frame[38:]); got != 8+3010 {
+			if tc.kind == "udp4" || tc.kind == "udp6" {
+				if got := binary.BigEndian.Uint16(o.frame[tc.want.CsumStart+4:]); got != 8+3010 {
 					t.Errorf("UDP length %d, want %d", got, 8+3010)
 				}
 			}
@@ -793,29 +1044,80 @@ func TestWindowAndFlags(t *testing.T) {
 	}
 }
 
-// TestFixedID: constant ID with DF merges (RFC 6864); GSO then renumbers the IDs
-// (virtio has no FIXEDID), which is the only byte difference after re-segmentation.
+// TestFixedID: a constant ID merges with DF set or clear (Linux 6.18 inet_gro_flush;
+// its GRO selftest "DF=0, Fixed - should coalesce"); GSO then renumbers the IDs (virtio
+// has no FIXEDID), which is the only byte difference after re-segmentation.
 func TestFixedID(t *testing.T) {
-	h := newHarness(t, Config{})
-	f := newFlow("tcp4")
-	var in [][]byte
-	for range 3 {
-		in = append(in, f.seg(mss, withID(0)))
+	for _, df := range []bool{true, false} {
+		t.Run(fmt.Sprintf("DF=%t", df), func(t *testing.T) {
+			h := newHarness(t, Config{})
+			f := newFlow("tcp4", withDF(df))
+			var in [][]byte
+			for range 3 {
+				in = append(in, f.seg(mss, withID(0)))
+			}
+			for _, fr := range in {
+				h.add(fr, nil)
+			}
+			h.c.Flush()
+			if len(h.out) != 1 {
+				t.Fatalf("%d packets, want 1", len(h.out))
+			}
+			for i, s := range split(t, h.out[0]) {
+				want := append([]byte(nil), in[i]...)
+				binary.BigEndian.PutUint16(want[18:], uint16(i))
+				want[24], want[25] = 0, 0
+				binary.BigEndian.PutUint16(want[24:], vnethdr.Checksum(want[14:34], 0))
+				if !bytes.Equal(s, want) {
+					t.Errorf("segment %d differs", i)
+				}
+			}
+		})
 	}
-	for _, fr := range in {
-		h.add(fr, nil)
-	}
-	h.c.Flush()
-	if len(h.out) != 1 {
-		t.Fatalf("%d packets, want 1", len(h.out))
-	}
-	for i, s := range split(t, h.out[0]) {
-		want := append([]byte(nil), in[i]...)
-		binary.BigEndian.PutUint16(want[18:], uint16(i))
-		want[24], want[25] = 0, 0
-		binary.BigEndian.PutUint16(want[24:], vnethdr.Checksum(want[14:34], 0))
-		if !bytes.Equal(s, want) {
-			t.Errorf("segment %d differs", i)
+}
+
+// TestSizeCapPayload: when a flow's segments add up exactly, Linux (skb_gro_receive:
+// p->len + len must stay below gro_max_size, 65536 by default) puts 65535 - 40 = 65495
+// TCP payload bytes in one IPv4 packet (20-byte IP and TCP headers) and 65535 - 60 =
+// 65475 in one IPv6 packet; the rest starts the next packet.
+func TestSizeCapPayload(t *testing.T) {
+	for _, tc := range []struct {
+		kind string
+		want int
+	}{{"tcp4", 65495}, {"tcp6", 65475}} {
+		for _, mssz := range []int{1009, 1448, 2018, 8072, 9000, 16000} {
+			t.Run(fmt.Sprintf("%s/%d", tc.kind, mssz), func(t *testing.T) {
+				h := newHarness(t, Config{})
+				f := newFlow(tc.kind, withOpts(nil))
+				// Full segments up to the cap, then a tail that fills it exactly, then
+				// more full segments.
+				left := tc.want
+				for left > 0 {
+					n := min(mssz, left)
+					h.add(f.seg(n), nil)
+					left -= n
+				}
+				for range 3 {
+					h.add(f.seg(mssz), nil)
+				}
+				h.c.Flush()
+				if len(h.out) < 2 {
+					t.Fatalf("%d packets, want at least 2", len(h.out))
+				}
+				l, err := vnethdr.ParseLayout(h.out[0].frame)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if got := l.PayloadLen(); got != tc.want {
+					t.Errorf("first packet carries %d payload bytes, want %d", got, tc.want)
+				}
+				if got := l.End - l.L3Off; got != 65535 {
+					t.Errorf("first packet IP length %d, want 65535", got)
+				}
+				if l, _ = vnethdr.ParseLayout(h.out[1].frame); l.PayloadLen() != 3*mssz && mssz*3 <= tc.want {
+					t.Errorf("second packet carries %d payload bytes, want %d", l.PayloadLen(), 3*mssz)
+				}
+			})
 		}
 	}
 }

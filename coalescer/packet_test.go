@@ -46,7 +46,8 @@ type spec struct {
 	tcpOpts   []byte // multiple of 4
 	flowLabel uint32
 	extType   uint8  // IPv6 extension header type (0: none unless ext != nil)
-	ext       []byte // one IPv6 extension header; byte 0 (next header) is filled in
+	ext       []byte // IPv6 extension headers; byte 0 (next header) is filled in unless extRaw
+	extRaw    bool   // ext is a whole chain whose next-header bytes the caller set
 	badL4     bool
 	badIP     bool
 	zeroUDP   bool
@@ -135,7 +136,9 @@ func build(s spec) []byte {
 		var ext []byte
 		if s.ext != nil {
 			ext = append([]byte{}, s.ext...)
-			ext[0] = proto
+			if !s.extRaw {
+				ext[0] = proto
+			}
 			ip[6] = s.extType
 		}
 		binary.BigEndian.PutUint16(ip[4:], uint16(len(ext)+len(l4)))
@@ -236,6 +239,29 @@ var (
 	withMF    = func(s *spec) { s.mf = true }
 	dstOpts   = func(s *spec) { s.extType, s.ext = ipv6DstOpts, []byte{0, 0, 1, 4, 0, 0, 0, 0} }
 	fragHdr   = func(s *spec) { s.extType, s.ext = ipv6Fragment, []byte{0, 0, 0, 0, 0, 0, 0, 1} }
+	// dstOptsPad is a Destination Options header whose PadN option carries v, so two
+	// headers of the same type and length can differ in one byte.
+	dstOptsPad = func(v byte) func(*spec) {
+		return func(s *spec) { s.extType, s.ext, s.extRaw = ipv6DstOpts, []byte{0, 0, 1, 4, v, 0, 0, 0}, false }
+	}
+	// hbhDstOpts is a two-header chain: Hop-by-Hop (16 bytes) then Destination Options
+	// (8 bytes), then the L4 header.
+	hbhDstOpts = func(s *spec) {
+		proto := byte(protoTCP)
+		if s.udp {
+			proto = protoUDP
+		}
+		s.extType, s.extRaw = ipv6HopByHop, true
+		s.ext = []byte{
+			ipv6DstOpts, 1, 1, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+			proto, 0, 1, 4, 0, 0, 0, 0,
+		}
+	}
+	// routingHdr is a Routing header (type 4 layout, no addresses) with segLeft
+	// segments left.
+	routingHdr = func(segLeft byte) func(*spec) {
+		return func(s *spec) { s.extType, s.ext = ipv6Routing, []byte{0, 0, 4, segLeft, 0, 0, 0, 0} }
+	}
 )
 
 // outPkt is one emitted packet, copied.

@@ -7,7 +7,7 @@ import (
 	"tapgro/vnethdr"
 )
 
-// Header constants (wire.md §2, RFC 791/8200/9293/768).
+// Header constants (include/uapi/linux/virtio_net.h, RFC 791/8200/9293/768).
 const (
 	ethHdrLen  = 14
 	vlanHdrLen = 18
@@ -58,14 +58,13 @@ type pkt struct {
 
 	v6, udp bool
 	l2      int // L3 offset: 14, or 18 with a VLAN tag
-	l4Off   int // L4 header offset
+	l4Off   int // L4 header offset (after IPv6 extension headers)
 	payOff  int // payload offset
 	end     int // end of the IP packet (IP length, not frame length)
 	payload int
 
 	ipSig  uint32 // bytes that must be equal: v4 TOS, DF/reserved, TTL; v6 TC, hop limit
 	id     uint16
-	df     bool
 	idMode uint8 // the IPv4 ID mode a merge would commit (set by mergeCheck)
 
 	flags    uint8
@@ -143,10 +142,9 @@ func (c *Coalescer) parse4(f []byte, p *pkt) Reason {
 	p.l4Off = p.l2 + ipv4HdrLen
 	p.end = p.l2 + tot
 	// TOS byte (ECN included), the flag bits (reserved, DF; MF is 0 here) and TTL must
-	// be equal across an aggregate (Linux inet_gro_flush; research/gro.md §d).
+	// be equal across an aggregate (Linux include/net/gro.h inet_gro_flush).
 	p.ipSig = uint32(ip[1])<<16 | uint32(frag>>13)<<8 | uint32(ip[8])
 	p.id = be16(ip[4:])
-	p.df = frag&0x4000 != 0
 	return c.parseL4(f, proto, p)
 }
 
@@ -162,11 +160,14 @@ func (c *Coalescer) parse6(f []byte, p *pkt) Reason {
 	nh := ip[6]
 	off := ipv6HdrLen
 	reason := ReasonStarted
-	// Walk the extension headers only to find the ports, so a frame carrying them still
-	// flushes its flow before passing through. They are never coalesced (v1; README
-	// "Clarifications": not coalescing them is safe).
+	// Walk the extension headers Linux ipv6_gro_receive pulls (ipv6_gro_pull_exthdrs:
+	// Hop-by-Hop, Routing, Destination Options, all INET6_PROTO_GSO_EXTHDR in
+	// net/ipv6/exthdrs_offload.c); mergeCheck then requires byte-identical chains. A
+	// Fragment header ends GRO there too (no offload registered), but the walk goes on
+	// for a first fragment's ports so it still flushes its flow. Every header is at
+	// least 8 bytes and must lie within the packet, so the loop ends.
 walk:
-	for range 8 {
+	for {
 		switch nh {
 		case protoTCP, protoUDP:
 			break walk
@@ -174,8 +175,19 @@ walk:
 			if off+8 > end {
 				return ReasonMalformed
 			}
-			nh, off = ip[off], off+(int(ip[off+1])+1)*8
-			reason = ReasonExtHeader
+			n := (int(ip[off+1]) + 1) * 8
+			if off+n > end {
+				return ReasonMalformed
+			}
+			if nh == ipv6Routing && ip[off+3] != 0 && reason == ReasonStarted {
+				// Segments left: the L4 pseudo-header uses the final destination
+				// (RFC 8200 section 8.1), not the IPv6 destination our checksum check
+				// and the GSO output's pseudo-header sum use; Linux's own check
+				// (ip6_gro_compute_pseudo) fails on it the same way, and vnethdr.Split
+				// refuses such a packet.
+				reason = ReasonExtHeader
+			}
+			nh, off = ip[off], off+n
 		case ipv6Fragment:
 			if off+8 > end {
 				return ReasonMalformed
@@ -189,9 +201,6 @@ walk:
 			return ReasonNotTCPUDP
 		}
 	}
-	if nh != protoTCP && nh != protoUDP {
-		return ReasonNotTCPUDP
-	}
 	if off+4 <= end {
 		p.key[15], p.key[16] = 6, nh
 		copy(p.key[17:49], ip[8:40])
@@ -203,13 +212,13 @@ walk:
 		return reason
 	}
 	p.v6 = true
-	p.l4Off = p.l2 + ipv6HdrLen
+	p.l4Off = p.l2 + off
 	p.end = p.l2 + end
 	// Traffic class (ECN included) and hop limit must be equal; the flow label is part
 	// of the key (Linux ipv6_gro_receive).
 	tc := ip[0]<<4 | ip[1]>>4
 	p.ipSig = 1<<24 | uint32(tc)<<8 | uint32(ip[7])
-	p.id, p.df = 0, false
+	p.id = 0
 	return c.parseL4(f, nh, p)
 }
 

@@ -11,25 +11,38 @@ import (
 
 // genFlow produces the frames of one flow as the wire would deliver them: in-order
 // segments of one MSS with short ones, PSH, pure ACKs, ack and timestamp changes, then
-// loss, duplication, reordering and corruption applied on top.
+// loss, duplication, reordering and corruption applied on top. IPv4 flows have DF set
+// or clear and incrementing or fixed IDs (a fixed-ID flow sometimes switches to
+// incrementing); IPv6 flows may carry an extension header chain, now and then changed
+// on one segment; jumbo segment sizes reach the 65535-byte cap.
 func genFlow(rng *rand.Rand, kind string, port uint16) [][]byte {
-	mods := []func(*spec){withPort(port)}
-	if kind == "udp4" || kind == "udp6" {
-		// Keep IDs meaningful: with DF a duplicated datagram right after its original
-		// has the same ID and would merge under the fixed-ID rule, after which GSO
-		// renumbers it; DF=0 makes every re-segmented byte predictable.
-		mods = append(mods, withDF(false))
-	}
+	v6 := kind == "tcp6" || kind == "udp6"
+	mods := []func(*spec){withPort(port), withDF(rng.IntN(2) == 0)}
 	if rng.IntN(3) == 0 {
 		mods = append(mods, withVLAN(uint16(port)))
 	}
-	if kind == "tcp6" || kind == "udp6" {
+	if v6 {
 		mods = append(mods, withLabel(uint32(port)*7))
+		switch rng.IntN(4) {
+		case 0:
+			mods = append(mods, dstOpts)
+		case 1:
+			mods = append(mods, hbhDstOpts)
+		}
 	}
+	fixedID := !v6 && rng.IntN(3) == 0
 	f := newFlow(kind, mods...)
 	udp := f.s.udp
-	sizes := []int{100, 536, 1200, 1448}
+	sizes := []int{100, 536, 1200, 1448, 1448, 8072, 9000, 16000}
 	m := sizes[rng.IntN(len(sizes))]
+	// fill: sizes chosen so that runs of full segments plus one tail add up to exactly
+	// 65535 IP bytes, the most Linux puts in one packet.
+	fill := m >= 1448 && rng.IntN(2) == 0
+	probe := f.s
+	probe.n = 0
+	pl, _ := vnethdr.ParseLayout(build(probe))
+	capPayload := maxIPLen - (pl.PayloadOff - pl.L3Off)
+	room := capPayload
 	n := 10 + rng.IntN(70)
 	var out [][]byte
 	ts := uint32(1)
@@ -44,10 +57,28 @@ func genFlow(rng *rand.Rand, kind string, port uint16) [][]byte {
 			}
 			sm = append(sm, withOpts(tsOpts(ts)))
 		}
+		if fixedID {
+			if rng.IntN(30) == 0 {
+				fixedID = false // from now on incrementing: a pattern change
+			} else {
+				sm = append(sm, withID(7))
+			}
+		}
+		if v6 && rng.IntN(25) == 0 {
+			sm = append(sm, dstOptsPad(byte(1+rng.IntN(3)))) // a different chain
+		}
 		size := m
+		if fill {
+			size = min(m, room)
+			if room -= size; room == 0 {
+				room = capPayload
+			}
+		}
 		switch r := rng.IntN(100); {
 		case r < 6:
-			size = 1 + rng.IntN(m)
+			// Short: anywhere below m, or small enough to fit behind jumbo segments
+			// that have filled most of the 65535 bytes.
+			size = 1 + rng.IntN([]int{m, min(m, 1500)}[rng.IntN(2)])
 		case r < 10 && !udp:
 			size = 0 // pure ACK
 		case r < 13 && !udp:
@@ -85,12 +116,13 @@ func genFlow(rng *rand.Rand, kind string, port uint16) [][]byte {
 func TestPropertyResegmentation(t *testing.T) {
 	kinds := []string{"tcp4", "tcp6", "udp4", "udp6", "tcp4", "tcp6", "tcp4", "udp4"}
 	var gso, merged uint64
+	var fixedAggs, extAggs, fullAggs, tailAggs int
 	for iter := range 300 {
 		rng := rand.New(rand.NewPCG(uint64(iter), 0x7a9))
 		nflows := 1 + rng.IntN(len(kinds))
 		cfg := Config{
 			MaxFlows:    1 + rng.IntN(8),
-			MaxSegments: []int{2, 4, 64}[rng.IntN(3)],
+			MaxSegments: []int{2, 4, 64, 0}[rng.IntN(4)],
 			VnetHdrLen:  []int{10, 12}[rng.IntN(2)],
 			UDP:         rng.IntN(4) != 0,
 		}
@@ -121,7 +153,10 @@ func TestPropertyResegmentation(t *testing.T) {
 		}
 		h.c.Flush()
 
+		// want[i] is what flow i's frames must come back as: the input frames, with the
+		// IDs of each fixed-ID aggregate renumbered as GSO does (resegmented).
 		got := make([][][]byte, nflows)
+		want := make([][][]byte, nflows)
 		for _, o := range h.out {
 			if len(o.frame) > maxL2+maxIPLen {
 				t.Fatalf("iter %d: %d-byte packet", iter, len(o.frame))
@@ -138,10 +173,33 @@ func TestPropertyResegmentation(t *testing.T) {
 				if o.hdr.GSOType == vnethdr.GSOUDPL4 && !cfg.UDP {
 					t.Fatalf("iter %d: UDP coalesced with UDP off", iter)
 				}
-				got[fi] = append(got[fi], split(t, o)...)
+				segs := split(t, o)
+				if g, tail := int(o.hdr.GSOSize), l.PayloadLen()%int(o.hdr.GSOSize); tail != 0 &&
+					l.End-l.L3Off-tail+g > maxIPLen {
+					tailAggs++ // a short tail joined after a full segment no longer fit
+				}
+				if l.End-l.L3Off == maxIPLen {
+					fullAggs++
+				}
+				if l.IPv6 && l.L4Off != l.L3Off+ipv6HdrLen {
+					extAggs++
+				}
+				if !l.IPv6 && len(segs) > 1 && binary.BigEndian.Uint16(segs[1][l.L3Off+4:]) == 7+1 &&
+					binary.BigEndian.Uint16(o.frame[l.L3Off+4:]) == 7 {
+					fixedAggs++ // renumbered 7, 8, ... from a fixed ID of 7
+				}
+				k := len(got[fi])
+				if k+len(segs) > len(perFlow[fi]) {
+					t.Fatalf("iter %d flow %d: more frames out than in", iter, fi)
+				}
+				got[fi] = append(got[fi], segs...)
+				want[fi] = append(want[fi], resegmented(t, perFlow[fi][k:k+len(segs)])...)
 			} else {
 				if o.hdr != (vnethdr.Hdr{}) {
 					t.Fatalf("iter %d: plain packet with header %s", iter, o.hdr)
+				}
+				if k := len(got[fi]); k < len(perFlow[fi]) {
+					want[fi] = append(want[fi], perFlow[fi][k])
 				}
 				got[fi] = append(got[fi], o.frame)
 			}
@@ -151,7 +209,7 @@ func TestPropertyResegmentation(t *testing.T) {
 				t.Fatalf("iter %d flow %d (%s): %d frames out, %d in", iter, i, kinds[i], len(got[i]), len(perFlow[i]))
 			}
 			for j := range got[i] {
-				if !bytes.Equal(got[i][j], perFlow[i][j]) {
+				if !bytes.Equal(got[i][j], want[i][j]) {
 					t.Fatalf("iter %d flow %d (%s): frame %d differs", iter, i, kinds[i], j)
 				}
 			}
@@ -163,8 +221,12 @@ func TestPropertyResegmentation(t *testing.T) {
 			t.Fatalf("iter %d: counters %d/%d, want %d/%d", iter, st.Segments.Load(), st.Packets.Load(), total, len(h.out))
 		}
 	}
-	t.Logf("%d GSO packets, %d segments merged", gso, merged)
+	t.Logf("%d GSO packets, %d segments merged; %d fixed-ID, %d with IPv6 extension headers, %d of exactly 65535 IP bytes, %d with a tail past the last full segment's room",
+		gso, merged, fixedAggs, extAggs, fullAggs, tailAggs)
 	if gso == 0 || merged < gso {
 		t.Fatal("the generator produced nothing coalescable")
+	}
+	if fixedAggs == 0 || extAggs == 0 || fullAggs == 0 || tailAggs == 0 {
+		t.Fatal("the generator did not exercise every rule")
 	}
 }

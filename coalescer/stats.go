@@ -19,7 +19,7 @@ const (
 	ReasonNotTCPUDP      // not IPv4/IPv6 carrying TCP/UDP (ARP, ICMP, QinQ, ...)
 	ReasonIPOptions      // IPv4 IHL > 5
 	ReasonFragment       // IPv4 MF/offset, IPv6 Fragment header
-	ReasonExtHeader      // IPv6 extension headers (not coalesced in v1)
+	ReasonExtHeader      // IPv6 extension headers prevent it: chain differs from the aggregate's, or Routing with segments left
 	ReasonSyn            // SYN set
 	ReasonFinRstUrg      // RST or URG; FIN without payload; FIN closing an aggregate
 	ReasonPureAck        // TCP without payload (dup ACKs not recognisable as such included)
@@ -30,7 +30,7 @@ const (
 	ReasonAckChanged     // ack_seq differs
 	ReasonTosTTLChanged  // IPv4 TOS/TTL/DF(/reserved), IPv6 traffic class/hop limit differ
 	ReasonFlagsChanged   // TCP flags differ outside PSH/FIN/CWR, or ACK not set
-	ReasonIPIDChanged    // IPv4 ID neither +1 nor constant-with-DF, or pattern changed
+	ReasonIPIDChanged    // IPv4 ID neither +1 nor constant (DF set or clear), or pattern changed
 	ReasonBadChecksum    // IPv4 header or L4 checksum wrong
 	ReasonNoChecksum     // UDP checksum 0 (not coalescable, like Linux)
 	ReasonOverSize       // aggregate cannot take another segment within 65535 IP bytes
@@ -99,8 +99,8 @@ func Reasons() []Reason {
 }
 
 // HistBounds are the inclusive upper bounds of the segments-per-packet histogram
-// buckets; Stats.SegsPerPacket has one more bucket for anything larger (only possible
-// when MaxSegments > 64).
+// buckets; Stats.SegsPerPacket has one more bucket for anything larger (TCP only: UDP
+// is capped at 64).
 var HistBounds = [...]int{1, 2, 4, 8, 16, 32, 64}
 
 // Stats are plain atomic counters; the owner of the Coalescer reads them from any
