@@ -93,16 +93,18 @@ type bridge struct {
 	rxStats   rxpool.Stats // the TAP→port receive pool's counters
 	rxBuffers atomic.Int64 // its size in buffers, once the pipeline has started
 
-	// groKilled is set (once, never cleared) when the kernel refused a GSO write: from then
-	// on frames go to the TAP one segment at a time, so the stream survives a kernel that
-	// rejects valid GSO frames (research/gro.md §c.1).
+	// groKilled is set (once, never cleared) when the kernel refused a TCP GSO write and
+	// tapgro's own probe frame of that kind too (tapWriter.refusedGSO), or the start-up
+	// probe: from then on frames go to the TAP one segment at a time, so the stream
+	// survives a kernel that rejects valid GSO frames.
 	groKilled atomic.Bool
 	onGROKill func(error) // called once, from the port→TAP goroutine
 
 	// tapKilled are the offloads (TSO4, TSO6, TSO_ECN, USO) whose GSO writes the kernel
-	// refused with EINVAL although the frame was valid: from then on frames of that kind
-	// are split before the write (sticky, like groKilled). onOffloadKill is called once
-	// per offload, from the port→TAP goroutine.
+	// refused with EINVAL although the frame was valid, and refused a probe frame of the
+	// same kind as well (tapWriter.refusedGSO): from then on frames of that kind are split
+	// before the write (sticky, like groKilled). onOffloadKill is called once per
+	// offload, from the port→TAP goroutine.
 	tapKilled     atomic.Uint32
 	onOffloadKill func(vnethdr.Offloads, error)
 
@@ -510,6 +512,8 @@ type tapWriter struct {
 	fallback      [][]byte
 	fallbackViews [][]byte
 	fallbackSize  []int
+
+	probe []byte // the probe frame written when the kernel refuses a GSO write
 }
 
 // coalescerConfig derives the GRO engine's settings from what the TAP accepts.
@@ -728,7 +732,7 @@ func (w *tapWriter) write(pkt []byte) {
 	}
 	switch {
 	case errors.Is(err, unix.EINVAL) && w.isGSO(pkt):
-		w.writeSegmented(pkt, err)
+		w.refusedGSO(pkt, err)
 	case errors.Is(err, unix.EIO):
 		st.DropTapEIO.Add(1)
 	default:
@@ -740,15 +744,58 @@ func (w *tapWriter) isGSO(pkt []byte) bool {
 	return w.hdr.Decode(pkt, w.b.cfg.vnetHdrLen) == nil && w.hdr.IsGSO()
 }
 
-// writeSegmented re-sends a GSO packet the kernel refused as plain segments and turns
-// that offload off for good — and GRO with it for TCP: a kernel that rejects one valid
-// GSO frame rejects them all (research/gro.md §c.1). w.hdr holds the refused packet's
-// header (set by isGSO).
-func (w *tapWriter) writeSegmented(pkt []byte, cause error) {
+// refusedGSO handles a GSO packet the kernel refused with EINVAL (w.hdr holds its
+// header, set by isGSO). The packet is re-sent as plain segments. Whether the offload is
+// turned off for good — and GRO with it for TCP, since a kernel with a GSO bug rejects
+// every valid frame of that kind (Tailscale met one in Linux 6.6.44) — is decided by
+// evidence about the kernel, not about the packet:
+//
+//   - the packet must pass vnethdr.ValidatePeer, the kernel's own write-side rules
+//     (drivers/net/tun.c tun_get_user, include/linux/virtio_net.h
+//     virtio_net_hdr_to_skb). Everything that gets here was either built by the GRO
+//     engine or admitted by that same check in addWithHeaders, so this only re-states
+//     the condition; a packet failing it is dropped as malformed and proves nothing;
+//   - and a probe frame tapgro builds itself, of the same GSO kind (gso_type with its ECN
+//     bit, IP version), must be refused with EINVAL too. If the kernel takes the probe it
+//     objected to that one packet, not to the offload: nothing is turned off, so a
+//     peer's crafted header can cost at most its own packet. A probe that fails in
+//     another way (EIO: the link went down) says nothing either way and kills nothing.
+func (w *tapWriter) refusedGSO(pkt []byte, cause error) {
 	b := w.b
 	st := &b.p2t
+	hl := b.cfg.vnetHdrLen
+	if vnethdr.ValidatePeer(pkt[hl:], &w.hdr) != nil {
+		st.DropMalformed.Add(1)
+		return
+	}
 	st.GSOFallback.Add(1)
-	off := offloadOf(&w.hdr)
+	if w.probeRefused(pkt[hl:]) {
+		w.kill(offloadOf(&w.hdr), cause)
+	}
+	w.split(pkt)
+}
+
+// probeRefused writes a probe frame of the kind of frame (its header in w.hdr) to the
+// TAP and reports whether the kernel refused it with EINVAL. It allocates only the first
+// time.
+func (w *tapWriter) probeRefused(frame []byte) bool {
+	hl := w.b.cfg.vnetHdrLen
+	if w.probe == nil {
+		w.probe = make([]byte, 0, probeFrameCap(hl))
+	}
+	ipv6 := false
+	if l, err := vnethdr.ParseLayout(frame); err == nil {
+		ipv6 = l.IPv6
+	}
+	w.probe = appendProbeFrame(w.probe[:0], hl, w.hdr.GSOType, ipv6)
+	_, err := w.b.tap.Write(w.probe)
+	return errors.Is(err, unix.EINVAL)
+}
+
+// kill turns the offloads off for good (sticky until restart): frames of that kind
+// are split before the write from now on, and for TCP the GRO engine stops building them.
+func (w *tapWriter) kill(off vnethdr.Offloads, cause error) {
+	b := w.b
 	if off&^vnethdr.OffloadUSO != 0 || off == 0 {
 		// TCP GSO refused: the GRO engine's TCP output is the same kind.
 		if !b.groKilled.Swap(true) && b.onGROKill != nil {
@@ -763,7 +810,6 @@ func (w *tapWriter) writeSegmented(pkt []byte, cause error) {
 			}
 		}
 	}
-	w.split(pkt)
 }
 
 // split writes the GSO packet pkt (its header decoded into w.hdr) to the TAP as plain

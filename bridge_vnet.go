@@ -21,10 +21,16 @@ func (p *tapToPort) portHeader(frameLen int) {
 	}
 }
 
+// A frame vnethdr.ValidatePeer admits can always be split by tapWriter.split, whose
+// buffers hold maxSegs segments (this fails to compile otherwise).
+const _ = uint(maxSegs - vnethdr.MaxSegments)
+
 // addWithHeaders offers n frames read from a header-carrying port to the GRO engine
-// with their headers. A GSO frame is checked against its headers first: the TAP would
-// refuse an inconsistent one with EINVAL, which tapgro must not mistake for a kernel
-// that refuses GSO as such.
+// with their headers. The header is the peer's word and is checked against the frame
+// first (vnethdr.ValidatePeer, which also replaces the peer's hdr_len with the one the
+// frame's own headers give): the kernel would refuse an inconsistent one with EINVAL,
+// and such a frame is dropped here as malformed so it never reaches the TAP, where a
+// refusal is evidence about the kernel (tapWriter.refusedGSO).
 func (p *portToTap) addWithHeaders(coal *coalescer.Coalescer, n int, now int64) {
 	b := p.b
 	st := &b.p2t
@@ -40,14 +46,12 @@ func (p *portToTap) addWithHeaders(coal *coalescer.Coalescer, n int, now int64) 
 			continue
 		}
 		frame := buf[p.head : p.head-p.phl+p.sizes[i]]
-		if p.hdr.IsGSO() {
-			if !validGSO(frame, &p.hdr) {
-				st.DropMalformed.Add(1)
-				continue
-			}
-			if b.tapWriteOK(&p.hdr, len(frame)) {
-				st.GSOPassthrough.Add(1)
-			}
+		if vnethdr.ValidatePeer(frame, &p.hdr) != nil {
+			st.DropMalformed.Add(1)
+			continue
+		}
+		if p.hdr.IsGSO() && b.tapWriteOK(&p.hdr, len(frame)) {
+			st.GSOPassthrough.Add(1)
 		}
 		coal.Add(buf[p.head-tl:p.head-p.phl+p.sizes[i]], &p.hdr, now)
 	}
@@ -97,40 +101,4 @@ func offloadOf(h *vnethdr.Hdr) vnethdr.Offloads {
 		o |= vnethdr.OffloadTSOECN
 	}
 	return o
-}
-
-// validGSO checks a GSO header against the frame's own headers, as the kernel and
-// vnethdr.Split do (wire.md §1.6): a known GSO type matching the L3/L4 protocol, a
-// non-zero gso_size, no fragment, a payload, and with NEEDS_CSUM the checksum at the L4
-// header. It allocates nothing.
-func validGSO(frame []byte, h *vnethdr.Hdr) bool {
-	if h.GSOSize == 0 || h.Flags&vnethdr.FlagRSCInfo != 0 {
-		return false
-	}
-	l, err := vnethdr.ParseLayout(frame)
-	if err != nil || l.Fragment || l.Routed || l.PayloadLen() == 0 {
-		return false
-	}
-	csumOff := 16
-	switch h.GSOType &^ vnethdr.GSOECN {
-	case vnethdr.GSOTCPv4:
-		if l.IPv6 || !l.IsTCP() {
-			return false
-		}
-	case vnethdr.GSOTCPv6:
-		if !l.IPv6 || !l.IsTCP() {
-			return false
-		}
-	case vnethdr.GSOUDPL4:
-		if !l.IsUDP() || h.GSOType&vnethdr.GSOECN != 0 {
-			return false
-		}
-		csumOff = 6
-	default:
-		return false
-	}
-	if h.Flags&vnethdr.FlagNeedsCsum != 0 && (int(h.CsumStart) != l.L4Off || int(h.CsumOffset) != csumOff) {
-		return false
-	}
-	return true
 }

@@ -5,13 +5,16 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"testing"
 	"time"
 
 	"golang.org/x/sys/unix"
 
+	"tapgro/integration/netnstest"
 	"tapgro/netmapio"
+	"tapgro/tapdev"
 	"tapgro/vnethdr"
 )
 
@@ -208,9 +211,10 @@ func (e *einvalTap) Write(pkt []byte) (int, error) {
 	return e.fakeTap.Write(pkt)
 }
 
-// A GSO frame from a vnet-hdr port that the kernel refuses is re-sent segmented, the
-// offload is switched off (sticky, reported once), and later frames of that kind are
-// split before the write.
+// A GSO frame from a vnet-hdr port that the kernel refuses, when the kernel refuses
+// tapgro's own probe frame of that kind as well, is re-sent segmented, the offload is
+// switched off (sticky, reported once), and later frames of that kind are split before
+// the write.
 func TestVnetPortToTapEINVALFallback(t *testing.T) {
 	tap := &einvalTap{fakeTap: newFakeTap(10, true)}
 	b := testBridge(tap, true)
@@ -238,8 +242,8 @@ func TestVnetPortToTapEINVALFallback(t *testing.T) {
 			t.Fatalf("segment %d is %d bytes", i, len(o))
 		}
 	}
-	if tap.refused != 1 {
-		t.Errorf("kernel saw %d GSO writes, want 1 (the second frame is split before the write)", tap.refused)
+	if tap.refused != 2 {
+		t.Errorf("kernel saw %d GSO writes, want 2: the frame and the probe that confirms the refusal (the second frame is split before the write)", tap.refused)
 	}
 	if len(killed) != 1 || killed[0] != vnethdr.OffloadTSO4 {
 		t.Errorf("offloads reported killed: %v, want [tso4]", killed)
@@ -390,5 +394,508 @@ func benchVnetEndToEnd(b *testing.B, shm bool) {
 	<-doneB
 	if got := far.Stats().ShmFramesIn.Load(); (got > 0) != shm {
 		b.Fatalf("%d frames crossed in shared memory (shm %v)", got, shm)
+	}
+}
+
+// gsoFrame6 is what a TAP with TSO6 (udp false) or USO (udp true) hands tapgro: an
+// IPv6 frame from fd00:198:18::1 to fd00:198:18::2 with a GSO header and a partial
+// checksum.
+func gsoFrame6(hl int, udp bool, payload []byte, mss int) []byte {
+	l4Len, proto, gsoType, csumOff := 20, uint8(unix.IPPROTO_TCP), uint8(vnethdr.GSOTCPv6), 16
+	if udp {
+		l4Len, proto, gsoType, csumOff = 8, unix.IPPROTO_UDP, vnethdr.GSOUDPL4, 6
+	}
+	f := make([]byte, 14+40+l4Len+len(payload))
+	copy(f[0:6], []byte{2, 0, 0, 0, 0, 2})
+	copy(f[6:12], []byte{2, 0, 0, 0, 0, 1})
+	binary.BigEndian.PutUint16(f[12:], 0x86dd)
+	ip := f[14:54]
+	ip[0] = 0x60
+	binary.BigEndian.PutUint16(ip[4:], uint16(l4Len+len(payload)))
+	ip[6], ip[7] = proto, 64
+	copy(ip[8:], []byte{0xfd, 0, 1, 0x98, 0, 0x18, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1})
+	copy(ip[24:], []byte{0xfd, 0, 1, 0x98, 0, 0x18, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2})
+	l4 := f[54:]
+	binary.BigEndian.PutUint16(l4[0:], 5001)
+	binary.BigEndian.PutUint16(l4[2:], 5201)
+	if udp {
+		binary.BigEndian.PutUint16(l4[4:], uint16(len(l4)))
+	} else {
+		binary.BigEndian.PutUint32(l4[4:], 1)
+		binary.BigEndian.PutUint32(l4[8:], 1000)
+		l4[12], l4[13] = 5<<4, 0x10
+		binary.BigEndian.PutUint16(l4[14:], 512)
+	}
+	copy(l4[l4Len:], payload)
+	binary.BigEndian.PutUint16(l4[csumOff:], vnethdr.Fold(vnethdr.PseudoHeaderSum(proto, ip[8:24], ip[24:40], len(l4))))
+	h := vnethdr.Hdr{Flags: vnethdr.FlagNeedsCsum, GSOType: gsoType, HdrLen: uint16(54 + l4Len),
+		GSOSize: uint16(mss), CsumStart: 54, CsumOffset: uint16(csumOff)}
+	pkt := make([]byte, hl+len(f))
+	h.Encode(pkt, hl)
+	copy(pkt[hl:], f)
+	return pkt
+}
+
+// withHdr returns a copy of the record rec (a hl-byte header, then the frame) whose
+// header mod has changed.
+func withHdr(rec []byte, hl int, mod func(h *vnethdr.Hdr, frameLen int)) []byte {
+	rec = bytes.Clone(rec)
+	var h vnethdr.Hdr
+	h.Decode(rec, hl)
+	mod(&h, len(rec)-hl)
+	h.Encode(rec, hl)
+	return rec
+}
+
+// craftedRecords are vnet-hdr=on records (12-byte headers) whose virtio_net_hdr the
+// kernel refuses with EINVAL (drivers/net/tun.c tun_get_user, include/linux/virtio_net.h
+// virtio_net_hdr_to_skb) on frames that are otherwise fine: what a buggy or hostile peer
+// sends to make tapgro believe the kernel refuses GSO (issue 12 item 4).
+func craftedRecords() []struct {
+	name string
+	rec  []byte
+} {
+	tcp4 := gsoTCP4(12, pattern(5000), 1448)
+	tcp6 := gsoFrame6(12, false, pattern(5000), 1428)
+	uso4 := udpGSO4(12, pattern(5000), 1400)
+	uso6 := gsoFrame6(12, true, pattern(5000), 1400)
+	pastFrame := func(h *vnethdr.Hdr, n int) { h.HdrLen = uint16(n + 1) }
+	byFrags := func(h *vnethdr.Hdr, _ int) { h.GSOSize = 0xffff }
+	return []struct {
+		name string
+		rec  []byte
+	}{
+		{"tcp4 hdr_len past the frame", withHdr(tcp4, 12, pastFrame)},
+		{"tcp4 gso_size 0xffff", withHdr(tcp4, 12, byFrags)},
+		{"tcp6 hdr_len past the frame", withHdr(tcp6, 12, pastFrame)},
+		{"tcp6 gso_size 0xffff", withHdr(tcp6, 12, byFrags)},
+		{"uso4 hdr_len past the frame", withHdr(uso4, 12, pastFrame)},
+		{"uso4 gso_size 0xffff", withHdr(uso4, 12, byFrags)},
+		{"uso6 hdr_len 0xffff", withHdr(uso6, 12, func(h *vnethdr.Hdr, _ int) { h.HdrLen = 0xffff })},
+		{"uso6 gso_size 0xffff", withHdr(uso6, 12, byFrags)},
+		{"tcp4 ecn bit alone", withHdr(tcp4, 12, func(h *vnethdr.Hdr, _ int) { h.GSOType = vnethdr.GSOECN })},
+	}
+}
+
+// kernelRefuses models the checks a Linux TAP applies to a write (drivers/net/tun.c
+// tun_get_user, then include/linux/virtio_net.h virtio_net_hdr_to_skb, current
+// mainline) that answer EINVAL. It leaves out the flow dissection of GSO frames without
+// NEEDS_CSUM: no test here sends one.
+func kernelRefuses(pkt []byte, hl int) bool {
+	var h vnethdr.Hdr
+	if len(pkt) < hl || h.Decode(pkt, hl) != nil {
+		return true
+	}
+	f := pkt[hl:]
+	csum := h.Flags&vnethdr.FlagNeedsCsum != 0
+	start, off := int(h.CsumStart), int(h.CsumOffset)
+	hdrLen := int(h.HdrLen)
+	if csum && start+off+2 > hdrLen { // tun_get_user raises hdr_len to cover the field
+		hdrLen = start + off + 2
+	}
+	if hdrLen > len(f) || len(f) < 14 || (hdrLen != 0 && hdrLen < 14) {
+		return true
+	}
+	thlen, nhMin := 0, 20
+	kind := h.GSOType &^ vnethdr.GSOECN
+	if h.GSOType != vnethdr.GSONone {
+		switch kind {
+		case vnethdr.GSOTCPv4:
+			thlen = 20
+		case vnethdr.GSOTCPv6:
+			thlen, nhMin = 20, 40
+		case vnethdr.GSOUDP, vnethdr.GSOUDPL4:
+			thlen = 8
+		default:
+			return true
+		}
+		if h.GSOSize == 0 {
+			return true
+		}
+	}
+	pOff := 0
+	if csum {
+		if start+max(thlen, off+2) > len(f) || start < nhMin {
+			return true
+		}
+		pOff = start + thlen
+	}
+	if h.GSOType != vnethdr.GSONone {
+		switch kind {
+		case vnethdr.GSOUDPL4:
+			if !csum || off != 6 || len(f)-pOff > int(h.GSOSize)*vnethdr.MaxUSOSegments || h.GSOType != vnethdr.GSOUDPL4 {
+				return true
+			}
+		case vnethdr.GSOTCPv4, vnethdr.GSOTCPv6:
+			if csum && off != 16 {
+				return true
+			}
+		}
+		if h.GSOSize == 0xffff { // GSO_BY_FRAGS
+			return true
+		}
+	}
+	return false
+}
+
+// modelTap is an in-memory TAP that refuses with EINVAL what kernelRefuses says a
+// kernel would.
+type modelTap struct{ *fakeTap }
+
+func (m modelTap) Write(pkt []byte) (int, error) {
+	if kernelRefuses(pkt, m.hl) {
+		return 0, unix.EINVAL
+	}
+	return m.fakeTap.Write(pkt)
+}
+
+// recordingTap wraps a TAP, in-memory or real, and keeps what it took and how often it
+// answered EINVAL.
+type recordingTap struct {
+	tapIO
+	mu      sync.Mutex
+	took    [][]byte
+	refused int
+}
+
+func (r *recordingTap) Write(pkt []byte) (int, error) {
+	n, err := r.tapIO.Write(pkt)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	switch {
+	case err == nil:
+		r.took = append(r.took, bytes.Clone(pkt))
+	case errors.Is(err, unix.EINVAL):
+		r.refused++
+	}
+	return n, err
+}
+
+func (r *recordingTap) snapshot() (took [][]byte, refused int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.took), r.refused
+}
+
+// realTap opens a TAP with a 10-byte vnet header in a namespace of its own and brings
+// it up. It skips without root (fails under TAPGRO_REQUIRE_PRIV=1).
+func realTap(t *testing.T) *tapdev.Device {
+	t.Helper()
+	ns := netnstest.New(t, "peerhdr")
+	var d *tapdev.Device
+	if err := ns.Do(func() (err error) {
+		d, err = tapdev.Open(tapdev.Config{Name: "tgpeerhdr0", VnetHdrLen: 10})
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d.Close() })
+	if err := d.ConfigureLink(tapdev.LinkConfig{MTU: 1500, Up: true}); err != nil {
+		t.Fatal(err)
+	}
+	return d
+}
+
+// A vnet-hdr=on peer cannot switch an offload off: records whose header the kernel
+// refuses (hdr_len past the frame, gso_size 0xffff; TCPv4, TCPv6, USO v4 and v6) are
+// dropped and counted as malformed before they reach the TAP, nothing is killed, and
+// valid GSO frames sent afterwards reach the TAP whole, with the hdr_len their headers
+// give. Once against a model of the kernel's checks, once against a real TAP.
+func TestVnetPortToTapCraftedHeadersKillNothing(t *testing.T) {
+	t.Run("model", func(t *testing.T) {
+		testCraftedHeaders(t, modelTap{newFakeTap(10, false)}, vnethdr.OffloadCSUM|vnethdr.OffloadTSO4|
+			vnethdr.OffloadTSO6|vnethdr.OffloadTSOECN|vnethdr.OffloadUSO)
+	})
+	t.Run("tap", func(t *testing.T) {
+		d := realTap(t)
+		testCraftedHeaders(t, d, d.Accepts())
+	})
+}
+
+func testCraftedHeaders(t *testing.T, tap tapIO, accepts vnethdr.Offloads) {
+	rec := &recordingTap{tapIO: tap}
+	b := testBridge(rec, true)
+	b.cfg.tapAccepts = accepts
+	var mu sync.Mutex
+	var killed []string
+	b.onOffloadKill = func(o vnethdr.Offloads, _ error) { mu.Lock(); killed = append(killed, o.String()); mu.Unlock() }
+	b.onGROKill = func(error) { mu.Lock(); killed = append(killed, "gro"); mu.Unlock() }
+	near, far := vnetPair(t, false)
+	done := make(chan error, 1)
+	go func() { done <- b.runPortToTap(near) }()
+
+	crafted := craftedRecords()
+	for _, c := range crafted {
+		if _, err := far.WriteBatch([][]byte{c.rec}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	valid := []struct {
+		rec    []byte
+		hdrLen uint16
+	}{
+		{gsoTCP4(12, pattern(20000), 1448), 54},
+		{gsoFrame6(12, false, pattern(20000), 1428), 74},
+		{udpGSO4(12, pattern(6000), 1400), 42},
+		{gsoFrame6(12, true, pattern(6000), 1400), 62},
+	}
+	for _, v := range valid {
+		// A hdr_len hint that fits is replaced by the one the headers give.
+		r := withHdr(v.rec, 12, func(h *vnethdr.Hdr, n int) { h.HdrLen = uint16(n) })
+		if _, err := far.WriteBatch([][]byte{r}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	uso := accepts&vnethdr.OffloadUSO == vnethdr.OffloadUSO
+	want := 2 // the TCP frames; without USO the UDP ones arrive as datagrams
+	if uso {
+		want = 4
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for time.Now().Before(deadline) {
+		if took, _ := rec.snapshot(); len(took) >= want {
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
+	far.Close()
+	<-done
+
+	took, refused := rec.snapshot()
+	if refused != 0 {
+		t.Errorf("the TAP refused %d writes: a crafted header reached the kernel", refused)
+	}
+	if len(killed) != 0 || b.tapKilled.Load() != 0 || b.groKilled.Load() {
+		t.Errorf("offloads killed: %v (tapKilled %s, groKilled %v)", killed, vnethdr.Offloads(b.tapKilled.Load()), b.groKilled.Load())
+	}
+	if got := b.p2t.DropMalformed.Load(); got != uint64(len(crafted)) {
+		t.Errorf("%d records counted as malformed, want the %d crafted ones", got, len(crafted))
+	}
+	if b.p2t.GSOFallback.Load() != 0 {
+		t.Errorf("%d GSO writes fell back to segments", b.p2t.GSOFallback.Load())
+	}
+	var whole []vnethdr.Hdr
+	for _, pkt := range took {
+		var h vnethdr.Hdr
+		h.Decode(pkt, 10)
+		if h.IsGSO() {
+			whole = append(whole, h)
+		}
+	}
+	if len(whole) != want {
+		t.Fatalf("%d GSO frames reached the TAP whole, want %d (USO %v)", len(whole), want, uso)
+	}
+	for i, h := range whole {
+		if h.HdrLen != valid[i].hdrLen {
+			t.Errorf("GSO frame %d reached the TAP with hdr_len %d, want the %d its headers give", i, h.HdrLen, valid[i].hdrLen)
+		}
+	}
+	for i := range want {
+		if !bytes.Equal(took[i][10:], valid[i].rec[12:]) {
+			t.Errorf("valid frame %d did not reach the TAP whole and unchanged", i)
+		}
+	}
+}
+
+// refuseTap is an in-memory TAP that refuses the GSO writes refuse picks.
+type refuseTap struct {
+	*fakeTap
+	refuse  func(pkt []byte) bool
+	refused int
+}
+
+func (r *refuseTap) Write(pkt []byte) (int, error) {
+	var h vnethdr.Hdr
+	if h.Decode(pkt, r.hl) == nil && h.IsGSO() && r.refuse(pkt) {
+		r.mu.Lock()
+		r.refused++
+		r.mu.Unlock()
+		return 0, unix.EINVAL
+	}
+	return r.fakeTap.Write(pkt)
+}
+
+func (r *refuseTap) refusals() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.refused
+}
+
+// isProbe reports whether pkt is one of tapgro's probe frames (gsoprobe.go).
+func isProbe(pkt []byte, hl int) bool {
+	return len(pkt) >= hl+6 && bytes.Equal(pkt[hl:hl+6], []byte{0x02, 0x74, 0x61, 0x70, 0x67, 0x72})
+}
+
+// A GSO packet the kernel refuses turns its offload off only when tapgro's own probe
+// frame of the same kind is refused too: if the kernel takes the probe, the refused
+// packet alone is re-sent segmented and the next packet is again written whole. Both
+// for a packet the GRO engine built (plain port) and one a vnet-hdr=on peer sent.
+func TestGSORefusalKillsOnlyWithProbe(t *testing.T) {
+	for _, vnet := range []bool{false, true} {
+		for _, probeRefused := range []bool{false, true} {
+			name := fmt.Sprintf("vnet=%v/probe_refused=%v", vnet, probeRefused)
+			t.Run(name, func(t *testing.T) { testRefusalProbe(t, vnet, probeRefused) })
+		}
+	}
+}
+
+func testRefusalProbe(t *testing.T, vnet, probeRefused bool) {
+	tap := &refuseTap{fakeTap: newFakeTap(10, true)}
+	// The kernel objects to large GSO packets only, or (a GSO bug) to every one.
+	tap.refuse = func(pkt []byte) bool { return probeRefused || len(pkt) > 1000 }
+	b := testBridge(tap, true)
+	var mu sync.Mutex
+	var killed []vnethdr.Offloads
+	b.onOffloadKill = func(o vnethdr.Offloads, _ error) { mu.Lock(); killed = append(killed, o); mu.Unlock() }
+	var port, far netmapio.Port
+	hl := 0
+	if vnet {
+		port, far = vnetPair(t, false)
+		hl = 12
+	} else {
+		port, far = streamPair(t)
+	}
+	done := make(chan error, 1)
+	go func() { done <- b.runPortToTap(port) }()
+	// Round r sends ten 1448-byte segments of one flow: as one GSO record from a vnet
+	// peer, as ten plain frames (which the GRO engine merges) from a plain one.
+	send := func(r int) {
+		first := uint32(1 + r*10*1448)
+		if vnet {
+			pkt := gsoTCP4(12, pattern(14480), 1448)
+			binary.BigEndian.PutUint32(pkt[hl+38:], first)
+			tcp := pkt[hl+34:]
+			binary.BigEndian.PutUint16(tcp[16:], vnethdr.Fold(vnethdr.PseudoHeaderSum(unix.IPPROTO_TCP, pkt[hl+26:hl+30], pkt[hl+30:hl+34], len(tcp))))
+			if _, err := far.WriteBatch([][]byte{pkt}); err != nil {
+				t.Fatal(err)
+			}
+			return
+		}
+		var segs [][]byte
+		for i := 0; i < 10; i++ {
+			segs = append(segs, tcp4(first+uint32(i*1448), uint16(r*10+i), pattern(1448)))
+		}
+		if _, err := far.WriteBatch(segs); err != nil {
+			t.Fatal(err)
+		}
+	}
+	segments := func() (n, probes int) {
+		for _, o := range tap.written() {
+			if isProbe(o, 10) {
+				probes++
+			} else {
+				n++
+			}
+		}
+		return n, probes
+	}
+	for r := 0; r < 2; r++ {
+		send(r)
+		deadline := time.Now().Add(5 * time.Second)
+		for n, _ := segments(); n < 10*(r+1) && time.Now().Before(deadline); n, _ = segments() {
+			time.Sleep(time.Millisecond)
+		}
+	}
+	far.Close()
+	<-done
+
+	n, probes := segments()
+	if n != 20 {
+		t.Fatalf("TAP got %d frames, want 20 segments", n)
+	}
+	for i, o := range tap.written() {
+		if !isProbe(o, 10) && len(o) != 10+14+20+20+1448 {
+			t.Fatalf("frame %d is %d bytes, want a 1448-byte segment", i, len(o))
+		}
+	}
+	if probeRefused {
+		// Round 1: the packet and the probe are refused, the offload goes; round 2 is
+		// split before the write (vnet) or never merged (GRO off for TCP).
+		if tap.refusals() != 2 || probes != 0 {
+			t.Errorf("%d refusals, %d probes taken; want 2 and 0", tap.refusals(), probes)
+		}
+		if len(killed) != 1 || killed[0] != vnethdr.OffloadTSO4 || !b.groKilled.Load() {
+			t.Errorf("killed %v, groKilled %v; want [tso4] and true", killed, b.groKilled.Load())
+		}
+		return
+	}
+	// Each round: the packet refused, the probe taken, the packet split.
+	if tap.refusals() != 2 || probes != 2 || b.p2t.GSOFallback.Load() != 2 {
+		t.Errorf("%d refusals, %d probes taken, %d fallbacks; want 2, 2, 2", tap.refusals(), probes, b.p2t.GSOFallback.Load())
+	}
+	if len(killed) != 0 || b.tapKilled.Load() != 0 || b.groKilled.Load() {
+		t.Errorf("killed %v, groKilled %v, although the kernel took the probe", killed, b.groKilled.Load())
+	}
+}
+
+// Every probe kind is a frame the kernel's rules and tapgro's own admit, that splits
+// into its two segments, and that is built without allocating into a buffer of
+// probeFrameCap bytes.
+func TestProbeFramesOfEveryKind(t *testing.T) {
+	for _, hl := range []int{10, 12} {
+		buf := make([]byte, 0, probeFrameCap(hl))
+		for _, k := range probeKinds {
+			pkt := appendProbeFrame(buf[:0], hl, k.gsoType, k.ipv6)
+			if len(pkt) > probeFrameCap(hl) {
+				t.Fatalf("%s: %d bytes, more than probeFrameCap %d", k.name, len(pkt), probeFrameCap(hl))
+			}
+			var h vnethdr.Hdr
+			h.Decode(pkt, hl)
+			if h.GSOType != k.gsoType {
+				t.Errorf("%s: gso_type %#x", k.name, h.GSOType)
+			}
+			f := pkt[hl:]
+			if lay, err := vnethdr.ParseLayout(f); err != nil || lay.IPv6 != k.ipv6 {
+				t.Errorf("%s: layout %+v, %v", k.name, lay, err)
+			}
+			if kernelRefuses(pkt, hl) {
+				t.Errorf("%s: the kernel model refuses the probe", k.name)
+			}
+			hv := h
+			if err := vnethdr.ValidatePeer(f, &hv); err != nil || hv.HdrLen != h.HdrLen {
+				t.Errorf("%s: ValidatePeer: %v (hdr_len %d, built with %d)", k.name, err, hv.HdrLen, h.HdrLen)
+			}
+			out := [][]byte{make([]byte, 200), make([]byte, 200)}
+			sizes := make([]int, 2)
+			if n, err := vnethdr.Split(f, &h, out, sizes); err != nil || n != 2 {
+				t.Errorf("%s: Split = %d, %v; want 2 segments", k.name, n, err)
+			}
+			if a := testing.AllocsPerRun(20, func() { appendProbeFrame(buf[:0], hl, k.gsoType, k.ipv6) }); a != 0 {
+				t.Errorf("%s: %v allocations", k.name, a)
+			}
+		}
+	}
+	if !bytes.Equal(buildProbeFrame(10), appendProbeFrame(nil, 10, vnethdr.GSOTCPv4, false)) {
+		t.Error("the start-up probe is not the TCPv4 probe")
+	}
+}
+
+var probeKinds = []struct {
+	name    string
+	gsoType uint8
+	ipv6    bool
+	needs   vnethdr.Offloads
+}{
+	{"tcp4", vnethdr.GSOTCPv4, false, vnethdr.OffloadTSO4},
+	{"tcp4 ecn", vnethdr.GSOTCPv4 | vnethdr.GSOECN, false, vnethdr.OffloadTSO4},
+	{"tcp6", vnethdr.GSOTCPv6, true, vnethdr.OffloadTSO6},
+	{"tcp6 ecn", vnethdr.GSOTCPv6 | vnethdr.GSOECN, true, vnethdr.OffloadTSO6},
+	{"uso4", vnethdr.GSOUDPL4, false, vnethdr.OffloadUSO},
+	{"uso6", vnethdr.GSOUDPL4, true, vnethdr.OffloadUSO},
+}
+
+// A real kernel takes every probe kind it has the offload for: a probe that it refused
+// would turn a working offload off.
+func TestProbeFramesRealTap(t *testing.T) {
+	d := realTap(t)
+	acc := d.Accepts()
+	for _, k := range probeKinds {
+		if acc&k.needs != k.needs {
+			t.Logf("%s: this kernel does not take it (accepts %s)", k.name, acc)
+			continue
+		}
+		if _, err := d.Write(appendProbeFrame(nil, 10, k.gsoType, k.ipv6)); err != nil {
+			t.Errorf("%s probe: %v", k.name, err)
+		}
 	}
 }

@@ -31,6 +31,13 @@
 //   - A checksum produced by Split is computed over the bytes actually sent, never
 //     derived from the partial value in the input, so a corrupt partial sum cannot be
 //     "laundered" into a valid-looking segment.
+//   - A frame whose header came from an untrusted sender (a vnet-hdr=on peer, a
+//     vhost-user driver) passes ValidatePeer before anything acts on that header. It
+//     applies what the kernel's TAP write path checks (drivers/net/tun.c tun_get_user,
+//     include/linux/virtio_net.h virtio_net_hdr_to_skb) and more, and replaces hdr_len
+//     with the re-derived value, so a header the kernel would refuse is dropped by the
+//     receiver and never reaches a TAP, where a refusal would be taken as the kernel's
+//     verdict on GSO.
 //
 // # Software GSO
 //
