@@ -51,6 +51,10 @@ type options struct {
 	logFile     string        // --log-file: reopened on SIGHUP; "" is stderr
 	healthStall time.Duration // --health-stall: /healthz fails after this long stalled
 
+	// --allow-unsafe-dir: create socket paths even in a directory others may write that
+	// has no sticky bit (netmapio.Options.AllowUnsafeDir).
+	allowUnsafeDir bool
+
 	// Runtime control (ctl.go).
 	ctlSocket        string // --ctl-socket; "" disables the control socket
 	ctlSocketDefault bool   // ctlSocket is the default path: failing to create it only warns
@@ -199,6 +203,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	var socketMode, socketGroup, userName, groupName string
 	fs.StringVar(&socketMode, "socket-mode", "0600", "permissions (octal) of the UNIX socket paths tapgro creates; widen with care: whoever can connect can inject frames into the guest")
 	fs.StringVar(&socketGroup, "socket-group", "", "group (name or gid) of the UNIX socket paths tapgro creates, e.g. with --socket-mode 0660")
+	fs.BoolVar(&o.allowUnsafeDir, "allow-unsafe-dir", false, "create UNIX socket paths (port and --ctl-socket) even in a directory other users can write that has no sticky bit; there anyone could swap tapgro's socket for their own")
 	fs.StringVar(&userName, "user", "", "after opening the TAP, the port and the metrics listener, drop privileges to this user (name or uid)")
 	fs.StringVar(&groupName, "group", "", "with --user: the group to drop to (name or gid; default the user's primary group)")
 	fs.StringVar(&o.logFile, "log-file", "", "append the log to this file instead of stderr; SIGHUP reopens it (for logrotate)")

@@ -314,7 +314,7 @@ func startCtl(o *options, s *ctlServer) (func(), error) {
 	if path == "" {
 		return func() {}, nil
 	}
-	opt := netmapio.Options{SocketMode: 0o600}
+	opt := netmapio.Options{SocketMode: 0o600, AllowUnsafeDir: o.allowUnsafeDir}
 	if o.user != nil {
 		// 0600 keeps meaning "root and the user tapgro runs as".
 		opt.SocketUID, opt.SocketGID = o.user.uid, o.user.gid

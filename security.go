@@ -122,7 +122,8 @@ func parseAccount(userName, groupName string) (*account, error) {
 // socketOptions are the endpoint settings the security flags decide. Socket paths are
 // owned by the --user account, so "0600" keeps meaning "only the user tapgro runs as".
 func socketOptions(o *options, listenFDs []int) netmapio.Options {
-	opt := netmapio.Options{SocketMode: o.socketMode, SocketGID: o.socketGroup, ListenFDs: listenFDs}
+	opt := netmapio.Options{SocketMode: o.socketMode, SocketGID: o.socketGroup, ListenFDs: listenFDs,
+		AllowUnsafeDir: o.allowUnsafeDir}
 	if o.user != nil {
 		opt.SocketUID = o.user.uid
 		if opt.SocketGID == 0 {

@@ -122,10 +122,11 @@
 //     closes it at once, reporting OnReject with the peer's SO_PEERCRED pid/uid (UNIX) or
 //     address (TCP), so a second client gets a clean refusal rather than a hang. When the
 //     live Port is closed, Next hands out the next client. A UNIX socket path is created
-//     with mode 0600 (chmod between bind and listen); an existing path is removed only if
-//     it is a socket that nobody answers on (a leftover of a killed tapgro), a live one
-//     is reported with ErrAddrInUse, and a path that is not a socket is never touched.
-//     Close removes the path only if it is still the inode we created.
+//     with mode 0600 (set between bind and listen; see Socket paths below); an existing
+//     path is removed only if it is a socket that nobody answers on (a leftover of a
+//     killed tapgro), a live one is reported with ErrAddrInUse, and a path that is not a
+//     socket is never touched. Close removes the path only if it is still the inode we
+//     created (same device and inode number).
 //   - Client (stream server=off, socket connect=): Next dials, retrying with exponential
 //     backoff from 100 ms to 5 s (each failure reported with OnRetry) until it connects
 //     or ctx ends; after a Port dies, the next Next dials again.
@@ -159,6 +160,33 @@
 // (default 0600), owner and group given to socket paths the endpoint creates, between
 // bind and listen. Endpoint.Spec (SpecOf) reports the spec with an inherited listener
 // resolved to its address, for the QEMU option printed at start-up.
+//
+// # Socket paths
+//
+// Every socket path the package creates (a server's listener, a datagram port's local
+// path, and through ListenUnix tapgro's control socket) follows the same rules.
+//
+// The directory must not be writable by other users unless it has the sticky bit: Open
+// and ListenUnix fail with ErrUnsafeDir for a group- or world-writable directory without
+// it (Options.AllowUnsafeDir, --allow-unsafe-dir, waives this). Whoever can write such a
+// directory can rename tapgro's socket and bind a listener of their own in its place,
+// and QEMU, which connects by path, would talk to it; nothing done at bind time can
+// prevent that. The sticky bit restricts renaming and unlinking an entry to its owner,
+// the directory's owner and root (inode(7)), which closes it.
+//
+// The mode and owner are never set through the path: between bind(2) and chmod(2)
+// another user who can write the directory could put a symlink where the socket was,
+// and chmod and chown follow symlinks, so a root tapgro would widen the mode of any file
+// the link names. fchmod(2) on the socket's descriptor does not help (it changes the
+// sockfs inode, not the file bind created). Instead the path is opened once with
+// O_PATH|O_NOFOLLOW, which opens a symlink itself rather than its target; the inode must
+// be a socket and the very one bound to our descriptor (the kernel says which through
+// sock_diag(7) UDIAG_SHOW_VFS; without CONFIG_UNIX_DIAG, a socket owned by our effective
+// uid, which an unprivileged user cannot create), else bind fails with
+// ErrSocketReplaced and nothing at the path is changed. The owner is then set with
+// fchownat(AT_EMPTY_PATH) and the mode with fchmodat2(AT_EMPTY_PATH) (Linux >= 6.6) or
+// chmod of /proc/self/fd/N, all on that descriptor. Only then does a stream socket
+// listen, so no client ever connects while the path has umask permissions.
 //
 // # Memory a peer can cause
 //

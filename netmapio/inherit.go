@@ -28,6 +28,11 @@ type Options struct {
 	// created (chown right after bind, before listen): the user tapgro drops to (--user),
 	// and a group widened with SocketMode (--socket-group). 0 leaves the creator's.
 	SocketUID, SocketGID int
+	// AllowUnsafeDir lets a socket path be created in a directory that users other than
+	// its owner may write and that has no sticky bit (--allow-unsafe-dir). Such a
+	// directory is refused by default: anyone who can write it can replace tapgro's
+	// socket with their own listener, which QEMU would then connect to.
+	AllowUnsafeDir bool
 	// ListenFDs are listening sockets a supervisor passed (systemd's LISTEN_FDS; see
 	// ListenFDs). A server whose Local address is the one a passed socket is bound to
 	// uses that socket instead of binding its own; with addr.type=fd it must be one of
