@@ -522,7 +522,7 @@ func (b *bridge) coalescerConfig() coalescer.Config {
 	acc := b.tapWrite()
 	return coalescer.Config{
 		MaxFlows:    b.cfg.maxFlows,
-		MaxSegments: 64,
+		MaxSegments: coalescer.DefaultMaxSegments, // Linux caps by bytes (65535), not segments
 		VnetHdrLen:  b.cfg.vnetHdrLen,
 		DisableTCP:  !gro,
 		UDP:         gro && b.udpGROOn.Load() && acc&vnethdr.OffloadUSO == vnethdr.OffloadUSO,

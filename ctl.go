@@ -372,16 +372,14 @@ func (s *ctlServer) serve(ln *net.UnixListener) {
 		}
 		select {
 		case s.busy <- struct{}{}:
-			// Turned away rather than queued, after a short read of the request:
-			// closing a UNIX socket with unread input resets the client's side before
-			// it can read the reply.
+			// Turned away rather than queued, after a short read of the request, with
+			// the same care as a refusal (refuseCtl) so the client reads why.
 			go func() {
 				defer func() { <-s.busy }()
 				defer c.Close()
 				c.SetReadDeadline(time.Now().Add(ctlBusyTimeout))
 				readCtlRequest(c)
-				c.SetWriteDeadline(time.Now().Add(ctlBusyTimeout))
-				writeCtlResponse(c, &ctlResponse{Error: fmt.Sprintf("busy: %d requests are being served; try again", ctlMaxConns)})
+				refuseCtl(c, &ctlResponse{Error: fmt.Sprintf("busy: %d requests are being served; try again", ctlMaxConns)})
 			}()
 		default:
 			c.Close()

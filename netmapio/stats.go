@@ -24,7 +24,7 @@ type Stats struct {
 	WriteWaits atomic.Uint64 // times a write met EAGAIN/ENOBUFS and waited for the socket
 
 	BadLength        atomic.Uint64 // stream length prefixes outside [MinFrame, MaxFrame]; each ends a connection
-	Truncated        atomic.Uint64 // stream connections that ended in the middle of a frame
+	Truncated        atomic.Uint64 // stream connections that ended inside a record (length prefix or frame), by EOF or reset
 	ShortDatagram    atomic.Uint64 // datagrams shorter than MinFrame, dropped
 	OversizeDatagram atomic.Uint64 // datagrams longer than MaxFrame (or the buffer), dropped
 	SendDrops        atomic.Uint64 // datagrams the kernel refused (no listener yet, ENOBUFS, full for too long), dropped
