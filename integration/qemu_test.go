@@ -28,7 +28,8 @@ import (
 //	netns                                         QEMU (TCG), same netns
 //	198.18.0.1 ─ tg0 ─ tapgro ══ stream/socket/dgram ══ virtio-net ─ eth0 198.18.0.2
 //
-// QEMU's socket-family backends carry no virtio-net header (wire.md §3.1, §3.5): the guest
+// QEMU's socket-family backends carry no virtio-net header (they define no has_vnet_hdr,
+// so hw/net/virtio-net.c offers the guest no offloads): the guest
 // sends MTU frames with full checksums, tapgro coalesces them towards the TAP, and segments
 // the TAP's TSO packets before they reach the guest. TCG makes everything here slow
 // (a few hundred Mbit/s at best), so nothing asserts a rate; the counters and checksums are
@@ -61,7 +62,7 @@ var qemuBackends = []qemuBackend{
 			return "stream,server=off,addr.type=unix,addr.path=" + filepath.Join(d, "s.sock")
 		}},
 	// -netdev socket is IPv4-only and QEMU 7.2 never reconnects a connect= client
-	// (wire.md §3.2), so tapgro listens.
+	// (net/socket.c net_socket_connect_init connects once), so tapgro listens.
 	{name: "socket-tcp",
 		tapgro: func(string) string { return "socket,listen=127.0.0.1:5710" },
 		qemu:   func(string) string { return "socket,connect=127.0.0.1:5710" }},
@@ -335,7 +336,7 @@ func TestQEMUGuest(t *testing.T) {
 	})
 
 	// The guest powers off and a new one connects to the same tapgro, which must have gone
-	// back to accepting (QEMU 7.2 has no reconnect=, wire.md §3.3). Both guests only send
+	// back to accepting (QEMU 7.2 has no reconnect=; it arrived in 8.0). Both guests only send
 	// guest->host bulk TCP, so tapgro's GRO counters describe the guest's stream: with
 	// MTU frames arriving in batches, several segments must share each packet.
 	t.Run("guest-restart-gro", func(t *testing.T) {
@@ -364,7 +365,7 @@ func TestQEMUGuest(t *testing.T) {
 	})
 
 	// tapgro dies and comes back while the guest keeps running: QEMU is the stream server
-	// (it re-listens on disconnect, wire.md §3.3) and tapgro the client that reconnects.
+	// (net/stream.c re-arms its listener on disconnect) and tapgro the client that reconnects.
 	t.Run("tapgro-restart", func(t *testing.T) {
 		start := time.Now()
 		var sock string

@@ -6,7 +6,7 @@ import (
 )
 
 // PrefixLen is the size of the big-endian length in front of every frame on a QEMU stream
-// (wire.md §3.1: the length excludes the prefix itself).
+// (the length excludes the prefix itself, QEMU net/net.c net_fill_rstate).
 const PrefixLen = 4
 
 // FrameError reports a frame length outside [MinFrame, MaxFrame]: a length prefix read from
@@ -47,7 +47,8 @@ func checkFrameLen(n uint64, lo, hi int) error {
 //
 // A length prefix outside [lo, hi] is sticky: Peek and Next return the same *FrameError
 // from then on, because nothing after a bad prefix can be trusted to be a frame boundary
-// (QEMU drops the connection in the same case, wire.md §3.1).
+// (QEMU drops the connection in the same case: net/net.c net_fill_rstate rejects a length
+// above NET_BUFSIZE, 69632, and net/stream.c then closes the connection).
 type Deframer struct {
 	buf    []byte
 	r, w   int // buf[r:w] is received and not yet handed out

@@ -23,14 +23,15 @@ const (
 	// answering EAGAIN. For UDP that is our own send buffer and the wait always ends; for
 	// unconnected AF_UNIX datagrams it is the receiver's queue, whose draining may never
 	// wake our socket, so after this long the rest of the batch is dropped and counted
-	// instead of wedging the pipeline (ecosystem.md B2, B3).
+	// instead of wedging the pipeline (a proxy stuck on one path while still alive is
+	// containers/gvisor-tap-vsock#648).
 	dgramSendWait = 100 * time.Millisecond
 )
 
 // DgramPort is a Port over a datagram socket (*net.UDPConn, or a *net.UnixConn of type
-// unixgram): one Ethernet frame per datagram, no prefix, no vnet header (wire.md §3.1).
-// It receives from any source, as QEMU does, and sends to one fixed remote address.
-// Datagrams outside [MinFrame, MaxFrame] are dropped and counted, never fatal.
+// unixgram): one Ethernet frame per datagram, no prefix, no vnet header (QEMU net/dgram.c,
+// net/socket.c). It receives from any source, as QEMU does, and sends to one fixed remote
+// address. Datagrams outside [MinFrame, MaxFrame] are dropped and counted, never fatal.
 type DgramPort struct {
 	portBase
 	conn net.Conn

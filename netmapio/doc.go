@@ -12,10 +12,11 @@
 // iovecs, length prefixes and mmsghdrs). The packet path never logs: drops and errors go
 // to the atomic counters in Stats.
 //
-// QEMU's socket-family backends carry no virtio_net_hdr (wire.md §3.1, §3.5): for their
-// Ports VnetHdrLen() == 0 and Accepts() == 0, so frames written to them must be plain,
-// fully checksummed and no larger than the MTU, and the pipelines do GSO splitting and
-// checksum completion before WriteBatch.
+// QEMU's socket-family backends carry no virtio_net_hdr (net/socket.c, net/stream.c and
+// net/dgram.c define no has_vnet_hdr, so hw/net/virtio-net.c offers the guest no offloads
+// and writes it zero headers): for their Ports VnetHdrLen() == 0 and Accepts() == 0, so
+// frames written to them must be plain, fully checksummed and no larger than the MTU, and
+// the pipelines do GSO splitting and checksum completion before WriteBatch.
 //
 // The exception is tapgro's own vnet-hdr=on stream (vnetstream.go), for a link between
 // two tapgro instances: a 16-byte hello in both directions ("TAPGRO\x00", version,
@@ -26,13 +27,14 @@
 // the TAP into, a descriptor crosses the stream in their place, and the receiver writes
 // the TAP from the slot (ShmSender on the sending side, Lender on the receiving one).
 // Every Port is also a VnetBackend (backend.go), QEMU's backend offload callbacks
-// (wire.md §5) as one interface.
+// (NetClientInfo's has_vnet_hdr, has_vnet_hdr_len, has_ufo, has_uso, set_offload and
+// set_vnet_hdr_len in QEMU include/net/net.h) as one interface.
 //
 // # Framing
 //
 // Stream links (TCP or UNIX; -netdev stream and socket listen=/connect=) carry records
 // of a 4-byte big-endian length followed by that many bytes of Ethernet frame; the length
-// excludes the prefix (wire.md §3.1).
+// excludes the prefix (QEMU net/net.c net_fill_rstate).
 //
 //	+--------+--------+--------+--------+-------------------------------+
 //	|          length (uint32 BE)       |  Ethernet frame (length bytes) | ...
@@ -55,7 +57,7 @@
 // Datagram links (UDP, or AF_UNIX datagrams; -netdev dgram and socket udp=) carry one
 // frame per datagram with no prefix. DgramPort moves up to 512 datagrams per
 // recvmmsg(2)/sendmmsg(2), sends to the one configured remote address and accepts
-// datagrams from any source, as QEMU does (wire.md §3.2).
+// datagrams from any source, as QEMU does (net/socket.c net_socket_udp_init, net/dgram.c).
 //
 // # netmap
 //
@@ -63,20 +65,20 @@
 // the port with the API v14 request (NIOCCTRL, NETMAP_REQ_REGISTER, all NIC rings of
 // the name — or its host rings with "^", both with "*" — and NR_NO_TX_POLL, since it
 // syncs TX itself), maps the region and walks netmap_if → rings → slots → buffers
-// (wire.md §4.1, §4.4). On a VALE port it then sets the virtio-net header length with
-// NETMAP_REQ_PORT_HDR_SET (the port must exist first, so this comes after registering;
-// NR_ACCEPT_VNET_HDR lets a persistent port that already has a header register at all),
-// reads it back, and discards whatever arrived before with the old length. Between VALE
-// ports of equal header length frames cross untouched, so with vnet-hdr=12 (what QEMU
-// uses once the guest acks VERSION_1 or MRG_RXBUF) 64 KB GSO frames pass both ways
-// unsegmented; Accepts() is then CSUM|TSO4|TSO6|TSO_ECN|UFO (UFO by QEMU's rule; no USO:
-// QEMU's netmap backend never offers it and VALE cannot segment it). Without /dev/netmap
-// Open fails with ErrNoNetmap: the module is out-of-tree and must be loaded.
+// (netmap sys/net/netmap.h, sys/net/netmap_user.h). On a VALE port it then sets the
+// virtio-net header length with NETMAP_REQ_PORT_HDR_SET (the port must exist first, so this
+// comes after registering; NR_ACCEPT_VNET_HDR lets a persistent port that already has a
+// header register at all), reads it back, and discards whatever arrived before with the old
+// length. Between VALE ports of equal header length frames cross untouched, so with
+// vnet-hdr=12 (what QEMU uses once the guest acks VERSION_1 or MRG_RXBUF) 64 KB GSO frames
+// pass both ways unsegmented; Accepts() is then CSUM|TSO4|TSO6|TSO_ECN|UFO (UFO by QEMU's
+// rule; no USO: QEMU's netmap backend never offers it and VALE cannot segment it). Without
+// /dev/netmap Open fails with ErrNoNetmap: the module is out-of-tree and must be loaded.
 //
 // Reads run one NIOCRXSYNC per batch (none when Pending), copy every complete packet out
 // and hand the slots back (head = cur) at the next sync. A packet longer than a buffer
 // (2048 bytes by default) spans consecutive slots, all but the last flagged NS_MOREFRAG,
-// at most 64 (wire.md §4.6); a chain cut at tail is not released — head stays at its
+// at most 64 (NETMAP_MAX_FRAGS); a chain cut at tail is not released — head stays at its
 // first slot, cur runs ahead to tail — until the rest arrives. Writes copy each frame
 // into as many TX slots as it needs, header whole in the first, and publish head = cur
 // once per batch before one NIOCTXSYNC; a frame that does not fit whole waits (cur =
@@ -137,13 +139,14 @@
 //
 // Why the client side retries and which side to pick: QEMU 7.2 (Debian 12) has no
 // reconnect= for a stream client, so a QEMU client that loses tapgro stays down until QEMU
-// restarts (wire.md §3.3; reconnect= arrived in 8.0, reconnect-ms= in 9.2). A QEMU
-// server, on the other hand, re-arms its listener after a disconnect. So with QEMU 7.2 the
-// arrangement that survives a restart of either process is QEMU server=on and tapgro
-// server=off: tapgro keeps dialling until QEMU listens again. With tapgro as the server,
-// a tapgro restart needs QEMU >= 8.0 with reconnect=. Legacy socket behaves the same way
-// (connect= never reconnects, listen= re-accepts). Datagram links have no connection to
-// lose. While the link is down QEMU silently discards guest transmits.
+// restarts (QEMU net/stream.c; reconnect= arrived in 8.0, reconnect-ms= in 9.2, see
+// NetdevStreamOptions in qapi/net.json). A QEMU server, on the other hand, re-arms its
+// listener after a disconnect. So with QEMU 7.2 the arrangement that survives a restart of
+// either process is QEMU server=on and tapgro server=off: tapgro keeps dialling until QEMU
+// listens again. With tapgro as the server, a tapgro restart needs QEMU >= 8.0 with
+// reconnect=. Legacy socket behaves the same way (connect= never reconnects, listen=
+// re-accepts). Datagram links have no connection to lose. While the link is down QEMU
+// silently discards guest transmits.
 //
 // # Inherited sockets and socket permissions
 //

@@ -289,8 +289,8 @@ const rejectQuiet = 10 * time.Second
 
 // acceptLoop accepts every connection so that extra clients get a clean close and an
 // OnReject with their identity instead of hanging in the backlog (passt does the same,
-// style.md §3.5). Only one client is served at a time, as QEMU's own listeners do
-// (wire.md §3.2, §3.3).
+// tap.c tap_listen_handler). Only one client is served at a time, as QEMU's own listeners
+// do (net/socket.c net_socket_accept, net/stream.c: accepting stops while connected).
 func (e *endpoint) acceptLoop() {
 	defer e.wg.Done()
 	wait := acceptWaitMin
@@ -378,8 +378,8 @@ func (e *endpoint) helloFailed(he *HelloError) {
 // ---- client ----
 
 // nextClient dials until it succeeds. Retrying matters most here: QEMU 7.2 has no
-// reconnect= option (wire.md §3.3), so with QEMU as the server it is tapgro that must come
-// back after either side restarts.
+// reconnect= option (it arrived in 8.0), so with QEMU as the server it is tapgro that must
+// come back after either side restarts.
 func (e *endpoint) nextClient(ctx context.Context) (Port, error) {
 	if e.spec.Remote.Type == AddrFD {
 		return e.nextInherited(ctx)

@@ -16,13 +16,15 @@ import (
 // Sockets a supervisor hands tapgro instead of letting it bind or dial: QEMU's own
 // addr.type=fd / socket,fd= (a libvirt-style manager holds the path or the connection),
 // and systemd socket activation (LISTEN_FDS: systemd owns the listening socket, so it
-// exists before tapgro starts and survives tapgro's restarts; ecosystem.md B4).
+// exists before tapgro starts and survives tapgro's restarts, so no stale socket path is
+// left behind to clean up).
 
 // Options are the endpoint settings that QEMU's -netdev syntax has no words for.
 // The zero value is the safe default.
 type Options struct {
 	// SocketMode is the permission of every UNIX socket path the endpoint creates; 0
-	// means 0600 (only tapgro's own user may connect or send, ecosystem.md B5).
+	// means 0600 (only tapgro's own user may connect or send; gvisor-tap-vsock moved to
+	// 0600 after another local user could drive its API, containers/gvisor-tap-vsock#683).
 	SocketMode fs.FileMode
 	// SocketUID and SocketGID, when > 0, become the owner and group of the socket paths
 	// created (chown right after bind, before listen): the user tapgro drops to (--user),

@@ -7,7 +7,8 @@ import (
 	"unsafe"
 )
 
-// TestNetmapABI pins the request structs and ioctl numbers to wire.md §4.1 (x86_64).
+// TestNetmapABI pins the request structs and ioctl numbers to netmap sys/net/netmap.h as
+// laid out on x86_64.
 func TestNetmapABI(t *testing.T) {
 	var h nmreqHeader
 	var r nmreqRegister

@@ -12,7 +12,8 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// netmap API v14 request interface (wire.md §4.1).
+// netmap API v14 request interface (NETMAP_API, NIOCCTRL, struct nmreq_header and
+// nmreq_register in netmap sys/net/netmap.h).
 const (
 	nmDevice = nmDevicePath
 	nmAPI    = 14
@@ -141,7 +142,8 @@ func openNetmap(spec Spec, st *Stats, nst *NetmapStats) (*NetmapPort, error) {
 
 	// A VALE port we are about to give a header length must accept headers at
 	// registration: a persistent port may already have one, and REGISTER then fails
-	// with EIO without the flag (wire.md §4.1). We set the length right after.
+	// with EIO without the flag (netmap sys/dev/netmap/netmap.c, NETMAP_REQ_REGISTER). We set
+	// the length right after.
 	reg := &nmreqRegister{Mode: name.mode, Flags: nrNoTxPoll}
 	if name.vale {
 		reg.Flags |= nrAcceptVnetHdr

@@ -10,13 +10,13 @@ import (
 )
 
 // The in-process netmap model. A region is laid out byte for byte as netmap's memory
-// allocator lays out one port (wire.md §4.4): a netmap_if with ring_ofs[] relative to
-// itself (NIC TX, host TX, NIC RX, host RX), 256-byte ring headers followed by 16-byte
-// slots, and a pool of buffers addressed as ring + buf_ofs + idx*nr_buf_size, with
-// buffers 0 and 1 reserved as netmap reserves them. The model then plays the kernel's
-// part of txsync and rxsync, with the checks netmap's prologues make on head and cur.
-// The port's ring code (nmCore, NetmapPort) runs against it unchanged: only the sync
-// (and, for the port, the poll wake-up) is replaced.
+// allocator lays out one port (netmap sys/net/netmap.h, sys/dev/netmap/netmap_mem2.c): a
+// netmap_if with ring_ofs[] relative to itself (NIC TX, host TX, NIC RX, host RX), 256-byte
+// ring headers followed by 16-byte slots, and a pool of buffers addressed as
+// ring + buf_ofs + idx*nr_buf_size, with buffers 0 and 1 reserved as netmap reserves them.
+// The model then plays the kernel's part of txsync and rxsync, with the checks netmap's
+// prologues make on head and cur. The port's ring code (nmCore, NetmapPort) runs against it
+// unchanged: only the sync (and, for the port, the poll wake-up) is replaced.
 
 type modelConfig struct {
 	slots     int // per ring

@@ -14,9 +14,9 @@ import (
 // NetmapPort is a Port on a netmap port: a VALE switch port (vale0:1), a NIC in netmap
 // mode (netmap:eth0) or a netmap pipe. Frames move through the shared rings with one
 // NIOCRXSYNC per read batch and one NIOCTXSYNC per write batch; a frame larger than a
-// ring buffer spans several slots chained with NS_MOREFRAG (wire.md §4.6). On a VALE port
-// with a virtio-net header length set (10 or 12), every frame carries that header and GSO
-// frames cross the switch whole.
+// ring buffer spans several slots chained with NS_MOREFRAG (netmap sys/net/netmap.h). On a
+// VALE port with a virtio-net header length set (10 or 12), every frame carries that header
+// and GSO frames cross the switch whole.
 //
 // The port waits in the Go netpoller: /dev/netmap implements poll, and since netmap
 // registers its wait queues unconditionally on Linux, epoll works on it (netmap issue
@@ -97,11 +97,11 @@ func (p *NetmapPort) VnetHdrLen() int { return p.hdrLen }
 
 // Accepts is what a VALE peer may be handed when the port carries a header: checksum
 // offload and TCP/UDP segmentation offload. VALE passes frames between ports of equal
-// header length untouched and segments in software for ports without one (wire.md §4.7);
-// UFO is included as QEMU does ("a netmap interface that supports virtio-net headers
-// always supports UFO", wire.md §4.8). USO is not: QEMU's netmap backend has no has_uso,
-// so no guest behind it negotiates USO, and VALE's software segmentation has no
-// UDP_L4 case.
+// header length untouched and segments in software for ports without one (netmap
+// sys/dev/netmap/netmap_vale.c bdg_mismatch_datapath); UFO is included as QEMU does ("a
+// netmap interface that supports virtio-net headers always supports UFO", QEMU
+// net/netmap.c). USO is not: QEMU's netmap backend has no has_uso, so no guest behind it
+// negotiates USO, and VALE's software segmentation has no UDP_L4 case.
 func (p *NetmapPort) Accepts() vnethdr.Offloads {
 	if p.hdrLen == 0 {
 		return 0
@@ -118,7 +118,7 @@ func (p *NetmapPort) HasVnetHdrLen(n int) bool {
 	return n == 0 || (p.vale && (n == vnethdr.Len || n == vnethdr.LenMrgRxbuf))
 }
 
-// HasUFO is HasVnetHdr, by QEMU's rule (wire.md §4.8).
+// HasUFO is HasVnetHdr, by QEMU's rule (net/netmap.c uses netmap_has_vnet_hdr as has_ufo).
 func (p *NetmapPort) HasUFO() bool { return p.vale }
 
 // HasUSO is false: see Accepts.

@@ -53,7 +53,9 @@ func TestNetmapReal(t *testing.T) {
 				t.Fatalf("header lengths %d/%d, want %d", a.VnetHdrLen(), b.VnetHdrLen(), hl)
 			}
 			// Without a header VALE's frame limit is 1514 bytes; with one, frames of any
-			// size cross between equal-length ports (wire.md §4.7).
+			// size cross between equal-length ports (NM_BDG_MFS_DEFAULT in netmap
+			// sys/dev/netmap/netmap_bdg.h; a header length raises the port's limit to the
+			// buffer size, sys/dev/netmap/netmap.c).
 			sizes := []int{60, 1514}
 			if hl > 0 {
 				sizes = append(sizes, 9000, 65536)

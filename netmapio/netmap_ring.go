@@ -6,7 +6,7 @@ import (
 	"sync/atomic"
 )
 
-// Ring protocol constants (wire.md §4.4, §4.6).
+// Ring protocol constants (netmap sys/net/netmap.h).
 const (
 	nsMoreFrag = 0x20 // NS_MOREFRAG: the packet continues in the next slot
 	nmMaxFrags = 64   // NETMAP_MAX_FRAGS: the most slots one packet may span
@@ -344,7 +344,9 @@ func (c *nmCore) hasFrame(s *rxRing) bool {
 }
 
 // drain releases every slot visible now without delivering it: frames that arrived
-// before the port's header length was set carry the wrong header (wire.md §4.7).
+// before the port's header length was set carry the wrong header: VALE converts the header
+// to the receiving port's length when it forwards a frame (netmap
+// sys/dev/netmap/netmap_vale.c), not when we read it.
 func (c *nmCore) drain() error {
 	c.st.ReadCalls.Add(1)
 	if err := c.sync.rxsync(); err != nil {
@@ -374,7 +376,7 @@ func (c *nmCore) drain() error {
 
 // slotsFor is how many slots a frame of l bytes takes on ring r. The vnet header (at
 // most 12 bytes, buffers at least 64) always lies whole in the first slot, as VALE
-// requires (wire.md §4.6).
+// requires (netmap sys/dev/netmap/netmap_vale.c drops a packet whose header is split).
 func slotsFor(l int, r *nmRing) int {
 	if l == 0 {
 		return 1
@@ -488,7 +490,8 @@ func (c *nmCore) flush(s *txRing) error {
 
 // writable syncs and reports whether the frame that last did not fit would fit now. When
 // it would not, cur is set to tail: netmap's poll then runs txsync and reports POLLOUT
-// once slots are freed (wire.md §4.5; QEMU waits the same way).
+// once slots are freed (netmap sys/dev/netmap/netmap.c netmap_poll; QEMU's net/netmap.c
+// waits the same way).
 func (c *nmCore) writable() (bool, error) {
 	s := &c.tx[0]
 	if err := c.flush(s); err != nil {

@@ -6,14 +6,15 @@ import (
 	"strings"
 )
 
-// netmap register modes (nmreq_register.nr_mode, wire.md §4.1).
+// netmap register modes (nmreq_register.nr_mode, NR_REG_* in netmap sys/net/netmap.h).
 const (
 	nrRegAllNIC = 1 // every NIC ring (a VALE port's or pipe's own rings)
 	nrRegSW     = 2 // the host stack rings ("^")
 	nrRegNICSW  = 3 // both ("*")
 )
 
-// nmName is an ifname= value decoded the way libnetmap decodes a port spec (wire.md §4.3):
+// nmName is an ifname= value decoded the way libnetmap decodes a port spec (netmap
+// libnetmap/nmreq.c nmreq_header_decode):
 // "netmap:" is dropped, "valeX:Y" is kept whole, a trailing "^" or "*" picks the host
 // rings or all rings. One-ring suffixes ("-NN") are not supported: Linux interface names
 // may themselves contain "-NN".

@@ -13,7 +13,8 @@ import (
 // kernel acting for another process (a VALE peer) and is not trusted: a bad value is
 // reported to the caller, never used to index memory, and never a panic.
 
-// Layout of the shared region on 64-bit Linux (wire.md §4.4).
+// Layout of the shared region on 64-bit Linux (struct netmap_if, netmap_ring and
+// netmap_slot in netmap sys/net/netmap.h).
 const (
 	nmIfHdrSize   = 56  // struct netmap_if up to ring_ofs[]
 	nmRingHdrSize = 256 // struct netmap_ring up to slot[]

@@ -12,10 +12,10 @@ import (
 type Backend uint8
 
 const (
-	BackendStream Backend = iota + 1 // -netdev stream (QEMU >= 7.2, wire.md §3.3)
-	BackendSocket                    // -netdev socket (legacy, IPv4 only, wire.md §3.2)
-	BackendDgram                     // -netdev dgram (QEMU >= 7.2, wire.md §3.4)
-	BackendNetmap                    // -netdev netmap (QEMU built with CONFIG_NETMAP, wire.md §4)
+	BackendStream Backend = iota + 1 // -netdev stream (QEMU >= 7.2, net/stream.c)
+	BackendSocket                    // -netdev socket (legacy, IPv4 only, net/socket.c)
+	BackendDgram                     // -netdev dgram (QEMU >= 7.2, net/dgram.c)
+	BackendNetmap                    // -netdev netmap (QEMU built with CONFIG_NETMAP, net/netmap.c)
 )
 
 func (b Backend) String() string {
@@ -66,7 +66,8 @@ const (
 )
 
 // maxUnixPath is the longest pathname an AF_UNIX socket can bind: sun_path is 108 bytes
-// and we keep room for the terminating NUL (ecosystem.md B5, canonical/lxd#13320).
+// and we keep room for the terminating NUL (UNIX_PATH_MAX in include/uapi/linux/un.h;
+// canonical/lxd#13320 had to shorten socket paths for this limit).
 const maxUnixPath = 107
 
 // Addr is one socket address: Type AddrInet uses Host and Port, AddrUnix uses Path,
@@ -115,14 +116,16 @@ type Spec struct {
 	Local   Addr
 	Remote  Addr
 	// VnetHdr asks for a virtio_net_hdr in front of each frame on a stream link
-	// (tapgro-to-tapgro only; QEMU's stream backend never carries one, wire.md §3.1).
-	// It makes the endpoint run the hello and hand out vnet-hdr StreamPorts (vnetstream.go).
+	// (tapgro-to-tapgro only; QEMU's stream backend never carries one: net/stream.c has no
+	// has_vnet_hdr). It makes the endpoint run the hello and hand out vnet-hdr StreamPorts
+	// (vnetstream.go).
 	VnetHdr bool
 	// NoShm (shm=off) keeps a vnet-hdr=on stream over AF_UNIX from setting up
 	// shared-memory rings with its peer (shm.go): every frame then crosses the socket.
 	NoShm bool
 	// IfName is the netmap port (netmap:eth0, vale0:1, a pipe) and HdrLen its
-	// virtio_net_hdr length (0, 10 or 12; non-zero only on VALE ports, wire.md §4.7).
+	// virtio_net_hdr length (0, 10 or 12; non-zero only on VALE ports, the only ones
+	// NETMAP_REQ_PORT_HDR_SET accepts, netmap sys/dev/netmap/netmap.c).
 	IfName string
 	HdrLen int
 }
@@ -252,7 +255,8 @@ func (sp *Spec) parseSocket(kv map[string]string) error {
 	var err error
 	switch {
 	case has(kv, "fd"):
-		// QEMU's socket,fd= is a connected socket (wire.md §3.2); tapgro takes streams.
+		// QEMU's socket,fd= is a connected socket (net/socket.c net_init_socket); tapgro
+		// takes streams.
 		sp.Role = RoleClient
 		sp.Remote, err = fdValue("fd", kv["fd"])
 	case has(kv, "listen"):
@@ -264,7 +268,7 @@ func (sp *Spec) parseSocket(kv map[string]string) error {
 	default:
 		sp.Role = RoleDatagram
 		if !hasLocal {
-			// QEMU makes localaddr mandatory with udp= (wire.md §3.2); so do we.
+			// QEMU makes localaddr mandatory with udp= (net/socket.c net_init_socket); so do we.
 			return fmt.Errorf("netdev: socket udp= needs key \"localaddr\"")
 		}
 		if sp.Remote, err = hostPortKey(kv, "udp", false); err != nil {
@@ -379,7 +383,7 @@ func fdValue(k, v string) (Addr, error) {
 }
 
 // hostPortKey reads a legacy socket "[host]:port" value. The socket backend is IPv4 only
-// in QEMU (wire.md §3.2), so IPv6 literals are refused rather than left to fail later.
+// in QEMU (net/socket.c), so IPv6 literals are refused rather than left to fail later.
 func hostPortKey(kv map[string]string, k string, local bool) (Addr, error) {
 	v := kv[k]
 	h, ps, err := net.SplitHostPort(v)

@@ -116,7 +116,7 @@ func setBuffers(c any) {
 
 // peerString describes the far end of a connection: the address for TCP, the SO_PEERCRED
 // credentials for UNIX (an accepted UNIX socket has no useful address; passt logs the PID
-// for the same reason, style.md §3.5).
+// for the same reason, in tap.c tap_listen_handler).
 func peerString(c net.Conn) string {
 	uc, ok := c.(*net.UnixConn)
 	if !ok {

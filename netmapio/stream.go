@@ -32,7 +32,7 @@ var errNotSocket = errors.New("netmapio: connection has no socket file descripto
 
 // StreamPort is a Port over a connected stream socket (*net.UnixConn or *net.TCPConn)
 // speaking QEMU's stream framing: a 4-byte big-endian length, then the Ethernet frame
-// (wire.md §3.1). It carries no vnet header.
+// (QEMU net/stream.c, net/net.c net_fill_rstate). It carries no vnet header.
 //
 // Reads fill a 256 KiB buffer with one read syscall and return every complete frame in it;
 // writes send up to 512 length-prefixed frames per writev. Neither allocates in steady
@@ -92,9 +92,9 @@ var (
 	_ BatchSender = (*StreamPort)(nil)
 )
 
-// NewStreamPort wraps a connected stream socket. It sets TCP_NODELAY on TCP (as QEMU does,
-// wire.md §3.1) and asks for 4 MiB socket buffers. st may be nil for private counters.
-// The Port owns c from now on: Close closes it.
+// NewStreamPort wraps a connected stream socket. It sets TCP_NODELAY on TCP (as QEMU does
+// on its TCP sockets) and asks for 4 MiB socket buffers. st may be nil for private
+// counters. The Port owns c from now on: Close closes it.
 func NewStreamPort(c net.Conn, st *Stats) (*StreamPort, error) { return newStreamPort(c, st, 0) }
 
 // newStreamPort is NewStreamPort for records carrying a hdrLen-byte vnet header in front
@@ -129,7 +129,8 @@ func newStreamPort(c net.Conn, st *Stats, hdrLen int) (*StreamPort, error) {
 }
 
 // VnetHdrLen is 0 for QEMU framing: QEMU's stream backend never carries a
-// virtio_net_hdr (wire.md §3.5). On a vnet-hdr=on stream it is VnetStreamHdrLen.
+// virtio_net_hdr (net/stream.c has no has_vnet_hdr). On a vnet-hdr=on stream it is
+// VnetStreamHdrLen.
 func (s *StreamPort) VnetHdrLen() int { return s.hdrLen }
 
 // Accepts is empty for QEMU framing: frames must be plain, fully checksummed and no
@@ -407,10 +408,11 @@ func (s *StreamPort) writeErr(err error) error {
 }
 
 // writev runs inside rc.Write. It returns false to make the netpoller wait for
-// writability (EAGAIN; ENOBUFS is treated the same, as backpressure, ecosystem.md B2), and
-// true when iov[wIdx:wEnd] is all written or a hard error is in s.wErr.
-// unix.Writev is not used because it builds a fresh []Iovec (an allocation above 8
-// iovecs) on every call; the iovecs here live in the port.
+// writability (EAGAIN; ENOBUFS is treated the same, as backpressure: gvproxy exiting on
+// ENOBUFS under load was containers/gvisor-tap-vsock#367), and true when iov[wIdx:wEnd] is
+// all written or a hard error is in s.wErr. unix.Writev is not used because it builds a
+// fresh []Iovec (an allocation above 8 iovecs) on every call; the iovecs here live in the
+// port.
 func (s *StreamPort) writev(fd uintptr) bool {
 	for s.wIdx < s.wEnd {
 		n, _, errno := unix.Syscall(unix.SYS_WRITEV, fd,
@@ -455,7 +457,7 @@ func (s *StreamPort) notePartial(chunk [][]byte) {
 
 // advance consumes n written bytes from iov[wIdx:], trimming a partly written iovec so the
 // next writev resumes mid-frame (the peer sees one contiguous byte stream, as with QEMU's
-// own short writes, wire.md §3.1).
+// own short writes, net/stream.c net_stream_receive).
 func (s *StreamPort) advance(n uint64) {
 	for n > 0 && s.wIdx < s.wEnd {
 		v := &s.iov[s.wIdx]

@@ -34,15 +34,16 @@ import (
 // ring's memfd (shm.go) before any record.
 //
 // The magic is chosen so that a QEMU stream backend, which reads a 4-byte big-endian
-// length first (wire.md §3.1), sees "TAPG" = 1413566535 > NET_BUFSIZE (69632) and drops
-// the connection at once, and so that a plain tapgro stream port reports the same bad
-// length with a hint (FrameError). In the other direction, a record from QEMU or a plain
-// tapgro starts with a small length, never the magic, and the hello fails at once with
-// an error naming the bytes received.
+// length first (net/net.c net_fill_rstate), sees "TAPG" = 1413566535 > NET_BUFSIZE (69632)
+// and drops the connection at once, and so that a plain tapgro stream port reports the same
+// bad length with a hint (FrameError). In the other direction, a record from QEMU or a
+// plain tapgro starts with a small length, never the magic, and the hello fails at once
+// with an error naming the bytes received.
 
 const (
 	// VnetStreamHdrLen is the virtio_net_hdr carried by every vnet-hdr=on record: the
-	// 12-byte virtio_net_hdr_v1 layout (wire.md §2.1), explicit little-endian.
+	// 12-byte virtio_net_hdr_v1 layout (include/uapi/linux/virtio_net.h), explicit
+	// little-endian.
 	VnetStreamHdrLen = vnethdr.LenMrgRxbuf
 
 	// VnetStreamVersion is the hello's protocol version.

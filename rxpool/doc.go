@@ -7,7 +7,7 @@
 //
 // A Pool is one slab of Count × BufSize bytes (default 2048 × 2048 B = 4 MiB) allocated
 // by New, and nothing else is allocated afterwards. As with virtio-net's mergeable
-// receive buffers (wire.md §6.1), a frame larger than one buffer spans several
+// receive buffers (VIRTIO_NET_F_MRG_RXBUF), a frame larger than one buffer spans several
 // consecutive ones: NumBuffers(n) = ceil(n / BufSize) is what virtio would report in
 // num_buffers (a 65549-byte frame over 2048-byte buffers spans 33). Unlike virtio, the
 // buffers of one frame are always adjacent, so a frame is one contiguous slice and one
@@ -34,15 +34,15 @@
 //
 // # The delayed flush
 //
-// After a stall, writability alone does not trigger the flush (wire.md §6.2, QEMU's
-// spapr-llan: adding receive buffers re-arms a 500 µs timer instead of flushing at
-// once). The pool waits until the port's free send-buffer room reaches a threshold
-// (default: room for everything queued, at most half the buffer) or FlushDelay has
-// passed since writability returned, whichever is first, and then sends everything in
+// After a stall, writability alone does not trigger the flush (QEMU's hw/net/spapr_llan.c
+// h_add_logical_lan_buffer: adding receive buffers re-arms a 500 µs timer instead of
+// flushing at once). The pool waits until the port's free send-buffer room reaches a
+// threshold (default: room for everything queued, at most half the buffer) or FlushDelay
+// has passed since writability returned, whichever is first, and then sends everything in
 // one go, so a slow consumer gets a few large writes rather than many that each find the
-// socket full again. Room is polled every FlushDelay/8 only during that window; an idle
-// or unconstrained pool arms no timer at all. The clock is injectable (Config.Clock) so
-// tests are deterministic.
+// socket full again. Room is polled every FlushDelay/8 only during that window; an idle or
+// unconstrained pool arms no timer at all. The clock is injectable (Config.Clock) so tests
+// are deterministic.
 //
 // # Limits
 //

@@ -182,8 +182,9 @@ func (p *Pool) Queued() (frames, bytes int) { return p.dLen, p.queued }
 func (p *Pool) PerFrame() bool { return p.cfg.PerFrame }
 
 // NumBuffers is how many buffers a frame of n bytes spans: virtio's num_buffers for a
-// mergeable receive buffer of this pool's size (wire.md §6.1; the caller includes any
-// header it stages in n). A 65549-byte frame over 2048-byte buffers spans 33.
+// mergeable receive buffer of this pool's size (VIRTIO_NET_F_MRG_RXBUF, virtio spec
+// "Setting Up Receive Buffers"; the caller includes any header it stages in n). A
+// 65549-byte frame over 2048-byte buffers spans 33.
 func (p *Pool) NumBuffers(n int) int { return max(1, (n+p.bs-1)/p.bs) }
 
 // Fits reports whether frames of these sizes could be reserved together in an empty
@@ -321,9 +322,10 @@ func (p *Pool) publish() {
 // When the port answers ErrWouldBlock, Flush waits in the port's netpoller for
 // writability (no CPU while the peer is stalled), then for up to FlushDelay more until
 // the port's free room reaches the threshold, and then sends everything queued in one go
-// (the spapr-llan delayed flush, wire.md §6.2). Flush returns only when the pool is empty
-// or the port failed; on failure the undelivered frames stay staged for the caller to
-// Discard. Open reservations must have been committed or cancelled.
+// (the delayed flush of QEMU hw/net/spapr_llan.c h_add_logical_lan_buffer). Flush returns
+// only when the pool is empty or the port failed; on failure the undelivered frames stay
+// staged for the caller to Discard. Open reservations must have been committed or
+// cancelled.
 func (p *Pool) Flush(s Sender, r Reason) (frames, bytes int, err error) {
 	if p.dRs > 0 {
 		panic("rxpool: Flush with open reservations")

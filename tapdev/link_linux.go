@@ -20,7 +20,7 @@ const (
 
 // dumpRetries bounds retries of netlink requests that the kernel may answer with
 // NLM_F_DUMP_INTR (netlink.ErrDumpInterrupted since v1.2.1): the result was racing a
-// change, so it is simply asked for again (ecosystem.md A2).
+// change, so it is simply asked for again (vishvananda/netlink#1018).
 const dumpRetries = 10
 
 func retryDump(fn func() error) error {

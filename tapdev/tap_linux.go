@@ -19,7 +19,8 @@ import (
 )
 
 // knownOffloads are the TUN_F_* bits this package probes and sets; anything else (e.g.
-// the UDP-tunnel bits of ~6.17) is never requested (wire.md §1.4).
+// the UDP-tunnel bits of ~6.17) is never requested: drivers/net/tun.c set_offload fails the
+// whole call with EINVAL on a bit it does not know.
 const knownOffloads = vnethdr.OffloadCSUM | vnethdr.OffloadTSO4 | vnethdr.OffloadTSO6 |
 	vnethdr.OffloadTSOECN | vnethdr.OffloadUFO | vnethdr.OffloadUSO
 
@@ -65,9 +66,10 @@ type Device struct {
 
 // Open creates or attaches to the TAP device cfg.Name in the calling thread's network
 // namespace, with IFF_TAP|IFF_NO_PI|IFF_VNET_HDR (and IFF_MULTI_QUEUE when asked). It sets
-// the vnet header size explicitly (it persists on persistent devices, wire.md §1.5) and
-// resets the device's read offloads to none, as QEMU does for each queue it opens; for a
-// multiqueue device open every queue first, then call SetOffloads once.
+// the vnet header size explicitly (it persists on persistent devices,
+// drivers/net/tun_vnet.h tun_vnet_ioctl) and resets the device's read offloads to none, as
+// QEMU does for each queue it opens; for a multiqueue device open every queue first, then
+// call SetOffloads once.
 func Open(cfg Config) (*Device, error) {
 	hdrLen := cfg.VnetHdrLen
 	if hdrLen == 0 {
@@ -113,8 +115,8 @@ func Open(cfg Config) (*Device, error) {
 	name := ifr.Name()
 
 	// A multiqueue device that already has queues keeps its flags on attach; check
-	// what we actually got. TUNGETIFF copies a whole 40-byte ifreq out (wire.md §1.1),
-	// which is what unix.Ifreq is.
+	// what we actually got. TUNGETIFF copies a whole 40-byte ifreq out (drivers/net/tun.c
+	// __tun_chr_ioctl), which is what unix.Ifreq is.
 	got, _ := unix.NewIfreq("")
 	if err := unix.IoctlIfreq(fd, unix.TUNGETIFF, got); err != nil {
 		return nil, fmt.Errorf("tapdev: TUNGETIFF %q: %w", name, err)
@@ -225,7 +227,7 @@ func checkFlags(name string, wantMQ bool, flags uint16) error {
 }
 
 // explainSetIff translates TUNSETIFF's terse errnos. EINVAL on an existing device means
-// a TUN/TAP or IFF_MULTI_QUEUE mismatch (wire.md §1.8).
+// a TUN/TAP or IFF_MULTI_QUEUE mismatch (drivers/net/tun.c tun_set_iff).
 func explainSetIff(cfg Config, err error) error {
 	switch {
 	case errors.Is(err, unix.EINVAL):
@@ -255,7 +257,8 @@ func (d *Device) VnetHdrLen() int { return d.vnetHdrLen }
 // Stats returns the live counters.
 func (d *Device) Stats() *Stats { return &d.stats }
 
-// setOffloadLocked issues TUNSETOFFLOAD (argument by value, wire.md §1.2).
+// setOffloadLocked issues TUNSETOFFLOAD (argument by value, drivers/net/tun.c
+// __tun_chr_ioctl).
 func (d *Device) setOffloadLocked(o vnethdr.Offloads) error {
 	var ierr error
 	err := d.rc.Control(func(fd uintptr) {
@@ -268,10 +271,11 @@ func (d *Device) setOffloadLocked(o vnethdr.Offloads) error {
 }
 
 // ProbeOffloads reports which TUN_F_* read offloads the kernel accepts, found by trying
-// them one at a time under the TUNSETOFFLOAD rules (wire.md §1.4): CSUM alone first, then
-// each of TSO4, TSO6 and UFO with CSUM, TSO_ECN with CSUM and the TSO bits found, and
-// USO4|USO6 together with CSUM. The mask set before the probe is restored. The result is
-// cached. Probing toggles device-wide features, so do it before traffic flows.
+// them one at a time under the TUNSETOFFLOAD rules (drivers/net/tun.c set_offload): CSUM
+// alone first, then each of TSO4, TSO6 and UFO with CSUM, TSO_ECN with CSUM and the TSO
+// bits found, and USO4|USO6 together with CSUM. The mask set before the probe is restored.
+// The result is cached. Probing toggles device-wide features, so do it before traffic
+// flows.
 func (d *Device) ProbeOffloads() vnethdr.Offloads {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -307,8 +311,9 @@ func (d *Device) probeLocked() vnethdr.Offloads {
 	return got
 }
 
-// normalizeOffloads drops the bits whose prerequisites are missing (wire.md §1.4): nothing
-// without CSUM, TSO_ECN only with TSO4 or TSO6, USO4 and USO6 only as a pair.
+// normalizeOffloads drops the bits whose prerequisites are missing (drivers/net/tun.c
+// set_offload answers EINVAL otherwise): nothing without CSUM, TSO_ECN only with TSO4 or
+// TSO6, USO4 and USO6 only as a pair.
 func normalizeOffloads(o vnethdr.Offloads) vnethdr.Offloads {
 	o &= knownOffloads
 	if o&vnethdr.OffloadCSUM == 0 {
@@ -325,7 +330,8 @@ func normalizeOffloads(o vnethdr.Offloads) vnethdr.Offloads {
 
 // SetOffloads asks the kernel to hand us the frames described by want ∩ ProbeOffloads(),
 // minus bits whose prerequisites are missing, and returns what was set. Offloads only
-// govern reads: writes may always carry partial checksums and GSO (wire.md §1.4). The
+// govern reads: writes may always carry partial checksums and GSO (drivers/net/tun.c
+// tun_get_user hands every header to virtio_net_hdr_to_skb whatever is set). The
 // setting is device-wide, shared by all queues.
 func (d *Device) SetOffloads(want vnethdr.Offloads) (vnethdr.Offloads, error) {
 	d.mu.Lock()
@@ -349,9 +355,10 @@ func (d *Device) Offloads() vnethdr.Offloads {
 // left or len(bufs) have been read. Frame i ([vnet header][Ethernet frame]) lands at
 // bufs[i][offset:] and sizes[i] is its length from offset. Every bufs[i] must have at
 // least offset+VnetHdrLen() bytes; 65593+VnetHdrLen() from offset holds the largest frame
-// the kernel produces (wire.md §1.7), and a frame that fills its buffer exactly may have
-// been truncated (counted in Stats.Truncated). After Close (or once the device has been
-// deleted) it returns os.ErrClosed; after a read deadline, os.ErrDeadlineExceeded.
+// the kernel produces (14 + 4 VLAN + 40 IPv6 + 65535, drivers/net/tun.c tun_put_user), and
+// a frame that fills its buffer exactly may have been truncated (counted in
+// Stats.Truncated). After Close (or once the device has been deleted) it returns
+// os.ErrClosed; after a read deadline, os.ErrDeadlineExceeded.
 func (d *Device) ReadBatch(bufs [][]byte, sizes []int, offset int) (int, error) {
 	if len(bufs) == 0 {
 		return 0, nil
@@ -415,9 +422,10 @@ func (d *Device) readFrames(fd uintptr) bool {
 }
 
 // Write hands one frame, [vnet header][Ethernet frame], to the kernel in one write(2).
-// The header may describe partial checksums and GSO regardless of SetOffloads (wire.md
-// §1.4). Errors wrap the errno: errors.Is(err, unix.EINVAL) means the kernel rejected
-// the frame (wire.md §1.6), unix.EIO that the link is down; neither affects later
+// The header may describe partial checksums and GSO regardless of SetOffloads
+// (drivers/net/tun.c tun_get_user). Errors wrap the errno: errors.Is(err, unix.EINVAL)
+// means the kernel rejected the frame (tun_get_user, include/linux/virtio_net.h
+// virtio_net_hdr_to_skb), unix.EIO that the link is down; neither affects later
 // frames. If the kernel's send buffer is full, Write parks on the poller until it drains.
 func (d *Device) Write(pkt []byte) (int, error) {
 	d.wpkt, d.wn, d.werr = pkt, 0, nil

@@ -21,7 +21,8 @@ import (
 	"tapgro/vnethdr"
 )
 
-// Addresses (RFC 2544 benchmarking range, wire.md conventions for tests).
+// Addresses (198.18.0.0/15, the RFC 2544 benchmarking range, so tests never clash with a
+// real network).
 var (
 	tapIP   = netip.MustParseAddr("198.18.0.1")
 	peerIP  = netip.MustParseAddr("198.18.0.2")
@@ -164,7 +165,7 @@ func ethtoolFeatures(out string) map[string]string {
 }
 
 // checkEthtool asserts that the TAP's netdev features mirror the TUN_F_* mask
-// (tun_net_fix_features, wire.md §1.4).
+// (drivers/net/tun.c tun_net_fix_features).
 func checkEthtool(t *testing.T, ns *netnstest.NS, name string, set vnethdr.Offloads) {
 	t.Helper()
 	feats := ethtoolFeatures(string(ns.MustRun(t, "ethtool", "-k", name)))
@@ -753,7 +754,7 @@ func TestWriteErrors(t *testing.T) {
 	ns, d, mac := upTAP(t, "werr", Config{Name: "tgtap0"}, 1500)
 	good := echoRequest(10, mac, 1, 1, make([]byte, 100))
 
-	// GSO type 2 does not exist (wire.md §1.6 step 5).
+	// GSO type 2 does not exist (include/linux/virtio_net.h virtio_net_hdr_to_skb rejects it).
 	bad := bytes.Clone(good)
 	bad[1] = 2
 	binary.LittleEndian.PutUint16(bad[4:], 100)

@@ -27,7 +27,7 @@ type LinkConfig struct {
 	// MTU of the TAP netdev, 68..65521 (the tun driver's min/max MTU); 0 keeps it.
 	MTU int
 	// TxQueueLen is the kernel->us ring size in frames (the tun ptr_ring follows
-	// tx_queue_len, default 500 (wire.md §1.7)); 0 keeps it.
+	// tx_queue_len, default 500 = TUN_READQ_SIZE in include/uapi/linux/if_tun.h); 0 keeps it.
 	TxQueueLen int
 	// Addrs are added to the link (IPv4 and IPv6; IPv6 without DAD). An address that
 	// is already present is not an error.

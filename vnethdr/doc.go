@@ -2,32 +2,36 @@
 // opened with IFF_VNET_HDR (and on netmap VALE ports), locates packet headers, computes
 // internet checksums, and does software GSO: it turns a 64 KiB TSO/USO super-frame from
 // the TAP into MTU-sized, fully checksummed frames for a peer that cannot take offloads
-// (QEMU's socket/stream/dgram backends carry no header at all, wire.md §3.1).
+// (QEMU's socket/stream/dgram backends carry no header at all: they define no
+// has_vnet_hdr).
 //
 // # Header
 //
-// Two layouts are used (wire.md §2.1): the legacy 10-byte header (flags, gso_type,
-// hdr_len, gso_size, csum_start, csum_offset) and the 12-byte mrg_rxbuf / virtio 1.0
-// header that appends num_buffers. Longer headers (20-byte hash report) can be encoded:
-// the bytes after num_buffers are written as zero, and ignored on decode. Multi-byte
-// fields are always little-endian — virtio 1.0 says so, and the TAP's legacy "host order"
-// is little-endian on x86_64 (wire.md §1.5, §2.2) — and Hdr encodes them explicitly so the
-// code does not depend on the host's byte order. On a TAP read the bytes past offset 10
-// are undefined (wire.md §1.5); callers set num_buffers themselves.
+// Two layouts are used (include/uapi/linux/virtio_net.h): the legacy 10-byte header (flags,
+// gso_type, hdr_len, gso_size, csum_start, csum_offset) and the 12-byte mrg_rxbuf / virtio
+// 1.0 header that appends num_buffers. Longer headers (20-byte hash report) can be encoded:
+// the bytes after num_buffers are written as zero, and ignored on decode. Multi-byte fields
+// are always little-endian — virtio 1.0 says so, and the TAP's legacy "host order" is
+// little-endian on x86_64 (drivers/net/tun_vnet.h) — and Hdr encodes them explicitly so the
+// code does not depend on the host's byte order. On a TAP read the bytes past offset 10 are
+// undefined (older kernels skip them, newer ones zero them: drivers/net/tun.c
+// tun_put_user); callers set num_buffers themselves.
 //
 // # Trust rules
 //
 // Everything in a header, from the kernel or from a peer, is input to be checked, never
 // an instruction to be followed blindly:
 //   - hdr_len is only a hint (the kernel reports skb_headlen, which can span the whole
-//     first segment, wire.md §1.7). It is never used: the header length is re-derived by
-//     ParseLayout from the IP and TCP/UDP headers.
+//     first segment: include/linux/virtio_net.h virtio_net_hdr_from_skb). It is never used:
+//     the header length is re-derived by ParseLayout from the IP and TCP/UDP headers.
 //   - csum_start/csum_offset are bounds-checked before use. For GSO frames csum_start
 //     must point exactly at the L4 header and csum_offset at its checksum field (16 TCP,
 //     6 UDP): that is what the kernel's tcp_gso_segment/__udp_gso_segment insist on
-//     (research/gro.md §c.1), and anything else means the header and frame disagree.
+//     (net/ipv4/tcp_offload.c, net/ipv4/udp_offload.c), and anything else means the
+//     header and frame disagree.
 //   - IP lengths, not the frame length, bound the packet; Ethernet padding after the IP
-//     packet is never treated as payload (research/gro.md §c.6).
+//     packet is never treated as payload (a short frame is padded to 60 bytes; DPDK's
+//     GRO counted the padding as payload until commit b8a55871d5).
 //   - A checksum produced by Split is computed over the bytes actually sent, never
 //     derived from the partial value in the input, so a corrupt partial sum cannot be
 //     "laundered" into a valid-looking segment.
@@ -43,7 +47,8 @@
 //
 // Split copies the re-derived headers (Ethernet, optional VLAN tag, IP with options or
 // extension headers, TCP/UDP) in front of each gso_size slice of payload and fixes them
-// up the way Linux tcp_gso_segment and wireguard-go's gsoSplit do (research/gro.md §d):
+// up the way Linux tcp_gso_segment (net/ipv4/tcp_offload.c) and wireguard-go's gsoSplit
+// (tun/offload_linux.go) do:
 // IPv4 ID incremented per segment (first ID + i), IPv4 total length and header checksum
 // or IPv6 payload length rewritten, TCP sequence advanced by i × gso_size, FIN and PSH
 // kept only on the last segment and CWR only on the first; for USO each segment gets its
@@ -52,8 +57,8 @@
 // allocated and nothing is written unless every segment fits. A full IPv4 TSO frame
 // (65535 - 20 - 20 = 65495 payload bytes) needs 46 buffers at an MSS of 1448 and 123 at
 // the classic minimum MSS of 536; USO frames are capped by the kernel at 64 or 128
-// segments (UDP_MAX_SEGMENTS, wire.md §1.6). Smaller MSS values (Linux allows down to
-// tcp_min_snd_mss = 48) need more buffers than a sane caller provides: such frames fail
+// segments (UDP_MAX_SEGMENTS in include/linux/udp.h). Smaller MSS values (Linux allows down
+// to tcp_min_snd_mss = 48) need more buffers than a sane caller provides: such frames fail
 // with ErrTooManySegments and are dropped and counted.
 //
 // Segment is the TAP→port entry point: GSO frames are split, NEEDS_CSUM frames get their
@@ -64,7 +69,8 @@
 // # What is not supported
 //
 //   - UFO (GSOUDP, IP fragmentation of a large UDP datagram): rejected with
-//     ErrUnsupportedGSO; no current kernel produces it (wire.md §1.4).
+//     ErrUnsupportedGSO; no current kernel produces it (drivers/net/tun.c set_offload
+//     ignores TUN_F_UFO).
 //   - UDP-tunnel GSO and the 20/24-byte header extensions' semantics (hash report,
 //     tunnel offsets): not interpreted.
 //   - IPv4 options are carried as-is into every segment (Linux TSO does the same); they

@@ -11,8 +11,9 @@ import (
 // the caller drops that one frame, counts it under the sentinel's name, and carries on.
 var (
 	// ErrUnsupportedGSO: gso_type is UFO (GSOUDP, IP fragmentation that no current
-	// kernel produces, wire.md §1.4) or not a virtio value at all. Drop + count; it means
-	// the sender ignored the offloads it was given.
+	// kernel produces: drivers/net/tun.c set_offload accepts TUN_F_UFO but enables nothing for
+	// it) or not a virtio value at all. Drop + count; it means the sender ignored the offloads
+	// it was given.
 	ErrUnsupportedGSO = errors.New("vnethdr: unsupported gso_type")
 
 	// ErrBadHeader: the virtio_net_hdr contradicts the frame it came with — gso_size 0,
@@ -34,10 +35,11 @@ var (
 // CompleteChecksum finishes the partial checksum of a non-GSO frame carrying
 // NEEDS_CSUM, in place: it sums frame[csum_start:] — which includes the checksum field at
 // csum_start+csum_offset, already holding the pseudo-header sum — and stores the
-// complement there (virtio spec, wire.md §2.4). Like the kernel's skb_checksum_help it
-// stores 0xffff instead of 0: for UDP a zero means "no checksum", for TCP 0xffff is the
-// equivalent ones'-complement value. The sum runs to the end of frame, so frame must not
-// include link-layer padding the sender did not checksum (a TAP read never has any).
+// complement there (virtio spec, "Packet Transmission"). Like the kernel's
+// skb_checksum_help it stores 0xffff instead of 0: for UDP a zero means "no checksum", for
+// TCP 0xffff is the equivalent ones'-complement value. The sum runs to the end of frame, so
+// frame must not include link-layer padding the sender did not checksum (a TAP read never
+// has any).
 //
 // A frame without NEEDS_CSUM is left untouched (nil). It allocates nothing on success.
 func CompleteChecksum(frame []byte, h *Hdr) error {
@@ -62,10 +64,11 @@ func CompleteChecksum(frame []byte, h *Hdr) error {
 // Split segments the GSO super-frame frame (an Ethernet frame; the virtio_net_hdr is
 // already decoded into h) into plain, fully checksummed Ethernet frames, one per
 // gso_size bytes of payload: segment i is written to out[i][:sizes[i]]. It follows
-// Linux tcp_gso_segment / __udp_gso_segment and wireguard-go's gsoSplit
-// (research/gro.md §d):
+// Linux tcp_gso_segment / __udp_gso_segment (net/ipv4/tcp_offload.c, udp_offload.c) and
+// wireguard-go's gsoSplit (tun/offload_linux.go):
 //
-//   - headers are re-derived with ParseLayout; h.HdrLen is never used (wire.md §1.7);
+//   - headers are re-derived with ParseLayout; h.HdrLen is never used (the kernel puts
+//     skb_headlen there, include/linux/virtio_net.h virtio_net_hdr_from_skb);
 //   - with NEEDS_CSUM, csum_start must equal the L4 offset and csum_offset must be 16
 //     (TCP) or 6 (UDP), exactly what the kernel's own segmentation insists on;
 //   - IPv4: ID = first ID + i, total length and header checksum recomputed; IPv6:

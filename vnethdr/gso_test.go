@@ -17,8 +17,8 @@ func outBufs(n, size int) ([][]byte, []int) {
 	return out, make([]int, n)
 }
 
-// gsoHdr is the header the kernel produces for a frame (wire.md §1.7), with hdr_len set to
-// garbage on purpose: Split must not use it.
+// gsoHdr is the header the kernel produces for a frame (include/linux/virtio_net.h
+// virtio_net_hdr_from_skb), with hdr_len set to garbage on purpose: Split must not use it.
 func gsoHdr(p pkt, gsoSize int, l3, l4 int) Hdr {
 	h := Hdr{Flags: FlagNeedsCsum, GSOSize: uint16(gsoSize), CsumStart: uint16(l4), HdrLen: 7}
 	switch {

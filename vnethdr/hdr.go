@@ -6,7 +6,7 @@ import (
 	"fmt"
 )
 
-// Header lengths a TAP or peer may use (wire.md §2.1).
+// Header lengths a TAP or peer may use (include/uapi/linux/virtio_net.h).
 const (
 	// Len is the legacy struct virtio_net_hdr.
 	Len = 10
@@ -14,14 +14,14 @@ const (
 	LenMrgRxbuf = 12
 )
 
-// Flags (wire.md §2.3).
+// Flags (VIRTIO_NET_HDR_F_*, include/uapi/linux/virtio_net.h).
 const (
 	FlagNeedsCsum = 0x01
 	FlagDataValid = 0x02
 	FlagRSCInfo   = 0x04
 )
 
-// GSO types (wire.md §2.3).
+// GSO types (VIRTIO_NET_HDR_GSO_*, include/uapi/linux/virtio_net.h).
 const (
 	GSONone  = 0
 	GSOTCPv4 = 1
@@ -35,8 +35,9 @@ const (
 var ErrShortHeader = errors.New("vnethdr: buffer shorter than virtio_net_hdr")
 
 // Hdr is a decoded virtio_net_hdr. All multi-byte fields are little-endian on the wire
-// (virtio 1.0, and the TAP's legacy host order on x86_64, wire.md §1.5/§2.2); encoding is
-// explicit so the code is correct whatever the host byte order.
+// (virtio 1.0, and the TAP's legacy host order on x86_64, drivers/net/tun_vnet.h
+// tun_vnet_is_little_endian); encoding is explicit so the code is correct whatever the host
+// byte order.
 type Hdr struct {
 	Flags      uint8
 	GSOType    uint8

@@ -3,8 +3,9 @@ package vnethdr
 import "strings"
 
 // Offloads is a set of receive offloads, encoded with the TUN_F_* bit values so a mask can
-// be handed to TUNSETOFFLOAD unchanged (wire.md §1.4). On a backend it names what that
-// backend may be handed: partial checksums (CSUM) and which GSO super-frames.
+// be handed to TUNSETOFFLOAD unchanged (TUN_F_* in include/uapi/linux/if_tun.h). On a
+// backend it names what that backend may be handed: partial checksums (CSUM) and which GSO
+// super-frames.
 type Offloads uint32
 
 const (

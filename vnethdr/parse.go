@@ -39,7 +39,7 @@ var ErrMalformed = errors.New("vnethdr: malformed frame")
 
 // Layout locates the headers of an Ethernet frame. Every offset counts from the first
 // byte of the Ethernet header (not from a virtio_net_hdr), so Layout.L4Off is the value a
-// correct virtio_net_hdr carries in csum_start (wire.md §2.4).
+// correct virtio_net_hdr carries in csum_start (virtio spec, "Packet Transmission").
 type Layout struct {
 	// EtherType is the type after the (optional) VLAN tag.
 	EtherType uint16
@@ -72,7 +72,8 @@ type Layout struct {
 }
 
 // HdrLen is the number of header bytes every segment of the frame replicates: the
-// re-derived value of virtio_net_hdr.hdr_len (which itself is only a hint, wire.md §2.4).
+// re-derived value of virtio_net_hdr.hdr_len (which itself is only a hint unless
+// VIRTIO_NET_F_GUEST_HDRLEN was negotiated, virtio spec).
 func (l *Layout) HdrLen() int { return l.PayloadOff }
 
 // PayloadLen is the number of L4 payload bytes (0 for a pure ACK).
