@@ -35,7 +35,7 @@ type options struct {
 	groFlush    string // "batch" or "timer"
 	rscInterval time.Duration
 	maxFlows    int
-	offload     offloadChoice
+	offload     vnethdr.Choice
 	logLevel    logrus.Level
 	logFormat   string
 	metricsAddr string
@@ -64,55 +64,14 @@ type options struct {
 	pcap              pcapio.Options
 }
 
-// offloadChoice is --offload: auto (everything the kernel accepts that tapgro can fill in
-// software), off, or an explicit list.
-type offloadChoice struct {
-	auto bool
-	set  vnethdr.Offloads
-}
-
-func (o offloadChoice) String() string {
-	if o.auto {
-		return "auto"
+// parseOffloads is --offload (and TAPGRO_OFFLOAD): vnethdr.ParseChoice with the flag's
+// name in its errors.
+func parseOffloads(s string) (vnethdr.Choice, error) {
+	c, err := vnethdr.ParseChoice(s)
+	if err != nil {
+		return c, fmt.Errorf("--offload %q: %w", s, err)
 	}
-	if o.set == 0 {
-		return "off"
-	}
-	return o.set.String()
-}
-
-func parseOffloads(s string) (offloadChoice, error) {
-	switch s {
-	case "auto", "":
-		return offloadChoice{auto: true}, nil
-	case "off", "none":
-		return offloadChoice{}, nil
-	}
-	var set vnethdr.Offloads
-	for _, name := range strings.Split(s, ",") {
-		switch strings.TrimSpace(name) {
-		case "csum":
-			set |= vnethdr.OffloadCSUM
-		case "tso4":
-			set |= vnethdr.OffloadTSO4
-		case "tso6":
-			set |= vnethdr.OffloadTSO6
-		case "tso_ecn", "ecn":
-			set |= vnethdr.OffloadTSOECN
-		case "uso":
-			set |= vnethdr.OffloadUSO
-		case "ufo":
-			set |= vnethdr.OffloadUFO
-		default:
-			return offloadChoice{}, fmt.Errorf("--offload: unknown offload %q (want auto, off, or a list of csum,tso4,tso6,tso_ecn,uso)", name)
-		}
-	}
-	// The kernel processes every bit only together with CSUM (wire.md §1.4); saying so
-	// here beats an EINVAL from TUNSETOFFLOAD later.
-	if set != 0 && set&vnethdr.OffloadCSUM == 0 {
-		return offloadChoice{}, fmt.Errorf("--offload %q: every offload needs csum as well (the kernel rejects TSO/USO without TUN_F_CSUM)", s)
-	}
-	return offloadChoice{set: set}, nil
+	return c, nil
 }
 
 type prefixList []netip.Prefix

@@ -18,7 +18,7 @@ func TestParseFlags(t *testing.T) {
 		check func(*testing.T, *options)
 	}{
 		{"defaults", []string{"--tap", "tap0", nd}, func(t *testing.T, o *options) {
-			if !o.gro || !o.udpGRO || !o.offload.auto || o.vnetHdrLen != 10 || o.groFlush != "timer" || o.batch != 64 || o.maxFlows != 64 {
+			if !o.gro || !o.udpGRO || !o.offload.Auto || o.vnetHdrLen != 10 || o.groFlush != "timer" || o.batch != 64 || o.maxFlows != 64 {
 				t.Errorf("unexpected defaults: %+v", o)
 			}
 		}},
@@ -26,13 +26,13 @@ func TestParseFlags(t *testing.T) {
 			"--mtu", "9000", "--gro", "off", "--offload", "csum,tso4", "--log-level", "trace", "--log-format", "json",
 			"--metrics-addr", "127.0.0.1:9100", "--vnet-hdr-len", "12", "--gro-flush", "timer", "--rsc-interval", "300us"},
 			func(t *testing.T, o *options) {
-				if len(o.addrs) != 2 || o.mtu != 9000 || o.gro || o.offload.set != vnethdr.OffloadCSUM|vnethdr.OffloadTSO4 ||
+				if len(o.addrs) != 2 || o.mtu != 9000 || o.gro || o.offload.Set != vnethdr.OffloadCSUM|vnethdr.OffloadTSO4 ||
 					o.logFormat != "json" || o.vnetHdrLen != 12 || o.groFlush != "timer" || o.rscInterval != 300*time.Microsecond {
 					t.Errorf("parsed wrong: %+v", o)
 				}
 			}},
 		{"offload off", []string{"--tap", "tap0", nd, "--offload", "off"}, func(t *testing.T, o *options) {
-			if o.offload.auto || o.offload.set != 0 {
+			if o.offload.Auto || o.offload.Set != 0 {
 				t.Errorf("--offload off parsed as %v", o.offload)
 			}
 		}},
@@ -203,5 +203,21 @@ func TestParseFlagsCtlSocket(t *testing.T) {
 	}
 	if _, err := parseFlags([]string{"--tap", "tap0", nd, "--ctl-socket", "/" + strings.Repeat("x", 120)}, io.Discard); err == nil {
 		t.Error("a 121-byte socket path was accepted")
+	}
+}
+
+// --offload (flags and TAPGRO_OFFLOAD) and `tapgro ctl offload` read offload lists with
+// one parser, so a list one accepts the other accepts too, with the same meaning.
+func TestOffloadListsOneParser(t *testing.T) {
+	for _, s := range []string{"auto", "off", "csum", "csum,ufo", "csum,tso4,tso6,tso_ecn,uso", "csum,ecn", "tso4", "csum,gso", "csum,uso4"} {
+		flag, ferr := parseOffloads(s)
+		ctl, cerr := parseCtlRequest("offload " + s)
+		if (ferr == nil) != (cerr == nil) {
+			t.Errorf("%q: --offload says %v, ctl says %v", s, ferr, cerr)
+			continue
+		}
+		if ferr == nil && (ctl.choice == nil || *ctl.choice != flag) {
+			t.Errorf("%q: --offload means %v, ctl means %v", s, flag, ctl.choice)
+		}
 	}
 }

@@ -19,8 +19,8 @@ import (
 	"github.com/sirupsen/logrus"
 	"golang.org/x/sys/unix"
 
+	"tapgro/datapath"
 	"tapgro/netmapio"
-	"tapgro/rxpool"
 	"tapgro/vnethdr"
 )
 
@@ -125,7 +125,7 @@ type ctlCounters struct {
 type ctlRequest struct {
 	status bool
 	// choice replaces the --offload choice (offload auto|off|LIST); nil keeps it.
-	choice *offloadChoice
+	choice *vnethdr.Choice
 	// on and off are per-offload edits, applied to choice (or the current one).
 	on, off vnethdr.Offloads
 	gro     *bool
@@ -135,12 +135,6 @@ type ctlRequest struct {
 }
 
 func (r *ctlRequest) editsOffloads() bool { return r.choice != nil || r.on|r.off != 0 }
-
-// ctlOffloadNames are the offloads a request may name; the ethtool-style names work too.
-var ctlOffloadNames = map[string]vnethdr.Offloads{
-	"csum": vnethdr.OffloadCSUM, "tso4": vnethdr.OffloadTSO4, "tso6": vnethdr.OffloadTSO6,
-	"tso_ecn": vnethdr.OffloadTSOECN, "ecn": vnethdr.OffloadTSOECN, "uso": vnethdr.OffloadUSO,
-}
 
 const ctlUsage = "want status, offload auto|off|csum,tso4,..., offload tso4=off ..., gro=on|off, udp-gro=on|off or pcap tap=FILE|off port=FILE|off"
 
@@ -202,9 +196,9 @@ func parseCtlRequest(line string) (ctlRequest, error) {
 		case "udp-gro":
 			r.udpGRO = &on
 		default:
-			bit, ok := ctlOffloadNames[k]
+			bit, ok := vnethdr.OffloadByName(k)
 			if !ok {
-				return r, fmt.Errorf("unknown switch %q: want gro, udp-gro, or an offload (csum, tso4, tso6, tso_ecn, uso)", k)
+				return r, fmt.Errorf("unknown switch %q: want gro, udp-gro, or an offload (csum, tso4, tso6, tso_ecn, uso, ufo)", k)
 			}
 			if on {
 				r.on |= bit
@@ -265,32 +259,33 @@ func ctlOnOff(k, v string) (bool, error) {
 	return false, fmt.Errorf("%s=%q: want on or off", k, v)
 }
 
-// parseCtlOffloadList is --offload's syntax (parseOffloads) with the request's words in
-// its errors.
-func parseCtlOffloadList(s string) (offloadChoice, error) {
-	switch s {
-	case "auto":
-		return offloadChoice{auto: true}, nil
-	case "off", "none":
-		return offloadChoice{}, nil
+// parseCtlOffloadList is --offload's syntax (vnethdr.ParseChoice) with the request's
+// words in its errors.
+func parseCtlOffloadList(s string) (vnethdr.Choice, error) {
+	c, err := vnethdr.ParseChoice(s)
+	if err != nil {
+		return c, fmt.Errorf("offload %q: %w", s, err)
 	}
-	var set vnethdr.Offloads
-	for _, name := range strings.Split(s, ",") {
-		bit, ok := ctlOffloadNames[name]
-		if !ok {
-			return offloadChoice{}, fmt.Errorf("offload %q: unknown offload %q (want auto, off, or a list of csum,tso4,tso6,tso_ecn,uso)", s, name)
-		}
-		set |= bit
-	}
-	if set&vnethdr.OffloadCSUM == 0 {
-		return offloadChoice{}, fmt.Errorf("offload %q: every offload needs csum as well (the kernel rejects TSO/USO without TUN_F_CSUM)", s)
-	}
-	return offloadChoice{set: set}, nil
+	return c, nil
 }
 
-// ctlServer answers requests for one bridge.
+// engine is what the control socket steers: datapath.Engine's switches and Snapshot.
+type engine interface {
+	snapshotter
+	SetGRO(on bool) *datapath.Negotiation
+	SetUDPGRO(on bool) *datapath.Negotiation
+	SetOffloads(c vnethdr.Choice) (vnethdr.Offloads, error)
+	SetCapture(side datapath.CaptureSide, path string) error
+}
+
+// snapshotter is what the read-only surfaces (metrics, health) need of the engine.
+type snapshotter interface{ Snapshot() datapath.Snapshot }
+
+var _ engine = (*datapath.Engine)(nil)
+
+// ctlServer answers requests for one engine.
 type ctlServer struct {
-	b      *bridge
+	eng    engine
 	tap    string
 	listen string // the port's address, for status
 	log    *logrus.Logger
@@ -300,8 +295,8 @@ type ctlServer struct {
 	busy  chan struct{} // connections being turned away
 }
 
-func newCtlServer(b *bridge, tap, listen string, log *logrus.Logger) *ctlServer {
-	return &ctlServer{b: b, tap: tap, listen: listen, log: log, slots: make(chan struct{}, ctlMaxConns),
+func newCtlServer(eng engine, tap, listen string, log *logrus.Logger) *ctlServer {
+	return &ctlServer{eng: eng, tap: tap, listen: listen, log: log, slots: make(chan struct{}, ctlMaxConns),
 		busy: make(chan struct{}, ctlMaxConns)}
 }
 
@@ -489,7 +484,7 @@ func (s *ctlServer) handle(line string, who logrus.Fields) *ctlResponse {
 	defer s.mu.Unlock()
 	resp := &ctlResponse{OK: true}
 	// Everything that can be refused is decided before anything changes.
-	var choice offloadChoice
+	var choice vnethdr.Choice
 	if req.editsOffloads() {
 		if choice, err = s.editedChoice(&req); err != nil {
 			return &ctlResponse{Error: err.Error()}
@@ -503,7 +498,7 @@ func (s *ctlServer) handle(line string, who logrus.Fields) *ctlResponse {
 		}
 	}
 	if req.editsOffloads() {
-		set, err := s.b.SetTapOffloadChoice(choice)
+		set, err := s.eng.SetOffloads(choice)
 		if err != nil {
 			entry.WithError(err).Warn("ctl: cannot change the TAP's offloads")
 			return &ctlResponse{Error: fmt.Sprintf("offloads %s: %v; the TAP keeps %s", choice, err, set)}
@@ -511,17 +506,17 @@ func (s *ctlServer) handle(line string, who logrus.Fields) *ctlResponse {
 		resp.Applied = append(resp.Applied, s.describeOffloads(choice, set))
 	}
 	if req.gro != nil {
-		n := s.b.SetGRO(*req.gro)
+		n := s.eng.SetGRO(*req.gro)
 		msg := "gro " + onOffString(*req.gro)
-		if *req.gro && n.P2T&stepGRO == 0 {
+		if *req.gro && n.P2T&datapath.StepGRO == 0 {
 			msg += ", but it stays inactive: the kernel refused a GSO write earlier (sticky until restart)"
 		}
 		resp.Applied = append(resp.Applied, msg)
 	}
 	if req.udpGRO != nil {
-		n := s.b.SetUDPGRO(*req.udpGRO)
+		n := s.eng.SetUDPGRO(*req.udpGRO)
 		msg := "udp-gro " + onOffString(*req.udpGRO)
-		if *req.udpGRO && n.P2T&stepUDPGRO == 0 {
+		if *req.udpGRO && n.P2T&datapath.StepUDPGRO == 0 {
 			msg += ", but it is inactive: it needs gro on and a TAP that accepts USO on write"
 		}
 		resp.Applied = append(resp.Applied, msg)
@@ -534,21 +529,21 @@ func (s *ctlServer) handle(line string, who logrus.Fields) *ctlResponse {
 // setPcap switches capture side by side. A side that cannot be switched keeps what it
 // had; the reply says what was done before the failure.
 func (s *ctlServer) setPcap(req *ctlRequest, resp *ctlResponse) error {
-	c := &s.b.capture
 	for _, x := range []struct {
-		side *capSide
+		side datapath.CaptureSide
+		name string
 		path *string
-	}{{&c.tap, req.pcapTap}, {&c.port, req.pcapPort}} {
+	}{{datapath.CaptureTap, "tap", req.pcapTap}, {datapath.CapturePort, "port", req.pcapPort}} {
 		if x.path == nil {
 			continue
 		}
-		if err := c.set(x.side, *x.path); err != nil {
-			return fmt.Errorf("pcap %s: %w", x.side.name, err)
+		if err := s.eng.SetCapture(x.side, *x.path); err != nil {
+			return fmt.Errorf("pcap %s: %w", x.name, err)
 		}
 		if *x.path == "" {
-			resp.Applied = append(resp.Applied, "pcap "+x.side.name+" off")
+			resp.Applied = append(resp.Applied, "pcap "+x.name+" off")
 		} else {
-			resp.Applied = append(resp.Applied, "pcap "+x.side.name+" capturing into "+*x.path)
+			resp.Applied = append(resp.Applied, "pcap "+x.name+" capturing into "+*x.path)
 		}
 	}
 	return nil
@@ -557,44 +552,40 @@ func (s *ctlServer) setPcap(req *ctlRequest, resp *ctlResponse) error {
 // editedChoice is the offload choice req asks for: its whole value, or the current
 // choice with its per-offload edits. Edits turn "auto" into the explicit set auto
 // stands for on this kernel, so `tso4=off` means "what I have, without tso4".
-func (s *ctlServer) editedChoice(req *ctlRequest) (offloadChoice, error) {
-	s.b.negMu.Lock()
-	cur, probed := s.b.negIn.Choice, s.b.negIn.TapProbed
-	s.b.negMu.Unlock()
-	c := cur
+func (s *ctlServer) editedChoice(req *ctlRequest) (vnethdr.Choice, error) {
+	snap := s.eng.Snapshot()
+	c := snap.Offload
 	if req.choice != nil {
 		c = *req.choice
 	}
 	if req.on|req.off == 0 {
 		return c, nil
 	}
-	set := c.set
-	if c.auto {
-		set = tapFillable & probed
+	set := c.Set
+	if c.Auto {
+		set = datapath.AutoOffloads & snap.TapProbed
 	}
 	set = (set | req.on) &^ req.off
 	if set != 0 && set&vnethdr.OffloadCSUM == 0 {
 		return c, fmt.Errorf("%s without csum: the kernel rejects TSO/USO without TUN_F_CSUM; use `offload off` to turn every offload off", set)
 	}
 	// Normalised, so the choice shows what it means: tso_ecn goes with the last TSO.
-	set = normalizeOffloads(set)
-	return offloadChoice{set: set}, nil
+	set = set.Normalize()
+	return vnethdr.Choice{Set: set}, nil
 }
 
 // describeOffloads says what an offload change did, and why anything asked for was not
 // set.
-func (s *ctlServer) describeOffloads(c offloadChoice, set vnethdr.Offloads) string {
+func (s *ctlServer) describeOffloads(c vnethdr.Choice, set vnethdr.Offloads) string {
 	msg := fmt.Sprintf("offloads %s: the TAP now hands tapgro %s", c, set)
-	if c.auto {
+	if c.Auto {
 		return msg
 	}
-	missing := c.set &^ set
+	missing := c.Set &^ set
 	if missing == 0 {
 		return msg
 	}
-	s.b.negMu.Lock()
-	probed := s.b.negIn.TapProbed
-	s.b.negMu.Unlock()
+	probed := s.eng.Snapshot().TapProbed
 	if k := missing &^ probed; k != 0 {
 		msg += fmt.Sprintf(" (%s: not offered by this kernel)", k)
 	}
@@ -604,25 +595,18 @@ func (s *ctlServer) describeOffloads(c offloadChoice, set vnethdr.Offloads) stri
 	return msg
 }
 
-// status reads the bridge's state. Counters are read one by one, so they are not a
-// snapshot of one instant; each is exact.
+// status is the engine's state from one Snapshot.
 func (s *ctlServer) status() *ctlStatus {
-	b := s.b
+	snap := s.eng.Snapshot()
 	st := &ctlStatus{
 		Version: version, Tap: s.tap, Listen: s.listen,
-		GRO: b.groOn.Load(), GROKilled: b.groKilled.Load(), UDPGRO: b.udpGROOn.Load(),
-		OffloadsKilled: vnethdr.Offloads(b.tapKilled.Load()).String(),
-		PcapTap:        b.capture.tap.describe(), PcapPort: b.capture.port.describe(),
+		PortConnected: snap.Connected, Peer: snap.Peer,
+		GRO: snap.GROOn, GROKilled: snap.GROKilled, UDPGRO: snap.UDPGROOn,
+		OffloadsKilled: snap.OffloadsKilled.String(),
+		PcapTap:        snap.CaptureTap.State, PcapPort: snap.CapturePort.State,
+		OffloadChoice: snap.Offload.String(), TapProbed: snap.TapProbed.String(),
 	}
-	if ref := b.port.Load(); ref != nil {
-		st.PortConnected = true
-		st.Peer = ref.p.Peer()
-	}
-	b.negMu.Lock()
-	st.OffloadChoice = b.negIn.Choice.String()
-	st.TapProbed = b.negIn.TapProbed.String()
-	b.negMu.Unlock()
-	if n := b.Negotiation(); n != nil {
+	if n := snap.Negotiation; n != nil {
 		st.Negotiated = n.String()
 		st.TapOffloads = n.TapOffloads.String()
 		st.TapWrite = n.TapWrite.String()
@@ -630,28 +614,19 @@ func (s *ctlServer) status() *ctlStatus {
 		st.PortAccepts = n.Port.Accepts.String()
 		st.StepsTapToPort = n.T2P.String()
 		st.StepsPortToTap = n.P2T.String()
-		st.GROActive = n.P2T&stepGRO != 0
-		st.UDPGROActive = n.P2T&stepUDPGRO != 0
+		st.GROActive = n.P2T&datapath.StepGRO != 0
+		st.UDPGROActive = n.P2T&datapath.StepUDPGRO != 0
 	}
 	c := &st.Counters
-	c.TapToPort = ctlDirCounters{
-		Reads: b.t2p.Reads.Load(), Frames: b.t2p.Frames.Load(), Bytes: b.t2p.Bytes.Load(),
-		Dropped: b.t2p.DropNoPeer.Load() + b.t2p.DropMalformed.Load() + b.t2p.DropPortError.Load() +
-			b.rxStats.Drops[rxpool.DropTooBig].Load(),
+	t2p, p2t := &snap.TapToPort, &snap.PortToTap
+	c.TapToPort = ctlDirCounters{Reads: t2p.Reads, Frames: t2p.Frames, Bytes: t2p.Bytes, Dropped: snap.Dropped(t2p)}
+	c.PortToTap = ctlDirCounters{Reads: p2t.Reads, Frames: p2t.Frames, Bytes: p2t.Bytes, Dropped: snap.Dropped(p2t)}
+	if g := snap.GRO; g != nil {
+		c.GROSegments, c.GROPackets = g.Segments.Load(), g.Packets.Load()
 	}
-	c.PortToTap = ctlDirCounters{
-		Reads: b.p2t.Reads.Load(), Frames: b.p2t.Frames.Load(), Bytes: b.p2t.Bytes.Load(),
-		Dropped: b.p2t.DropMalformed.Load() + b.p2t.DropTapEIO.Load() + b.p2t.DropTapError.Load(),
-	}
-	b.coalMu.Lock()
-	if b.coal != nil {
-		cs := b.coal.Stats()
-		c.GROSegments, c.GROPackets = cs.Segments.Load(), cs.Packets.Load()
-	}
-	b.coalMu.Unlock()
-	c.GSOSegmented = b.t2p.GSOSegmented.Load()
-	c.CsumCompleted = b.t2p.CsumCompleted.Load()
-	c.GSOWriteFallback = b.p2t.GSOFallback.Load()
+	c.GSOSegmented = t2p.GSOSegmented
+	c.CsumCompleted = t2p.CsumCompleted
+	c.GSOWriteFallback = p2t.GSOFallback
 	return st
 }
 

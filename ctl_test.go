@@ -2,7 +2,6 @@ package main
 
 import (
 	"bytes"
-	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -19,7 +18,9 @@ import (
 	"github.com/sirupsen/logrus"
 	"golang.org/x/sys/unix"
 
+	"tapgro/datapath"
 	"tapgro/netmapio"
+	"tapgro/tapdev/taptest"
 	"tapgro/vnethdr"
 )
 
@@ -74,7 +75,7 @@ func TestParseCtlRequest(t *testing.T) {
 		{"gro=on gro=off", `"gro" is given twice`},
 		{"ecn=on tso_ecn=off", `"tso_ecn" is given twice`},
 		{"offload gro=off frob=on", `unknown switch "frob"`},
-		{"ufo=on", `unknown switch "ufo"`},
+		{"uso4=on", `unknown switch "uso4"`}, // half of a pair the kernel sets only whole
 		{"reboot", `"reboot": want status`},
 		{"status\x00", `"status\x00": want status`},
 	}
@@ -87,26 +88,18 @@ func TestParseCtlRequest(t *testing.T) {
 
 // newCtlTest is a control server for a bridge on an in-memory TAP whose kernel offers
 // every offload, negotiated for a plain port with --offload auto.
-func newCtlTest(t testing.TB) (*ctlServer, *bridge, *offloadFakeTap) {
-	tap := &offloadFakeTap{fakeTap: newFakeTap(10, true)}
-	b := testBridge(tap, true)
-	in := negInput{TapProbed: oCSUM | oTSO4 | oTSO6 | oECN | oUSO, TapHdrLen: 10, TapWrite: b.cfg.tapAccepts,
-		Choice: offloadChoice{auto: true}, Port: portCaps{State: "stream(plain)"}, GRO: true, UDPGRO: true}
-	n := negotiate(in)
-	tap.mask = n.TapOffloads
-	b.initNegotiation(in, n, nil)
+func newCtlTest(t testing.TB) (*ctlServer, *datapath.Engine, *taptest.TAP) {
+	return newCtlTestProbed(t, oCSUM|oTSO4|oTSO6|oECN|oUSO)
+}
+
+func newCtlTestProbed(t testing.TB, probed vnethdr.Offloads) (*ctlServer, *datapath.Engine, *taptest.TAP) {
+	eng, tap := newTestEngine(t, probed, nil)
 	log := logrus.New()
 	log.SetOutput(tlogWriter{t})
 	if _, fuzz := t.(*testing.F); fuzz {
 		log.SetOutput(io.Discard) // F.Log may not be called from the fuzz function
 	}
-	return newCtlServer(b, "tg0", "unix:/test.sock", log), b, tap
-}
-
-func (f *offloadFakeTap) current() vnethdr.Offloads {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return f.mask
+	return newCtlServer(eng, "tg0", "unix:/test.sock", log), eng, tap
 }
 
 // The handler changes exactly what each request asks for, refuses bad requests without
@@ -147,7 +140,7 @@ func TestCtlHandle(t *testing.T) {
 		} else if !resp.OK || resp.Status == nil {
 			t.Fatalf("%q: %+v", st.req, resp)
 		}
-		if got := tap.current(); got != st.mask {
+		if got := tap.Offloads(); got != st.mask {
 			t.Errorf("%q: TAP mask %s, want %s", st.req, got, st.mask)
 		}
 		status := s.status()
@@ -155,10 +148,11 @@ func TestCtlHandle(t *testing.T) {
 			t.Errorf("%q: status choice %s offloads %s gro %v udp-gro %v; want %s %s %v %v",
 				st.req, status.OffloadChoice, status.TapOffloads, status.GRO, status.UDPGRO, st.choice, st.mask, st.gro, st.udpGRO)
 		}
-		if status.Negotiated != b.Negotiation().String() || !strings.HasPrefix(status.Negotiated, "tap offloads="+st.mask.String()+" ") {
-			t.Errorf("%q: status negotiated %q; bridge %q", st.req, status.Negotiated, b.Negotiation())
+		n := b.Snapshot().Negotiation
+		if status.Negotiated != n.String() || !strings.HasPrefix(status.Negotiated, "tap offloads="+st.mask.String()+" ") {
+			t.Errorf("%q: status negotiated %q; engine %q", st.req, status.Negotiated, n)
 		}
-		if b.coalescerConfig().DisableTCP == st.gro {
+		if (n.P2T&datapath.StepGRO != 0) != st.gro {
 			t.Errorf("%q: the GRO engine's TCP coalescing does not follow gro=%v", st.req, st.gro)
 		}
 		if st.applied != "" && !strings.Contains(strings.Join(resp.Applied, "\n"), st.applied) {
@@ -169,28 +163,24 @@ func TestCtlHandle(t *testing.T) {
 
 // An offload the kernel does not offer is named as such in the reply.
 func TestCtlHandleUnsupported(t *testing.T) {
-	s, b, tap := newCtlTest(t)
-	b.negMu.Lock()
-	b.negIn.TapProbed = oCSUM | oTSO4 | oTSO6 | oECN // a kernel before 6.2: no USO
-	b.negMu.Unlock()
+	s, _, tap := newCtlTestProbed(t, oCSUM|oTSO4|oTSO6|oECN) // a kernel before 6.2: no USO
 	resp := s.handle("offload csum,tso4,uso", nil)
-	if !resp.OK || tap.current() != oCSUM|oTSO4 || !strings.Contains(resp.Applied[0], "uso4,uso6: not offered by this kernel") {
-		t.Fatalf("%+v; TAP mask %s", resp, tap.current())
+	if !resp.OK || tap.Offloads() != oCSUM|oTSO4 || !strings.Contains(resp.Applied[0], "uso4,uso6: not offered by this kernel") {
+		t.Fatalf("%+v; TAP mask %s", resp, tap.Offloads())
 	}
 }
 
 // Counters and the port's state reach the status reply.
 func TestCtlStatusCounters(t *testing.T) {
-	s, b, _ := newCtlTest(t)
-	near, _ := streamPair(t)
-	b.port.Store(newPortRef(near))
-	b.t2p.Frames.Add(7)
-	b.t2p.Bytes.Add(7000)
-	b.t2p.DropNoPeer.Add(2)
-	b.p2t.Reads.Add(40)
-	b.p2t.DropTapEIO.Add(1)
-	b.coalescerFor().Stats().Segments.Add(40)
-	b.coal.Stats().Packets.Add(2)
+	e := newStubEngine()
+	e.snap.Connected, e.snap.Peer = true, "unix:/test.sock pid=1"
+	e.snap.TapToPort.Frames, e.snap.TapToPort.Bytes = 7, 7000
+	e.snap.TapToPort.Drops[datapath.DropNoPeer] = 2
+	e.snap.PortToTap.Reads = 40
+	e.snap.PortToTap.Drops[datapath.DropTapEIO] = 1
+	e.snap.GRO.Segments.Add(40)
+	e.snap.GRO.Packets.Add(2)
+	s := newCtlServer(e, "tg0", "unix:/test.sock", logrus.New())
 	st := s.status()
 	c := st.Counters
 	if !st.PortConnected || c.TapToPort.Frames != 7 || c.TapToPort.Bytes != 7000 || c.TapToPort.Dropped != 2 ||
@@ -260,7 +250,7 @@ func TestCtlSocket(t *testing.T) {
 
 	code, out, errOut = runCtlArgs("--socket", path, "offload", "tso4=off")
 	if code != 0 || !strings.Contains(out, "the TAP now hands tapgro csum,tso6,tso_ecn,uso4,uso6") ||
-		!strings.Contains(out, "negotiated: tap offloads=csum,tso6,tso_ecn,uso4,uso6 ") || tap.current() != oCSUM|oTSO6|oECN|oUSO {
+		!strings.Contains(out, "negotiated: tap offloads=csum,tso6,tso_ecn,uso4,uso6 ") || tap.Offloads() != oCSUM|oTSO6|oECN|oUSO {
 		t.Fatalf("ctl offload tso4=off: %d\n%s%s", code, out, errOut)
 	}
 	code, out, errOut = runCtlArgs("--socket", path, "offload", "tso4=maybe")
@@ -396,135 +386,6 @@ func TestCtlSocketPath(t *testing.T) {
 	}
 }
 
-// Switching offloads and GRO through the control socket while frames flow both ways
-// loses nothing and keeps the port connection: every byte sent from the port reaches the
-// TAP in order, every TSO frame from the TAP reaches the port as segments, and the
-// port→TAP pipeline is still running when the sender stops.
-func TestCtlTogglesMidStream(t *testing.T) {
-	s, b, tap := newCtlTest(t)
-	b.cfg.timerFlush = true // aggregates held across reads: a toggle has something to flush
-	b.cfg.rscInterval = 200 * time.Microsecond
-	path := ctlListen(t, s)
-	near, far := streamPair(t)
-	b.port.Store(newPortRef(near))
-	p2tDone := make(chan error, 1)
-	go func() { p2tDone <- b.runPortToTap(near) }()
-	t2pDone := make(chan error, 1)
-	go func() { t2pDone <- b.runTapToPort() }()
-
-	// The port side reads what the TAP→port pipeline delivers.
-	const tsoFrames, tsoPayload = 40, 30000
-	received := make(chan int, 1)
-	go func() {
-		bufs := make([][]byte, 64)
-		for i := range bufs {
-			bufs[i] = make([]byte, netmapio.MaxFrame)
-		}
-		sizes := make([]int, 64)
-		total := 0
-		for total < tsoFrames*tsoPayload {
-			n, err := far.ReadBatch(bufs, sizes)
-			if err != nil {
-				break
-			}
-			for i := 0; i < n; i++ {
-				lay, err := vnethdr.ParseLayout(bufs[i][:sizes[i]])
-				if err != nil {
-					break
-				}
-				total += lay.PayloadLen()
-			}
-		}
-		received <- total
-	}()
-
-	toggles := [][]string{
-		{"gro=off"}, {"offload", "tso4=off"}, {"udp-gro=off"}, {"gro=on"},
-		{"offload", "off"}, {"gro=off", "udp-gro=on"}, {"offload", "auto"}, {"gro=on"},
-	}
-	const batches, perBatch, mss = 64, 16, 1000
-	stream := make([]byte, batches*perBatch*mss)
-	for i := range stream {
-		stream[i] = byte(i*131 + i>>11)
-	}
-	seq := uint32(1)
-	for i := 0; i < batches; i++ {
-		var segs [][]byte
-		for j := 0; j < perBatch; j++ {
-			off := int(seq - 1)
-			segs = append(segs, tcp4(seq, uint16(i*perBatch+j), stream[off:off+mss]))
-			seq += mss
-		}
-		if _, err := far.WriteBatch(segs); err != nil {
-			t.Fatal(err)
-		}
-		if i < tsoFrames {
-			tap.in <- gsoTCP4(10, pattern(tsoPayload), 1448)
-		}
-		if code, out, errOut := runCtlArgs(append([]string{"--socket", path}, toggles[i%len(toggles)]...)...); code != 0 {
-			t.Fatalf("toggle %v: %d %s%s", toggles[i%len(toggles)], code, out, errOut)
-		}
-	}
-
-	// Everything sent from the port reaches the TAP, in order.
-	var got []byte
-	gso, plain := 0, 0
-	deadline := time.Now().Add(10 * time.Second)
-	for len(got) < len(stream) && time.Now().Before(deadline) {
-		got, gso, plain = tapPayload(t, tap.written())
-		time.Sleep(time.Millisecond)
-	}
-	select {
-	case err := <-p2tDone:
-		t.Fatalf("the port→TAP pipeline ended during the toggles: %v", err)
-	default:
-	}
-	if !bytes.Equal(got, stream) {
-		t.Fatalf("the TAP got %d bytes (%d GSO packets, %d plain); want the %d-byte stream intact", len(got), gso, plain, len(stream))
-	}
-	t.Logf("port→TAP: %d GSO packets and %d plain segments", gso, plain)
-	if n := <-received; n != tsoFrames*tsoPayload {
-		t.Fatalf("the port got %d payload bytes from the TAP, want %d", n, tsoFrames*tsoPayload)
-	}
-	far.Close()
-	if err := <-p2tDone; !errors.Is(err, netmapio.ErrClosed) {
-		t.Errorf("runPortToTap ended with %v", err)
-	}
-	close(tap.closed)
-	<-t2pDone
-	if d := b.t2p.DropMalformed.Load() + b.p2t.DropMalformed.Load() + b.p2t.DropTapError.Load(); d != 0 {
-		t.Errorf("%d frames dropped", d)
-	}
-}
-
-// tapPayload is the TCP payload of everything written to the TAP, in write order; it
-// checks that sequence numbers follow on.
-func tapPayload(t *testing.T, pkts [][]byte) (payload []byte, gso, plain int) {
-	next := uint32(1)
-	for _, p := range pkts {
-		var h vnethdr.Hdr
-		if err := h.Decode(p, 10); err != nil {
-			t.Fatal(err)
-		}
-		if h.IsGSO() {
-			gso++
-		} else {
-			plain++
-		}
-		f := p[10:]
-		lay, err := vnethdr.ParseLayout(f)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if s := binary.BigEndian.Uint32(f[lay.L4Off+4:]); s != next {
-			t.Fatalf("packet %d starts at seq %d, want %d", gso+plain, s, next)
-		}
-		payload = append(payload, f[lay.PayloadOff:lay.End]...)
-		next += uint32(lay.PayloadLen())
-	}
-	return payload, gso, plain
-}
-
 // FuzzCtlRequest: no request line crashes the handler, and one that does not parse
 // changes nothing.
 func FuzzCtlRequest(f *testing.F) {
@@ -535,7 +396,7 @@ func FuzzCtlRequest(f *testing.F) {
 	s, b, tap := newCtlTest(f)
 	f.Fuzz(func(t *testing.T, line string) {
 		before := s.status()
-		mask := tap.current()
+		mask := tap.Offloads()
 		resp := s.handle(line, nil)
 		if _, err := json.Marshal(resp); err != nil {
 			t.Fatal(err)
@@ -543,7 +404,7 @@ func FuzzCtlRequest(f *testing.F) {
 		if _, err := parseCtlRequest(line); err != nil {
 			after := s.status()
 			if resp.OK || after.Negotiated != before.Negotiated || after.GRO != before.GRO || after.UDPGRO != before.UDPGRO ||
-				after.OffloadChoice != before.OffloadChoice || tap.current() != mask {
+				after.OffloadChoice != before.OffloadChoice || tap.Offloads() != mask {
 				t.Fatalf("%q failed to parse (%v) but changed the state", line, err)
 			}
 		}
@@ -601,8 +462,8 @@ func TestCtlPcap(t *testing.T) {
 	if !resp.OK || len(resp.Applied) != 2 {
 		t.Fatalf("start: %+v", resp)
 	}
-	if w := b.capture.tap.w.Load(); w == nil || w.Path() != tapFile {
-		t.Fatalf("tap capture %v, want %s", w, tapFile)
+	if st := b.Snapshot().CaptureTap.State; !strings.HasPrefix(st, tapFile+" ") {
+		t.Fatalf("tap capture %q, want %s", st, tapFile)
 	}
 	if !strings.HasPrefix(resp.Status.PcapTap, tapFile+" (0 frames") || !strings.HasPrefix(resp.Status.PcapPort, portFile) {
 		t.Errorf("status pcap_tap %q pcap_port %q", resp.Status.PcapTap, resp.Status.PcapPort)
@@ -610,20 +471,20 @@ func TestCtlPcap(t *testing.T) {
 	if resp := s.handle("pcap port="+tapFile, nil); resp.OK || !strings.Contains(resp.Error, "own file") {
 		t.Errorf("same file for both sides: %+v", resp)
 	}
-	if w := b.capture.port.w.Load(); w == nil || w.Path() != portFile {
-		t.Errorf("a refused switch changed the port capture to %v", w)
+	if st := b.Snapshot().CapturePort.State; !strings.HasPrefix(st, portFile+" ") {
+		t.Errorf("a refused switch changed the port capture to %q", st)
 	}
 	if resp := s.handle("pcap tap=/nonexistent-dir/x.pcap", nil); resp.OK {
 		t.Errorf("a file that cannot be created: %+v", resp)
 	}
-	if w := b.capture.tap.w.Load(); w == nil || w.Path() != tapFile {
-		t.Errorf("a failed switch lost the tap capture: %v", w)
+	if st := b.Snapshot().CaptureTap.State; !strings.HasPrefix(st, tapFile+" ") {
+		t.Errorf("a failed switch lost the tap capture: %q", st)
 	}
 	resp = s.handle("pcap tap=off port=off", nil)
 	if !resp.OK || resp.Status.PcapTap != "off" || resp.Status.PcapPort != "off" {
 		t.Fatalf("stop: %+v", resp)
 	}
-	if b.capture.tap.w.Load() != nil || b.capture.port.w.Load() != nil {
+	if snap := b.Snapshot(); snap.CaptureTap.State != "off" || snap.CapturePort.State != "off" {
 		t.Fatal("capture still on after pcap tap=off port=off")
 	}
 	for _, f := range []string{tapFile, portFile} {

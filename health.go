@@ -10,6 +10,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"tapgro/datapath"
 	"tapgro/rxpool"
 )
 
@@ -45,48 +46,38 @@ type dirHealth struct {
 }
 
 type healthMon struct {
-	b     *bridge
+	eng   snapshotter
 	stall time.Duration
 
 	mu   sync.Mutex
 	dirs [numDirs]dirHealth
 }
 
-func newHealthMon(b *bridge, stall time.Duration) *healthMon {
-	return &healthMon{b: b, stall: stall}
+func newHealthMon(eng snapshotter, stall time.Duration) *healthMon {
+	return &healthMon{eng: eng, stall: stall}
 }
 
-// inQueuer is what the monitor needs of a port to see unread input (netmapio's stream
-// and datagram ports).
-type inQueuer interface{ InQueue() (int, error) }
-
-// work samples both directions: whether each has work waiting, and its progress counter.
+// work reads, from one Snapshot, whether each direction has work pending and the counter
+// that moves when it gets done.
 func (h *healthMon) work() (pending [numDirs]bool, progress [numDirs]uint64, detail [numDirs]string) {
-	b := h.b
-	ref := b.port.Load()
-	rs := &b.rxStats
-	progress[dirTapToPort] = rs.FramesSent.Load() + b.t2p.DropPortError.Load()
+	snap := h.eng.Snapshot()
+	rs := snap.Pool
+	progress[dirTapToPort] = rs.FramesSent.Load() + snap.TapToPort.Drops[datapath.DropPortError]
 	for d := rxpool.Drop(0); d < rxpool.NumDrops; d++ {
 		progress[dirTapToPort] += rs.Drops[d].Load()
 	}
-	if inUse := rs.InUse.Load(); ref != nil && inUse > 0 {
+	if inUse := rs.InUse.Load(); snap.Connected && inUse > 0 {
 		pending[dirTapToPort] = true
 		detail[dirTapToPort] = fmt.Sprintf("%d receive-pool buffers queued for the port", inUse)
 	}
-	progress[dirPortToTap] = b.p2t.Reads.Load()
-	if ref != nil {
-		if q, ok := ref.p.(inQueuer); ok {
-			if n, err := q.InQueue(); err == nil && n > 0 {
-				pending[dirPortToTap] = true
-				detail[dirPortToTap] = fmt.Sprintf("%d bytes unread on the port", n)
-			}
-		}
+	progress[dirPortToTap] = snap.PortToTap.Reads
+	if snap.PeerUnread > 0 {
+		pending[dirPortToTap] = true
+		detail[dirPortToTap] = fmt.Sprintf("%d bytes unread on the port", snap.PeerUnread)
 	}
 	return
 }
 
-// sample updates the watch state at now. It is called once a second by run, and by
-// tests with a clock of their own.
 func (h *healthMon) sample(now time.Time) {
 	pending, progress, detail := h.work()
 	h.mu.Lock()
@@ -155,7 +146,7 @@ func addHealthMetrics(c *collector, h *healthMon) {
 	for i, name := range dirNames {
 		i := i
 		c.add("tapgro_stalled", "1 while the direction has had traffic pending without progress for --health-stall (/healthz fails).",
-			prometheus.GaugeValue, prometheus.Labels{"direction": name}, func() float64 {
+			prometheus.GaugeValue, prometheus.Labels{"direction": name}, func(*datapath.Snapshot) float64 {
 				if h.stalled(i) {
 					return 1
 				}
@@ -164,11 +155,10 @@ func addHealthMetrics(c *collector, h *healthMon) {
 	}
 	desc := prometheus.NewDesc("tapgro_port_peer_info", "The connected peer (address, or UNIX credentials); absent while disconnected.", []string{"peer"}, nil)
 	c.customDesc = append(c.customDesc, desc)
-	c.custom = append(c.custom, func() prometheus.Metric {
-		ref := h.b.port.Load()
-		if ref == nil {
+	c.custom = append(c.custom, func(snap *datapath.Snapshot) prometheus.Metric {
+		if !snap.Connected {
 			return nil
 		}
-		return prometheus.MustNewConstMetric(desc, prometheus.GaugeValue, 1, ref.p.Peer())
+		return prometheus.MustNewConstMetric(desc, prometheus.GaugeValue, 1, snap.Peer)
 	})
 }

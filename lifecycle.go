@@ -14,6 +14,7 @@ import (
 
 	"github.com/sirupsen/logrus"
 
+	"tapgro/datapath"
 	"tapgro/netmapio"
 	"tapgro/rxpool"
 )
@@ -131,23 +132,21 @@ func logOutput(o *options, stderr io.Writer) (io.Writer, error) {
 }
 
 // problemCounts names every per-packet problem counter ("direction/reason") with its
-// value now. The port's own counters come from portStats, nil before a port exists.
-func problemCounts(b *bridge, ps portProblemStats) map[string]uint64 {
+// value in snap. The port's own counters come from portStats, nil before a port exists.
+func problemCounts(snap datapath.Snapshot, ps portProblemStats) map[string]uint64 {
 	m := map[string]uint64{}
 	for _, d := range []struct {
 		dir string
-		st  *dirStats
-	}{{"tap_to_port", &b.t2p}, {"port_to_tap", &b.p2t}} {
-		m[d.dir+"/no_peer"] = d.st.DropNoPeer.Load()
-		m[d.dir+"/malformed"] = d.st.DropMalformed.Load()
-		m[d.dir+"/port_error"] = d.st.DropPortError.Load()
-		m[d.dir+"/tap_link_down"] = d.st.DropTapEIO.Load()
-		m[d.dir+"/tap_error"] = d.st.DropTapError.Load()
+		st  *datapath.Dir
+	}{{"tap_to_port", &snap.TapToPort}, {"port_to_tap", &snap.PortToTap}} {
+		for r := datapath.Drop(0); r < datapath.NumDrops; r++ {
+			m[d.dir+"/"+r.String()] = d.st.Drops[r]
+		}
 	}
 	for d := rxpool.Drop(0); d < rxpool.NumDrops; d++ {
-		m["rx_pool/"+d.String()] = b.rxStats.Drops[d].Load()
+		m["rx_pool/"+d.String()] = snap.Pool.Drops[d].Load()
 	}
-	m["port_to_tap/gso_write_fallback"] = b.p2t.GSOFallback.Load()
+	m["port_to_tap/gso_write_fallback"] = snap.PortToTap.GSOFallback
 	if ps != nil {
 		for k, v := range ps() {
 			m["port/"+k] = v
@@ -214,24 +213,5 @@ func portProblems(ep netmapio.Endpoint) portProblemStats {
 			"send_refused":      ps.SendDrops.Load(),
 			"rejected_clients":  ps.Rejects.Load(),
 		}
-	}
-}
-
-// drainTimeout bounds how long shutdown waits for frames already read from the TAP to
-// reach a port that has stopped taking them (a stopped or wedged peer): after it the
-// port is closed and what is still queued is counted as port_error drops.
-const drainTimeout = 2 * time.Second
-
-// drainTAP closes the TAP and waits, at most limit, for the TAP→port goroutine (done)
-// to deliver what it has read. Frames still in the kernel's TAP queue are never read, so
-// they are the kernel's drops, as for a NIC going down; nothing tapgro read is lost.
-func drainTAP(tap io.Closer, done <-chan struct{}, limit time.Duration, log *logrus.Logger) {
-	tap.Close()
-	t := time.NewTimer(limit)
-	defer t.Stop()
-	select {
-	case <-done:
-	case <-t.C:
-		log.WithField("waited", limit).Warn("shutdown: the port took no more frames; dropping what is still queued for it")
 	}
 }

@@ -16,17 +16,16 @@ import (
 	"io"
 	"os"
 	"os/signal"
-	"sync"
 	"syscall"
 	"time"
 
 	"github.com/sirupsen/logrus"
 
 	"tapgro/coalescer"
+	"tapgro/datapath"
 	"tapgro/netmapio"
-	"tapgro/rxpool"
+	"tapgro/port"
 	"tapgro/tapdev"
-	"tapgro/vnethdr"
 )
 
 // version is set at build time with -ldflags "-X main.version=...".
@@ -95,7 +94,7 @@ func newLogger(o *options, w io.Writer) *logrus.Logger {
 	return log
 }
 
-// run opens the TAP, negotiates offloads, and supervises the port until ctx ends.
+// run opens the TAP, sets up the engine, and serves the port until ctx ends.
 func run(ctx context.Context, o *options, log *logrus.Logger) error {
 	tap, err := tapdev.Open(tapdev.Config{Name: o.tap, MultiQueue: o.multiQueue, VnetHdrLen: o.vnetHdrLen})
 	if err != nil {
@@ -106,66 +105,32 @@ func run(ctx context.Context, o *options, log *logrus.Logger) error {
 		return err
 	}
 
-	probed := tap.ProbeOffloads()
-	// Writes may always carry partial checksums and TCP GSO (wire.md §1.4); UDP_L4 GSO only
-	// where the kernel knows it, which is what a successful USO probe shows.
-	accepts := tap.Accepts()
-	// What the TAP may hand us, for the port the spec describes (negotiate.go); the
-	// supervisor negotiates again with every peer that connects.
-	negIn := negInput{TapProbed: probed, TapHdrLen: o.vnetHdrLen, TapWrite: accepts,
-		Choice: o.offload, Port: capsOfSpec(o.netdev), GRO: o.gro, UDPGRO: o.udpGRO}
-	neg := negotiate(negIn)
-	set, err := tap.SetOffloads(neg.TapOffloads)
-	if err != nil {
-		return fmt.Errorf("TUNSETOFFLOAD %s on %s: %w", neg.TapOffloads, o.tap, err)
-	}
-	neg.TapOffloads = set
-
-	cfg := bridgeConfig{
-		vnetHdrLen:  o.vnetHdrLen,
-		batch:       o.batch,
-		gro:         o.gro,
-		udpGRO:      o.udpGRO,
-		timerFlush:  o.groFlush == "timer",
-		rscInterval: o.rscInterval,
-		maxFlows:    o.maxFlows,
-		tapAccepts:  accepts,
-		tapEmits:    set,
-		rx:          o.rx,
+	cfg := datapath.Config{
+		VnetHdrLen:  o.vnetHdrLen,
+		Batch:       o.batch,
+		GRO:         o.gro,
+		UDPGRO:      o.udpGRO,
+		TimerFlush:  o.groFlush == "timer",
+		RSCInterval: o.rscInterval,
+		MaxFlows:    o.maxFlows,
+		RX:          o.rx,
+		Offload:     o.offload,
+		// What the TAP may hand us, for the port the spec describes; the engine
+		// negotiates again with every peer that connects.
+		Port: datapath.CapsOfSpec(o.netdev),
+		// Capture files are opened before the privilege drop.
+		PcapTap: o.pcapTap, PcapPort: o.pcapPort, Pcap: o.pcap,
 	}
 	if log.IsLevelEnabled(logrus.TraceLevel) {
-		cfg.trace = traceDecisions(log)
+		cfg.Trace = traceDecisions(log)
 	}
-	b := newBridge(cfg, tap)
-	var killOnce sync.Once
-	b.onGROKill = func(err error) {
-		killOnce.Do(func() {
-			log.WithError(err).Warn("the kernel refused a GSO write; GRO is off from now on and frames go to the TAP segment by segment")
-		})
+	eng, err := datapath.New(cfg, tap, engineLogger{log})
+	if err != nil {
+		return err
 	}
-	b.onOffloadKill = func(off vnethdr.Offloads, err error) {
-		log.WithError(err).WithField("offload", off.String()).Warn("the kernel refused a valid GSO write; frames of this kind now go to the TAP segment by segment")
-	}
-	if o.gro {
-		if err := probeGSOWrite(tap, o.vnetHdrLen); err != nil {
-			b.groKilled.Store(true)
-			log.WithError(err).Warn("start-up GSO probe failed: writing segments instead of GSO packets")
-		}
-	}
-	b.initNegotiation(negIn, neg, func(n *negotiation) { log.Info("negotiated: " + n.String()) })
-
-	// Capture files are opened before the privilege drop; closed (flushed) last, once
-	// both pipelines have stopped.
-	b.capture.opt = o.pcap
-	defer b.capture.close()
-	if err := b.capture.set(&b.capture.tap, o.pcapTap); err != nil {
-		return fmt.Errorf("--pcap-tap: %w", err)
-	}
-	if err := b.capture.set(&b.capture.port, o.pcapPort); err != nil {
-		return fmt.Errorf("--pcap-port: %w", err)
-	}
+	defer eng.Close() // flushes capture files if Serve never ran
 	// Registered even with capture off: `tapgro ctl pcap` may turn it on later.
-	hupReopeners.add("pcap capture", b.capture.reopen)
+	hupReopeners.add("pcap capture", eng.ReopenCapture)
 
 	// Sockets systemd passed (socket activation) are used instead of binding (inherit.go).
 	listenFDs, err := netmapio.ListenFDs()
@@ -179,11 +144,11 @@ func run(ctx context.Context, o *options, log *logrus.Logger) error {
 	defer ep.Close()
 	spec := netmapio.SpecOf(ep, o.netdev) // inherited sockets resolved to their address
 
-	h := newHealthMon(b, o.healthStall)
+	h := newHealthMon(eng, o.healthStall)
 	go h.run(ctx)
 	var metricsDone func()
 	if o.metricsAddr != "" {
-		metricsDone, err = serveMetrics(o.metricsAddr, o.pprof, b, ep, h, log)
+		metricsDone, err = serveMetrics(o.metricsAddr, o.pprof, eng, ep, h, log)
 		if err != nil {
 			return err
 		}
@@ -197,7 +162,7 @@ func run(ctx context.Context, o *options, log *logrus.Logger) error {
 	}
 	// The control socket (ctl.go) is created before the privilege drop, in a directory
 	// only root may write, and chowned to --user's account.
-	stopCtl, err := startCtl(o, newCtlServer(b, tap.Name(), ep.Addr(), log))
+	stopCtl, err := startCtl(o, newCtlServer(eng, tap.Name(), ep.Addr(), log))
 	if err != nil {
 		return err
 	}
@@ -208,14 +173,15 @@ func run(ctx context.Context, o *options, log *logrus.Logger) error {
 			return err
 		}
 	}
-	go reportProblems(ctx, problemInterval, func() map[string]uint64 { return problemCounts(b, portProblems(ep)) }, log)
+	go reportProblems(ctx, problemInterval, func() map[string]uint64 { return problemCounts(eng.Snapshot(), portProblems(ep)) }, log)
 
+	snap := eng.Snapshot()
 	fields := logrus.Fields{
 		"tap":          tap.Name(),
 		"vnet_hdr_len": o.vnetHdrLen,
-		"tap_offloads": set.String(),
-		"probed":       probed.String(),
-		"gro":          onOffString(o.gro && !b.groKilled.Load()),
+		"tap_offloads": snap.Negotiation.TapOffloads.String(),
+		"probed":       snap.TapProbed.String(),
+		"gro":          onOffString(o.gro && !snap.GROKilled),
 		"netdev":       spec.String(),
 		"listen":       ep.Addr(),
 		"version":      version,
@@ -237,20 +203,41 @@ func run(ctx context.Context, o *options, log *logrus.Logger) error {
 	}
 	log.WithFields(fields).Info("tapgro ready; " + qemuHint(spec))
 
-	tapErr := make(chan error, 1)
-	tapDone := make(chan struct{})
-	go func() { tapErr <- b.runTapToPort(); close(tapDone) }()
-
-	// On shutdown the TAP is closed first, so nothing new is read, and what was read is
-	// still delivered: the TAP→port goroutine finishes its batch and flushes the pool
-	// into the port before the port is closed (lifecycle.go drainTAP).
-	drain := func() { drainTAP(tap, tapDone, drainTimeout, log) }
-	err = supervise(ctx, b, ep, log, drain)
-	tap.Close()
-	<-tapErr
-	logSummary(b, ep.Stats(), log)
+	err = eng.Serve(ctx, endpointAdapter{ep})
+	if errors.Is(err, netmapio.ErrInheritedClosed) {
+		// fd=N: the supervisor owns the connection; without it there is nothing to
+		// serve, and a clean exit tells the supervisor so.
+		log.WithField("port", ep.Addr()).Info("the inherited connection has ended; exiting")
+		err = nil
+	}
+	logSummary(eng.Snapshot(), ep.Stats(), log)
 	return err
 }
+
+// endpointAdapter gives the engine a netmapio.Endpoint as the port contract's Endpoint.
+type endpointAdapter struct{ ep netmapio.Endpoint }
+
+func (a endpointAdapter) Next(ctx context.Context) (port.Port, error) { return a.ep.Next(ctx) }
+func (a endpointAdapter) Addr() string                                { return a.ep.Addr() }
+
+// engineLogger is the engine's Logger on logrus: key/value pairs become fields.
+type engineLogger struct{ l *logrus.Logger }
+
+func (e engineLogger) entry(kv []any) *logrus.Entry {
+	f := make(logrus.Fields, len(kv)/2)
+	for i := 0; i+1 < len(kv); i += 2 {
+		k, _ := kv[i].(string)
+		if k == "error" {
+			k = logrus.ErrorKey
+		}
+		f[k] = kv[i+1]
+	}
+	return e.l.WithFields(f)
+}
+
+func (e engineLogger) Debug(msg string, kv ...any) { e.entry(kv).Debug(msg) }
+func (e engineLogger) Info(msg string, kv ...any)  { e.entry(kv).Info(msg) }
+func (e engineLogger) Warn(msg string, kv ...any)  { e.entry(kv).Warn(msg) }
 
 // qemuHint is the passt-style line that tells the user what to give QEMU.
 func qemuHint(spec netmapio.Spec) string {
@@ -265,82 +252,6 @@ func qemuHint(spec netmapio.Spec) string {
 		return "this port has no QEMU counterpart (a NIC in netmap mode)"
 	}
 	return "give QEMU: -netdev " + opt + " -device virtio-net-pci,netdev=n0"
-}
-
-// supervise hands each connection the port endpoint yields to the datapath, one at a
-// time, until ctx is cancelled.
-func supervise(ctx context.Context, b *bridge, ep netmapio.Endpoint, log *logrus.Logger, drain func()) error {
-	for {
-		port, err := ep.Next(ctx)
-		if err != nil {
-			if ctx.Err() != nil {
-				return nil
-			}
-			if errors.Is(err, netmapio.ErrInheritedClosed) {
-				// fd=N: the supervisor owns the connection; without it there is nothing
-				// to serve, and a clean exit tells the supervisor so.
-				log.WithField("port", ep.Addr()).Info("the inherited connection has ended; exiting")
-				return nil
-			}
-			return fmt.Errorf("port %s: %w", ep.Addr(), err)
-		}
-		log.WithField("peer", port.Peer()).Info("port connected")
-		// This peer's capabilities decide the TAP's offloads and the software steps.
-		if _, err := b.portConnected(port); err != nil {
-			log.WithError(err).Warn("cannot set the TAP's offloads for this peer; keeping the previous ones")
-		}
-		// Before the TAP→port goroutine sees the port, so the two never write at once.
-		announce(b, port, log)
-		ref := newPortRef(port)
-		b.port.Store(ref)
-
-		done := make(chan error, 1)
-		go func() { done <- b.runPortToTap(port) }()
-		select {
-		case err = <-done:
-		case <-ctx.Done():
-			drain()
-			port.Close()
-			err = <-done
-		}
-		b.port.CompareAndSwap(ref, nil)
-		port.Close()
-		if ctx.Err() != nil {
-			log.WithField("peer", port.Peer()).Info("port closed for shutdown")
-			return nil
-		}
-		entry := log.WithField("peer", port.Peer())
-		if err != nil && !errors.Is(err, io.EOF) && !errors.Is(err, netmapio.ErrClosed) {
-			entry.WithError(err).Warn("port connection ended with an error; waiting for the next one")
-		} else {
-			entry.Info("port disconnected; waiting for the next connection")
-		}
-	}
-}
-
-// announce tells a new peer the TAP's MAC for each of its addresses (announce.go).
-func announce(b *bridge, port netmapio.Port, log *logrus.Logger) {
-	mac, addrs, err := b.tap.LinkInfo()
-	if err != nil {
-		log.WithError(err).Debug("cannot read the TAP's addresses; not announcing them")
-		return
-	}
-	frames := announceFrames(mac, addrs)
-	if len(frames) == 0 {
-		return
-	}
-	if hl := port.VnetHdrLen(); hl > 0 {
-		// A header-carrying port (vnet-hdr=on, VALE) takes [header][frame]: an all-zero
-		// header says "plain, fully checksummed".
-		for i, f := range frames {
-			frames[i] = append(make([]byte, hl, hl+len(f)), f...)
-		}
-	}
-	if _, err := port.WriteBatch(frames); err != nil {
-		log.WithError(err).Debug("announcing the TAP's addresses failed")
-		return
-	}
-	log.WithFields(logrus.Fields{"mac": mac.String(), "addrs": len(frames)}).Debug("announced the TAP's addresses to the peer")
 }
 
 func supervisorEvents(log *logrus.Logger) netmapio.Events {
@@ -386,43 +297,40 @@ func onOffString(b bool) string {
 	return "off"
 }
 
-// logSummary prints the counters once at exit; `tapgro demo` and the integration tests
-// read them from here.
-func logSummary(b *bridge, ps *netmapio.Stats, log *logrus.Logger) {
+// logSummary prints the counters once at exit, from one Snapshot.
+func logSummary(s datapath.Snapshot, ps *netmapio.Stats, log *logrus.Logger) {
+	t2p, p2t := &s.TapToPort, &s.PortToTap
 	f := logrus.Fields{
-		"tap_to_port_reads":  b.t2p.Reads.Load(),
-		"tap_to_port_frames": b.t2p.Frames.Load(),
-		"tap_to_port_bytes":  b.t2p.Bytes.Load(),
-		"port_to_tap_frames": b.p2t.Frames.Load(),
-		"port_to_tap_bytes":  b.p2t.Bytes.Load(),
-		"port_to_tap_reads":  b.p2t.Reads.Load(),
+		"tap_to_port_reads":  t2p.Reads,
+		"tap_to_port_frames": t2p.Frames,
+		"tap_to_port_bytes":  t2p.Bytes,
+		"port_to_tap_frames": p2t.Frames,
+		"port_to_tap_bytes":  p2t.Bytes,
+		"port_to_tap_reads":  p2t.Reads,
 	}
-	if c := b.coal; c != nil {
-		s := c.Stats()
-		f["gro_segments"] = s.Segments.Load()
-		f["gro_packets"] = s.Packets.Load()
-		f["gro_gso_packets"] = s.GSOOut.Load()
-		f["gro_coalesced"] = s.Coalesced.Load()
+	if g := s.GRO; g != nil {
+		f["gro_segments"] = g.Segments.Load()
+		f["gro_packets"] = g.Packets.Load()
+		f["gro_gso_packets"] = g.GSOOut.Load()
+		f["gro_coalesced"] = g.Coalesced.Load()
 	}
-	ts := b.tap.Stats()
-	f["tap_write_einval"] = ts.WriteErrEINVAL.Load()
-	f["gso_write_fallback"] = b.p2t.GSOFallback.Load()
-	f["tap_to_port_gso_passthrough"] = b.t2p.GSOPassthrough.Load()
-	f["port_to_tap_gso_passthrough"] = b.p2t.GSOPassthrough.Load()
-	f["port_to_tap_malformed"] = b.p2t.DropMalformed.Load()
+	f["tap_write_einval"] = s.Tap.WriteErrEINVAL.Load()
+	f["gso_write_fallback"] = p2t.GSOFallback
+	f["tap_to_port_gso_passthrough"] = t2p.GSOPassthrough
+	f["port_to_tap_gso_passthrough"] = p2t.GSOPassthrough
+	f["port_to_tap_malformed"] = p2t.Drops[datapath.DropMalformed]
 	f["tap_to_port_shm"] = ps.ShmFramesOut.Load()
 	f["port_to_tap_shm"] = ps.ShmFramesIn.Load()
-	f["dropped"] = b.t2p.DropNoPeer.Load() + b.t2p.DropMalformed.Load() + b.t2p.DropPortError.Load() +
-		b.p2t.DropMalformed.Load() + b.p2t.DropTapEIO.Load() + b.p2t.DropTapError.Load()
 	// Per-direction accounting: every frame read from the TAP was delivered, split (GSO),
 	// or counted here (the SIGTERM-under-load test checks the balance).
-	f["tap_to_port_dropped"] = b.t2p.DropNoPeer.Load() + b.t2p.DropMalformed.Load() + b.t2p.DropPortError.Load() +
-		b.rxStats.Drops[rxpool.DropTooBig].Load()
-	f["tap_to_port_gso_segmented"] = b.t2p.GSOSegmented.Load()
-	f["tap_to_port_port_error"] = b.t2p.DropPortError.Load()
-	f["pcap_tap_frames"] = b.capture.tap.stats.Frames.Load()
-	f["pcap_tap_dropped"] = b.capture.tap.stats.Dropped.Load()
-	f["pcap_port_frames"] = b.capture.port.stats.Frames.Load()
-	f["pcap_port_dropped"] = b.capture.port.stats.Dropped.Load()
+	f["tap_to_port_dropped"] = s.Dropped(t2p)
+	f["port_to_tap_dropped"] = s.Dropped(p2t)
+	f["dropped"] = s.Dropped(t2p) + s.Dropped(p2t)
+	f["tap_to_port_gso_segmented"] = t2p.GSOSegmented
+	f["tap_to_port_port_error"] = t2p.Drops[datapath.DropPortError]
+	f["pcap_tap_frames"] = s.CaptureTap.Frames
+	f["pcap_tap_dropped"] = s.CaptureTap.Dropped
+	f["pcap_port_frames"] = s.CapturePort.Frames
+	f["pcap_port_dropped"] = s.CapturePort.Dropped
 	log.WithFields(f).Info("tapgro exiting")
 }

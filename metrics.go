@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/sirupsen/logrus"
 
+	"tapgro/datapath"
 	"tapgro/netmapio"
 )
 
@@ -22,7 +23,7 @@ import (
 type metric struct {
 	desc  *prometheus.Desc
 	kind  prometheus.ValueType
-	value func() float64
+	value func(*datapath.Snapshot) float64
 	label []string
 }
 
@@ -30,7 +31,9 @@ type collector struct {
 	metrics []metric
 	// custom series that are not a single value (histograms).
 	customDesc []*prometheus.Desc
-	custom     []func() prometheus.Metric
+	custom     []func(*datapath.Snapshot) prometheus.Metric
+
+	eng snapshotter // read once per scrape
 }
 
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
@@ -43,11 +46,12 @@ func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 }
 
 func (c *collector) Collect(ch chan<- prometheus.Metric) {
+	snap := c.eng.Snapshot()
 	for _, m := range c.metrics {
-		ch <- prometheus.MustNewConstMetric(m.desc, m.kind, m.value(), m.label...)
+		ch <- prometheus.MustNewConstMetric(m.desc, m.kind, m.value(&snap), m.label...)
 	}
 	for _, f := range c.custom {
-		if m := f(); m != nil {
+		if m := f(&snap); m != nil {
 			ch <- m
 		}
 	}
@@ -55,7 +59,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 
 // add registers one series. Series of the same name with different label values share a
 // Desc, as the client library requires.
-func (c *collector) add(name, help string, kind prometheus.ValueType, labels prometheus.Labels, v func() float64) {
+func (c *collector) add(name, help string, kind prometheus.ValueType, labels prometheus.Labels, v func(*datapath.Snapshot) float64) {
 	keys := make([]string, 0, len(labels))
 	for k := range labels {
 		keys = append(keys, k)
@@ -74,64 +78,73 @@ func (c *collector) add(name, help string, kind prometheus.ValueType, labels pro
 	c.metrics = append(c.metrics, metric{desc: prometheus.NewDesc(name, help, keys, nil), kind: kind, value: v, label: vals})
 }
 
-func u(f func() uint64) func() float64 { return func() float64 { return float64(f()) } }
+func u(f func() uint64) func(*datapath.Snapshot) float64 {
+	return func(*datapath.Snapshot) float64 { return float64(f()) }
+}
+
+// snapU is a counter read from the scrape's Snapshot.
+func snapU(f func(*datapath.Snapshot) uint64) func(*datapath.Snapshot) float64 {
+	return func(s *datapath.Snapshot) float64 { return float64(f(s)) }
+}
 
 // newCollector lists every metric tapgro exports. The README documents each name.
-func newCollector(b *bridge, ep netmapio.Endpoint) *collector {
-	c := &collector{}
+func newCollector(eng snapshotter, ep netmapio.Endpoint) *collector {
+	c := &collector{eng: eng}
 	for _, d := range []struct {
 		dir string
-		st  *dirStats
-	}{{"tap_to_port", &b.t2p}, {"port_to_tap", &b.p2t}} {
+		st  func(*datapath.Snapshot) *datapath.Dir
+	}{
+		{"tap_to_port", func(s *datapath.Snapshot) *datapath.Dir { return &s.TapToPort }},
+		{"port_to_tap", func(s *datapath.Snapshot) *datapath.Dir { return &s.PortToTap }},
+	} {
 		l := prometheus.Labels{"direction": d.dir}
 		st := d.st
-		c.add("tapgro_frames_total", "Frames (or GSO packets, towards the TAP) delivered to the far side.", prometheus.CounterValue, l, u(st.Frames.Load))
-		c.add("tapgro_bytes_total", "Ethernet bytes delivered to the far side.", prometheus.CounterValue, l, u(st.Bytes.Load))
-		c.add("tapgro_read_frames_total", "Frames read from the near side.", prometheus.CounterValue, l, u(st.Reads.Load))
-		c.add("tapgro_batches_total", "Read batches processed.", prometheus.CounterValue, l, u(st.Batches.Load))
-		for _, r := range []struct {
-			reason string
-			v      func() uint64
-		}{
-			{"no_peer", st.DropNoPeer.Load},
-			{"malformed", st.DropMalformed.Load},
-			{"port_error", st.DropPortError.Load},
-			{"tap_link_down", st.DropTapEIO.Load},
-			{"tap_error", st.DropTapError.Load},
-		} {
+		c.add("tapgro_frames_total", "Frames (or GSO packets, towards the TAP) delivered to the far side.", prometheus.CounterValue, l, snapU(func(s *datapath.Snapshot) uint64 { return st(s).Frames }))
+		c.add("tapgro_bytes_total", "Ethernet bytes delivered to the far side.", prometheus.CounterValue, l, snapU(func(s *datapath.Snapshot) uint64 { return st(s).Bytes }))
+		c.add("tapgro_read_frames_total", "Frames read from the near side.", prometheus.CounterValue, l, snapU(func(s *datapath.Snapshot) uint64 { return st(s).Reads }))
+		c.add("tapgro_batches_total", "Read batches processed.", prometheus.CounterValue, l, snapU(func(s *datapath.Snapshot) uint64 { return st(s).Batches }))
+		for r := datapath.Drop(0); r < datapath.NumDrops; r++ {
 			c.add("tapgro_dropped_total", "Frames dropped, by reason.", prometheus.CounterValue,
-				prometheus.Labels{"direction": d.dir, "reason": r.reason}, u(r.v))
+				prometheus.Labels{"direction": d.dir, "reason": r.String()}, snapU(func(s *datapath.Snapshot) uint64 { return st(s).Drops[r] }))
 		}
 	}
-	c.add("tapgro_gso_segmented_total", "GSO frames from the TAP split in software for the port.", prometheus.CounterValue, nil, u(b.t2p.GSOSegmented.Load))
-	c.add("tapgro_csum_completed_total", "Partial checksums from the TAP completed in software.", prometheus.CounterValue, nil, u(b.t2p.CsumCompleted.Load))
-	c.add("tapgro_gro_gso_write_fallback_total", "GSO writes the kernel refused (EINVAL) and that were re-sent segmented.", prometheus.CounterValue, nil, u(b.p2t.GSOFallback.Load))
-	c.add("tapgro_port_connected", "1 while a peer is connected to the port.", prometheus.GaugeValue, nil, func() float64 {
-		if b.port.Load() != nil {
-			return 1
-		}
-		return 0
-	})
-	for _, s := range []*capSide{&b.capture.tap, &b.capture.port} {
-		l := prometheus.Labels{"side": s.name}
-		c.add("tapgro_pcap_frames_total", "Frames written to the capture file, by side.", prometheus.CounterValue, l, u(s.stats.Frames.Load))
-		c.add("tapgro_pcap_dropped_total", "Frames the capture could not write (file error, size cap without rotation), by side.", prometheus.CounterValue, l, u(s.stats.Dropped.Load))
+	c.add("tapgro_gso_segmented_total", "GSO frames from the TAP split in software for the port.", prometheus.CounterValue, nil,
+		snapU(func(s *datapath.Snapshot) uint64 { return s.TapToPort.GSOSegmented }))
+	c.add("tapgro_csum_completed_total", "Partial checksums from the TAP completed in software.", prometheus.CounterValue, nil,
+		snapU(func(s *datapath.Snapshot) uint64 { return s.TapToPort.CsumCompleted }))
+	c.add("tapgro_gro_gso_write_fallback_total", "GSO writes the kernel refused (EINVAL) and that were re-sent segmented.", prometheus.CounterValue, nil,
+		snapU(func(s *datapath.Snapshot) uint64 { return s.PortToTap.GSOFallback }))
+	c.add("tapgro_port_connected", "1 while a peer is connected to the port.", prometheus.GaugeValue, nil,
+		func(s *datapath.Snapshot) float64 { return b2f(s.Connected) })
+	for _, side := range []struct {
+		name string
+		c    func(*datapath.Snapshot) *datapath.Capture
+	}{
+		{"tap", func(s *datapath.Snapshot) *datapath.Capture { return &s.CaptureTap }},
+		{"port", func(s *datapath.Snapshot) *datapath.Capture { return &s.CapturePort }},
+	} {
+		l := prometheus.Labels{"side": side.name}
+		get := side.c
+		c.add("tapgro_pcap_frames_total", "Frames written to the capture file, by side.", prometheus.CounterValue, l,
+			snapU(func(s *datapath.Snapshot) uint64 { return get(s).Frames }))
+		c.add("tapgro_pcap_dropped_total", "Frames the capture could not write (file error, size cap without rotation), by side.", prometheus.CounterValue, l,
+			snapU(func(s *datapath.Snapshot) uint64 { return get(s).Dropped }))
 	}
-	addCoalescerMetrics(c, b)
-	addDeviceMetrics(c, b, ep)
-	addRxPoolMetrics(c, b)
-	addOffloadMetrics(c, b, ep)
-	c.add("tapgro_build_info", "Build version.", prometheus.GaugeValue, prometheus.Labels{"version": version}, func() float64 { return 1 })
+	addCoalescerMetrics(c)
+	addDeviceMetrics(c, eng, ep)
+	addRxPoolMetrics(c)
+	addOffloadMetrics(c, ep)
+	c.add("tapgro_build_info", "Build version.", prometheus.GaugeValue, prometheus.Labels{"version": version}, func(*datapath.Snapshot) float64 { return 1 })
 	start := float64(time.Now().Unix())
-	c.add("tapgro_start_time_seconds", "Process start time (Unix seconds).", prometheus.GaugeValue, nil, func() float64 { return start })
+	c.add("tapgro_start_time_seconds", "Process start time (Unix seconds).", prometheus.GaugeValue, nil, func(*datapath.Snapshot) float64 { return start })
 	return c
 }
 
 // serveMetrics serves /metrics and /healthz (health.go) on addr until the returned func
 // is called.
-func serveMetrics(addr string, pprofOn bool, b *bridge, ep netmapio.Endpoint, h *healthMon, log *logrus.Logger) (func(), error) {
+func serveMetrics(addr string, pprofOn bool, eng snapshotter, ep netmapio.Endpoint, h *healthMon, log *logrus.Logger) (func(), error) {
 	reg := prometheus.NewRegistry()
-	c := newCollector(b, ep)
+	c := newCollector(eng, ep)
 	addHealthMetrics(c, h)
 	if err := reg.Register(c); err != nil {
 		return nil, err

@@ -3,6 +3,7 @@ package main
 import (
 	"github.com/prometheus/client_golang/prometheus"
 
+	"tapgro/datapath"
 	"tapgro/netmapio"
 	"tapgro/vnethdr"
 )
@@ -10,7 +11,7 @@ import (
 // addOffloadMetrics exports the last negotiation (negotiate.go) as 0/1 gauges: which
 // offloads the TAP hands us and the port takes, and which software steps each direction
 // runs. A scrape reads the published result; the datapath is not involved.
-func addOffloadMetrics(c *collector, b *bridge, ep netmapio.Endpoint) {
+func addOffloadMetrics(c *collector, ep netmapio.Endpoint) {
 	for _, o := range []struct {
 		name string
 		bit  vnethdr.Offloads
@@ -20,14 +21,14 @@ func addOffloadMetrics(c *collector, b *bridge, ep netmapio.Endpoint) {
 	} {
 		bit := o.bit
 		c.add("tapgro_offload_killed", "1 for an offload whose GSO writes the kernel refused (EINVAL, sticky): frames of that kind go to the TAP segmented.",
-			prometheus.GaugeValue, prometheus.Labels{"offload": o.name}, func() float64 {
-				return b2f(vnethdr.Offloads(b.tapKilled.Load())&bit == bit)
+			prometheus.GaugeValue, prometheus.Labels{"offload": o.name}, func(s *datapath.Snapshot) float64 {
+				return b2f(s.OffloadsKilled&bit == bit)
 			})
 		for _, side := range []string{"tap", "port"} {
 			tap := side == "tap"
 			c.add("tapgro_offload_enabled", "1 if the negotiated offload is on: side=tap what the TAP hands tapgro (TUNSETOFFLOAD), side=port what the port accepts.",
-				prometheus.GaugeValue, prometheus.Labels{"side": side, "offload": o.name}, func() float64 {
-					n := b.Negotiation()
+				prometheus.GaugeValue, prometheus.Labels{"side": side, "offload": o.name}, func(s *datapath.Snapshot) float64 {
+					n := s.Negotiation
 					if n == nil {
 						return 0
 					}
@@ -43,11 +44,11 @@ func addOffloadMetrics(c *collector, b *bridge, ep netmapio.Endpoint) {
 		name string
 		t2p  bool
 	}{{"tap_to_port", true}, {"port_to_tap", false}} {
-		for _, s := range stepNames {
-			t2p, st := d.t2p, s.s
+		for _, sn := range datapath.StepNames {
+			t2p, st := d.t2p, sn.Step
 			c.add("tapgro_datapath_step", "1 if the negotiated datapath runs this step in this direction.",
-				prometheus.GaugeValue, prometheus.Labels{"direction": d.name, "step": s.name}, func() float64 {
-					n := b.Negotiation()
+				prometheus.GaugeValue, prometheus.Labels{"direction": d.name, "step": sn.Name}, func(s *datapath.Snapshot) float64 {
+					n := s.Negotiation
 					if n == nil {
 						return 0
 					}
@@ -60,9 +61,9 @@ func addOffloadMetrics(c *collector, b *bridge, ep netmapio.Endpoint) {
 		}
 	}
 	c.add("tapgro_gso_passthrough_total", "GSO frames handed on whole (tap_to_port: to a vnet-hdr port; port_to_tap: from one to the TAP).",
-		prometheus.CounterValue, prometheus.Labels{"direction": "tap_to_port"}, u(b.t2p.GSOPassthrough.Load))
+		prometheus.CounterValue, prometheus.Labels{"direction": "tap_to_port"}, snapU(func(s *datapath.Snapshot) uint64 { return s.TapToPort.GSOPassthrough }))
 	c.add("tapgro_gso_passthrough_total", "GSO frames handed on whole (tap_to_port: to a vnet-hdr port; port_to_tap: from one to the TAP).",
-		prometheus.CounterValue, prometheus.Labels{"direction": "port_to_tap"}, u(b.p2t.GSOPassthrough.Load))
+		prometheus.CounterValue, prometheus.Labels{"direction": "port_to_tap"}, snapU(func(s *datapath.Snapshot) uint64 { return s.PortToTap.GSOPassthrough }))
 	c.add("tapgro_port_hello_failures_total", "vnet-hdr=on peers that failed the hello (QEMU, a plain tapgro, another protocol version); each connection was closed.",
 		prometheus.CounterValue, nil, u(ep.Stats().HelloFailures.Load))
 	c.add("tapgro_shm_connects_total", "vnet-hdr=on connections over AF_UNIX that set up shared-memory rings with their peer.",

@@ -4,21 +4,19 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"tapgro/coalescer"
+	"tapgro/datapath"
 	"tapgro/netmapio"
 )
 
 // addCoalescerMetrics exports the GRO engine's counters. The engine is created with the
 // first connection, so every getter tolerates its absence.
-func addCoalescerMetrics(c *collector, b *bridge) {
-	stat := func(get func(*coalescer.Stats) uint64) func() float64 {
-		return func() float64 {
-			b.coalMu.Lock()
-			co := b.coal
-			b.coalMu.Unlock()
-			if co == nil {
+func addCoalescerMetrics(c *collector) {
+	stat := func(get func(*coalescer.Stats) uint64) func(*datapath.Snapshot) float64 {
+		return func(s *datapath.Snapshot) float64 {
+			if s.GRO == nil {
 				return 0
 			}
-			return float64(get(co.Stats()))
+			return float64(get(s.GRO))
 		}
 	}
 	c.add("tapgro_gro_segments_total", "Frames that entered the GRO engine.", prometheus.CounterValue, nil,
@@ -39,15 +37,11 @@ func addCoalescerMetrics(c *collector, b *bridge) {
 	// packet, so the sum is the segment count.
 	desc := prometheus.NewDesc("tapgro_gro_segments_per_packet", "Segments per packet written to the TAP by the GRO engine.", nil, nil)
 	c.customDesc = append(c.customDesc, desc)
-	c.custom = append(c.custom, func() prometheus.Metric {
-		b.coalMu.Lock()
-		co := b.coal
-		b.coalMu.Unlock()
+	c.custom = append(c.custom, func(snap *datapath.Snapshot) prometheus.Metric {
 		buckets := make(map[float64]uint64, len(coalescer.HistBounds))
 		var count uint64
 		var sum float64
-		if co != nil {
-			s := co.Stats()
+		if s := snap.GRO; s != nil {
 			for i, bound := range coalescer.HistBounds {
 				count += s.SegsPerPacket[i].Load()
 				buckets[float64(bound)] = count
@@ -60,8 +54,8 @@ func addCoalescerMetrics(c *collector, b *bridge) {
 }
 
 // addDeviceMetrics exports the TAP's and the port's own counters.
-func addDeviceMetrics(c *collector, b *bridge, ep netmapio.Endpoint) {
-	ts := b.tap.Stats()
+func addDeviceMetrics(c *collector, eng snapshotter, ep netmapio.Endpoint) {
+	ts := eng.Snapshot().Tap // the TAP's counters live as long as the engine
 	c.add("tapgro_tap_read_syscalls_total", "read(2) calls on the TAP.", prometheus.CounterValue, nil, u(ts.ReadCalls.Load))
 	c.add("tapgro_tap_write_syscalls_total", "write(2) calls on the TAP.", prometheus.CounterValue, nil, u(ts.WriteCalls.Load))
 	c.add("tapgro_tap_write_errors_total", "TAP writes refused, by errno.", prometheus.CounterValue, prometheus.Labels{"errno": "EINVAL"}, u(ts.WriteErrEINVAL.Load))

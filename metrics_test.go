@@ -21,11 +21,10 @@ func (e *stubEndpoint) Stats() *netmapio.Stats                      { return &e.
 // Every metric tapgro exports must be documented in the README, one line each, and the
 // collector must be valid for Prometheus (consistent label sets, no duplicates).
 func TestMetricsDocumented(t *testing.T) {
-	b := testBridge(newFakeTap(10, false), true)
-	b.coalescerFor()
-	b.t2p.Frames.Add(3)
+	e := newStubEngine()
+	e.snap.TapToPort.Frames = 3
 	reg := prometheus.NewRegistry()
-	if err := reg.Register(newCollector(b, &stubEndpoint{})); err != nil {
+	if err := reg.Register(newCollector(e, &stubEndpoint{})); err != nil {
 		t.Fatal(err)
 	}
 	fams, err := reg.Gather()

@@ -14,6 +14,7 @@ import (
 	"github.com/sirupsen/logrus"
 	logtest "github.com/sirupsen/logrus/hooks/test"
 
+	"tapgro/datapath"
 	"tapgro/netmapio"
 	"tapgro/rxpool"
 )
@@ -110,8 +111,8 @@ func (p *stubPort) ReadBatch([][]byte, []int) (int, error) { return 0, io.EOF }
 // 503 with a reason once work has waited --health-stall without progress, healthy again
 // as soon as it moves.
 func TestHealthStall(t *testing.T) {
-	b := testBridge(newFakeTap(10, false), true)
-	h := newHealthMon(b, 5*time.Second)
+	e := newStubEngine()
+	h := newHealthMon(e, 5*time.Second)
 	get := func() (int, string) {
 		w := httptest.NewRecorder()
 		h.ServeHTTP(w, httptest.NewRequest("GET", "/healthz", nil))
@@ -125,14 +126,13 @@ func TestHealthStall(t *testing.T) {
 
 	// Frames queued in the pool but no peer: nothing can be stalled on a port that is
 	// not there (the TAP→port pipeline drops them as no_peer).
-	b.rxStats.InUse.Store(7)
+	e.snap.Pool.InUse.Store(7)
 	h.sample(t0.Add(time.Minute))
 	if code, _ := get(); code != 200 {
 		t.Fatalf("no peer: %d", code)
 	}
 
-	port := &stubPort{}
-	b.port.Store(&portRef{p: port})
+	e.snap.Connected, e.snap.PeerUnread = true, 0
 	h.sample(t0.Add(61 * time.Second)) // work appears: the wait starts now
 	h.sample(t0.Add(64 * time.Second))
 	if code, _ := get(); code != 200 {
@@ -143,15 +143,15 @@ func TestHealthStall(t *testing.T) {
 	if code != 503 || !strings.Contains(body, "tap_to_port stalled: 7 receive-pool buffers queued") {
 		t.Fatalf("queued for 5s: %d %q", code, body)
 	}
-	b.rxStats.FramesSent.Add(1) // the port took a frame
+	e.snap.Pool.FramesSent.Add(1) // the port took a frame
 	h.sample(t0.Add(67 * time.Second))
 	if code, _ := get(); code != 200 {
 		t.Fatalf("after progress: %d", code)
 	}
-	b.rxStats.InUse.Store(0)
+	e.snap.Pool.InUse.Store(0)
 
 	// port→TAP: bytes wait on the socket and nothing is read.
-	port.inq = 1500
+	e.snap.PeerUnread = 1500
 	h.sample(t0.Add(70 * time.Second))
 	h.sample(t0.Add(80 * time.Second))
 	code, body = get()
@@ -161,7 +161,7 @@ func TestHealthStall(t *testing.T) {
 	if !h.stalled(dirPortToTap) || h.stalled(dirTapToPort) {
 		t.Errorf("stalled flags wrong")
 	}
-	b.p2t.Reads.Add(3)
+	e.snap.PortToTap.Reads += 3
 	h.sample(t0.Add(81 * time.Second))
 	if code, _ := get(); code != 200 {
 		t.Fatalf("after reads: %d", code)
@@ -171,10 +171,10 @@ func TestHealthStall(t *testing.T) {
 // The health metrics are documented like every other (TestMetricsDocumented's rule),
 // and the peer shows up as an info gauge while connected.
 func TestHealthMetricsDocumented(t *testing.T) {
-	b := testBridge(newFakeTap(10, false), true)
-	b.port.Store(&portRef{p: &stubPort{}})
-	h := newHealthMon(b, time.Second)
-	c := &collector{}
+	e := newStubEngine()
+	e.snap.Connected, e.snap.Peer = true, "unix:/run/t.sock pid=1 uid=0 gid=0"
+	h := newHealthMon(e, time.Second)
+	c := &collector{eng: e}
 	addHealthMetrics(c, h)
 	reg := prometheus.NewRegistry()
 	if err := reg.Register(c); err != nil {
@@ -203,15 +203,15 @@ func TestHealthMetricsDocumented(t *testing.T) {
 }
 
 func TestProblemDeltas(t *testing.T) {
-	b := testBridge(newFakeTap(10, false), true)
-	prev := problemCounts(b, nil)
-	if f := problemDeltas(prev, problemCounts(b, nil)); f != nil {
+	e := newStubEngine()
+	prev := problemCounts(e.Snapshot(), nil)
+	if f := problemDeltas(prev, problemCounts(e.Snapshot(), nil)); f != nil {
 		t.Fatalf("nothing changed, got %v", f)
 	}
-	b.t2p.DropNoPeer.Add(5)
-	b.rxStats.Drops[rxpool.DropTooBig].Add(2)
+	e.snap.TapToPort.Drops[datapath.DropNoPeer] += 5
+	e.snap.Pool.Drops[rxpool.DropTooBig].Add(2)
 	ps := func() map[string]uint64 { return map[string]uint64{"bad_length": 1} }
-	f := problemDeltas(prev, problemCounts(b, ps))
+	f := problemDeltas(prev, problemCounts(e.Snapshot(), ps))
 	want := logrus.Fields{"tap_to_port_no_peer": uint64(5), "rx_pool_too_big": uint64(2), "port_bad_length": uint64(1)}
 	if len(f) != len(want) {
 		t.Fatalf("deltas %v, want %v", f, want)

@@ -34,14 +34,14 @@ func TestRejectedClientsRateLimited(t *testing.T) {
 
 	// The problem report, from before the burst to after it: its first reading is the
 	// baseline, the next waits for the burst to be over, so one report covers all of it.
-	b := testBridge(newFakeTap(10, true), true)
+	e := newStubEngine()
 	burst := make(chan struct{})
 	readings := 0
 	read := func() map[string]uint64 {
 		if readings++; readings > 1 {
 			<-burst
 		}
-		return problemCounts(b, portProblems(ep))
+		return problemCounts(e.Snapshot(), portProblems(ep))
 	}
 	rctx, stop := context.WithCancel(ctx)
 	done := make(chan struct{})

@@ -3,48 +3,9 @@ package tapdev
 import (
 	"strings"
 	"testing"
-
-	"tapgro/vnethdr"
 )
 
 // Tests that need neither root nor Linux.
-
-func TestNormalizeOffloads(t *testing.T) {
-	const (
-		csum = vnethdr.OffloadCSUM
-		tso4 = vnethdr.OffloadTSO4
-		tso6 = vnethdr.OffloadTSO6
-		ecn  = vnethdr.OffloadTSOECN
-		ufo  = vnethdr.OffloadUFO
-		uso4 = vnethdr.OffloadUSO4
-		uso6 = vnethdr.OffloadUSO6
-	)
-	tests := []struct {
-		name     string
-		in, want vnethdr.Offloads
-	}{
-		{"none", 0, 0},
-		{"csum only", csum, csum},
-		{"tso without csum", tso4 | tso6, 0},
-		{"everything without csum", tso4 | tso6 | ecn | ufo | uso4 | uso6, 0},
-		{"tso4", csum | tso4, csum | tso4},
-		{"ecn without tso", csum | ecn, csum},
-		{"ecn with tso6", csum | tso6 | ecn, csum | tso6 | ecn},
-		{"uso4 alone", csum | uso4, csum},
-		{"uso6 alone", csum | uso6, csum},
-		{"uso pair", csum | uso4 | uso6, csum | vnethdr.OffloadUSO},
-		{"ufo", csum | ufo, csum | ufo},
-		{"unknown bits dropped", csum | 0x80 | 0x100, csum},
-		{"all", 0x7f, 0x7f},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			if got := normalizeOffloads(tt.in); got != tt.want {
-				t.Errorf("normalizeOffloads(%s) = %s, want %s", tt.in, got, tt.want)
-			}
-		})
-	}
-}
 
 func TestDescribeMismatch(t *testing.T) {
 	tests := []struct {

@@ -18,12 +18,6 @@ import (
 	"tapgro/vnethdr"
 )
 
-// knownOffloads are the TUN_F_* bits this package probes and sets; anything else (e.g.
-// the UDP-tunnel bits of ~6.17) is never requested: drivers/net/tun.c set_offload fails the
-// whole call with EINVAL on a bit it does not know.
-const knownOffloads = vnethdr.OffloadCSUM | vnethdr.OffloadTSO4 | vnethdr.OffloadTSO6 |
-	vnethdr.OffloadTSOECN | vnethdr.OffloadUFO | vnethdr.OffloadUSO
-
 // Device is one queue of a TAP device opened with IFF_VNET_HDR.
 //
 // ReadBatch and Write may run concurrently with each other, but each must be called from
@@ -311,23 +305,6 @@ func (d *Device) probeLocked() vnethdr.Offloads {
 	return got
 }
 
-// normalizeOffloads drops the bits whose prerequisites are missing (drivers/net/tun.c
-// set_offload answers EINVAL otherwise): nothing without CSUM, TSO_ECN only with TSO4 or
-// TSO6, USO4 and USO6 only as a pair.
-func normalizeOffloads(o vnethdr.Offloads) vnethdr.Offloads {
-	o &= knownOffloads
-	if o&vnethdr.OffloadCSUM == 0 {
-		return 0
-	}
-	if o&(vnethdr.OffloadTSO4|vnethdr.OffloadTSO6) == 0 {
-		o &^= vnethdr.OffloadTSOECN
-	}
-	if o&vnethdr.OffloadUSO != vnethdr.OffloadUSO {
-		o &^= vnethdr.OffloadUSO
-	}
-	return o
-}
-
 // SetOffloads asks the kernel to hand us the frames described by want ∩ ProbeOffloads(),
 // minus bits whose prerequisites are missing, and returns what was set. Offloads only
 // govern reads: writes may always carry partial checksums and GSO (drivers/net/tun.c
@@ -336,7 +313,7 @@ func normalizeOffloads(o vnethdr.Offloads) vnethdr.Offloads {
 func (d *Device) SetOffloads(want vnethdr.Offloads) (vnethdr.Offloads, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	eff := normalizeOffloads(want & d.probeLocked())
+	eff := (want & d.probeLocked()).Normalize()
 	if err := d.setOffloadLocked(eff); err != nil {
 		return d.offloads, fmt.Errorf("tapdev: TUNSETOFFLOAD %s on %s: %w", eff, d.name, err)
 	}

@@ -1,6 +1,10 @@
 package vnethdr
 
-import "strings"
+import (
+	"errors"
+	"fmt"
+	"strings"
+)
 
 // Offloads is a set of receive offloads, encoded with the TUN_F_* bit values so a mask can
 // be handed to TUNSETOFFLOAD unchanged (TUN_F_* in include/uapi/linux/if_tun.h). On a
@@ -66,4 +70,91 @@ func (o Offloads) AcceptsFrame(h *Hdr) bool {
 		return o&OffloadUSO == OffloadUSO
 	}
 	return false
+}
+
+// Normalize drops the bits whose prerequisites are missing, exactly as the kernel would
+// refuse them (drivers/net/tun.c set_offload, set by TUNSETOFFLOAD): nothing without
+// CSUM, TSO_ECN only with TSO4 or TSO6, USO4 and USO6 only as a pair. Bits tapgro does
+// not know (e.g. the UDP-tunnel bits of Linux 6.17) go too: set_offload fails the whole
+// call with EINVAL on a bit the running kernel does not know. It is the one statement of that rule: the TAP applies it before TUNSETOFFLOAD,
+// negotiation before it plans, and ParseChoice refuses what it would silently drop.
+func (o Offloads) Normalize() Offloads {
+	o &= OffloadCSUM | OffloadTSO4 | OffloadTSO6 | OffloadTSOECN | OffloadUFO | OffloadUSO
+	if o&OffloadCSUM == 0 {
+		return 0
+	}
+	if o&(OffloadTSO4|OffloadTSO6) == 0 {
+		o &^= OffloadTSOECN
+	}
+	if o&OffloadUSO != OffloadUSO {
+		o &^= OffloadUSO
+	}
+	return o
+}
+
+// OffloadByName looks up one offload by the name String prints, or by the ethtool-style
+// aliases "ecn" (tso_ecn) and "uso" (the USO pair). Flags, the environment and the
+// control socket all name offloads through it.
+func OffloadByName(name string) (Offloads, bool) {
+	switch name {
+	case "ecn":
+		return OffloadTSOECN, true
+	case "uso":
+		return OffloadUSO, true
+	case "uso4", "uso6":
+		// One half of a pair the kernel sets only whole is not a choice anyone can make.
+		return 0, false
+	}
+	for _, n := range offloadNames {
+		if n.name == name {
+			return n.bit, true
+		}
+	}
+	return 0, false
+}
+
+// Choice is an operator's choice of the TAP's read offloads (--offload, TAPGRO_OFFLOAD,
+// `tapgro ctl offload`): Auto (everything the kernel accepts that tapgro can finish in
+// software), or an explicit Set (0 is "off").
+type Choice struct {
+	Auto bool
+	Set  Offloads
+}
+
+// String is "auto", "off" or the list.
+func (c Choice) String() string {
+	if c.Auto {
+		return "auto"
+	}
+	if c.Set == 0 {
+		return "off"
+	}
+	return c.Set.String()
+}
+
+// ErrNeedsCsum is ParseChoice's error for a list without csum.
+var ErrNeedsCsum = errors.New("every offload needs csum as well (the kernel rejects TSO/USO without TUN_F_CSUM)")
+
+// ParseChoice parses "auto", "off" (or "none") or a comma-separated list of offload names
+// (OffloadByName). A list must include csum: the kernel processes no other bit without it,
+// and refusing here beats a silently smaller mask from TUNSETOFFLOAD later.
+func ParseChoice(s string) (Choice, error) {
+	switch s {
+	case "auto", "":
+		return Choice{Auto: true}, nil
+	case "off", "none":
+		return Choice{}, nil
+	}
+	var set Offloads
+	for _, name := range strings.Split(s, ",") {
+		bit, ok := OffloadByName(strings.TrimSpace(name))
+		if !ok {
+			return Choice{}, fmt.Errorf("unknown offload %q (want auto, off, or a list of csum,tso4,tso6,tso_ecn,uso,ufo)", name)
+		}
+		set |= bit
+	}
+	if set&OffloadCSUM == 0 {
+		return Choice{}, ErrNeedsCsum
+	}
+	return Choice{Set: set}, nil
 }

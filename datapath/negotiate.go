@@ -1,10 +1,11 @@
-package main
+package datapath
 
 import (
 	"fmt"
 	"strings"
 
 	"tapgro/netmapio"
+	"tapgro/port"
 	"tapgro/tapdev"
 	"tapgro/vnethdr"
 )
@@ -21,19 +22,19 @@ import (
 // frame's header, so frames read under an older TAP setting are still handled right.
 // The steps describe what will happen, for the log line, the metrics and `tapgro ctl`.
 
-var _ netmapio.VnetBackend = (*tapdev.Device)(nil)
+var _ port.Backend = (*tapdev.Device)(nil)
 
-// tapFillable is every TAP read offload tapgro can finish in software for any port:
+// AutoOffloads (--offload auto) is every TAP read offload tapgro can finish in software for any port:
 // one 64 KB read replaces ~45 MTU reads, and splitting in userspace costs less than the
 // read syscalls it saves. UFO is absent: the kernel ignores it (wire.md §1.4).
-const tapFillable = vnethdr.OffloadCSUM | vnethdr.OffloadTSO4 | vnethdr.OffloadTSO6 |
+const AutoOffloads = vnethdr.OffloadCSUM | vnethdr.OffloadTSO4 | vnethdr.OffloadTSO6 |
 	vnethdr.OffloadTSOECN | vnethdr.OffloadUSO
 
 // gsoKinds are the offload bits that name GSO frames (everything but CSUM).
 const gsoKinds = vnethdr.OffloadTSO4 | vnethdr.OffloadTSO6 | vnethdr.OffloadTSOECN | vnethdr.OffloadUSO
 
 // portCaps is the port side's VnetBackend, reduced to what negotiation needs.
-type portCaps struct {
+type PortCaps struct {
 	State   string           // VnetBackend.State, e.g. "stream(vnet-hdr 12, accepts csum,tso4)"
 	HdrLen  int              // vnet header length of each frame; 0 = plain frames
 	Accepts vnethdr.Offloads // what the port may be handed
@@ -41,29 +42,29 @@ type portCaps struct {
 }
 
 // capsOf reads a connected port's capabilities.
-func capsOf(p netmapio.Port) portCaps {
-	be := netmapio.BackendOf(p)
-	c := portCaps{State: be.State(), HdrLen: be.VnetHdrLen(), Accepts: be.Accepts()}
+func capsOf(p port.Port) PortCaps {
+	be := port.BackendOf(p)
+	c := PortCaps{State: be.State(), HdrLen: be.VnetHdrLen(), Accepts: be.Accepts()}
 	if c.HdrLen > 0 {
-		c.Emits, _ = be.SetOffloads(tapFillable | vnethdr.OffloadUFO)
+		c.Emits, _ = be.SetOffloads(AutoOffloads | vnethdr.OffloadUFO)
 	}
 	return c
 }
 
 // capsOfSpec is what a spec's ports will be able to do, before any peer connected.
-func capsOfSpec(s netmapio.Spec) portCaps {
+func CapsOfSpec(s netmapio.Spec) PortCaps {
 	kind := s.Backend.String()
 	switch {
 	case s.Backend == netmapio.BackendStream && s.VnetHdr:
 		a := netmapio.VnetStreamAccepts
-		return portCaps{State: fmt.Sprintf("%s(vnet-hdr %d, accepts %s; until the peer's hello)", kind, netmapio.VnetStreamHdrLen, a),
+		return PortCaps{State: fmt.Sprintf("%s(vnet-hdr %d, accepts %s; until the peer's hello)", kind, netmapio.VnetStreamHdrLen, a),
 			HdrLen: netmapio.VnetStreamHdrLen, Accepts: a, Emits: a}
 	case s.Backend == netmapio.BackendNetmap && s.HdrLen > 0:
 		// What NetmapPort.Accepts reports for a VALE port with a header.
 		a := vnethdr.OffloadCSUM | vnethdr.OffloadTSO4 | vnethdr.OffloadTSO6 | vnethdr.OffloadTSOECN | vnethdr.OffloadUFO
-		return portCaps{State: fmt.Sprintf("%s(vnet-hdr %d, accepts %s)", kind, s.HdrLen, a), HdrLen: s.HdrLen, Accepts: a, Emits: a}
+		return PortCaps{State: fmt.Sprintf("%s(vnet-hdr %d, accepts %s)", kind, s.HdrLen, a), HdrLen: s.HdrLen, Accepts: a, Emits: a}
 	}
-	return portCaps{State: kind + "(plain)"}
+	return PortCaps{State: kind + "(plain)"}
 }
 
 // negInput is everything negotiation depends on.
@@ -71,46 +72,47 @@ type negInput struct {
 	TapProbed vnethdr.Offloads // read offloads the kernel takes (tapdev ProbeOffloads)
 	TapHdrLen int              // the TAP's vnet header length (10 or 12)
 	TapWrite  vnethdr.Offloads // what the TAP takes on write (tapdev Accepts), minus offloads a kernel refused
-	Choice    offloadChoice    // --offload (or `tapgro ctl offload`)
-	Port      portCaps
+	Choice    vnethdr.Choice   // --offload (or `tapgro ctl offload`)
+	Port      PortCaps
 	GRO       bool // --gro, and not killed by a refused GSO write
 	UDPGRO    bool // --udp-gro
 }
 
 // step is one piece of software work (or its absence) in one direction.
-type step uint16
+type Step uint16
 
 const (
 	// stepPassthrough: frames with a GSO or partial-checksum header go on whole, with
 	// their header (the far side accepts them).
-	stepPassthrough step = 1 << iota
+	StepPassthrough Step = 1 << iota
 	// stepSplit: GSO frames of some kind the far side cannot take are segmented in
 	// software (vnethdr.Split; CWR only on the first segment, so ECN is handled).
-	stepSplit
+	StepSplit
 	// stepCsum: partial checksums the far side cannot take are completed in software.
-	stepCsum
+	StepCsum
 	// stepHdrConvert: the header is rewritten between 10 and 12 bytes (num_buffers 0).
-	stepHdrConvert
+	StepHdrConvert
 	// stepGRO: plain TCP segments are coalesced into GSO packets (port→TAP only).
-	stepGRO
+	StepGRO
 	// stepUDPGRO: plain UDP datagrams are coalesced into UDP_L4 GSO packets.
-	stepUDPGRO
+	StepUDPGRO
 )
 
-var stepNames = [...]struct {
-	s    step
-	name string
+// StepNames lists every step with its name, in the order String prints them.
+var StepNames = [...]struct {
+	Step Step
+	Name string
 }{
-	{stepPassthrough, "passthrough"}, {stepSplit, "split"}, {stepCsum, "csum"},
-	{stepHdrConvert, "hdr_convert"}, {stepGRO, "gro"}, {stepUDPGRO, "udp_gro"},
+	{StepPassthrough, "passthrough"}, {StepSplit, "split"}, {StepCsum, "csum"},
+	{StepHdrConvert, "hdr_convert"}, {StepGRO, "gro"}, {StepUDPGRO, "udp_gro"},
 }
 
 // String is "passthrough+gro"; "plain" when frames only get copied.
-func (s step) String() string {
+func (s Step) String() string {
 	var parts []string
-	for _, n := range stepNames {
-		if s&n.s != 0 {
-			parts = append(parts, n.name)
+	for _, n := range StepNames {
+		if s&n.Step != 0 {
+			parts = append(parts, n.Name)
 		}
 	}
 	if len(parts) == 0 {
@@ -120,45 +122,29 @@ func (s step) String() string {
 }
 
 // negotiation is the outcome.
-type negotiation struct {
+type Negotiation struct {
 	TapOffloads vnethdr.Offloads // the TUNSETOFFLOAD mask to set
 	TapWrite    vnethdr.Offloads // what frames to the TAP may carry
-	Port        portCaps
-	T2P, P2T    step
+	Port        PortCaps
+	T2P, P2T    Step
 }
 
 // String is the one info line: `tap offloads=csum,tso4,tso6 port=stream(...)
 // tap->port=passthrough port->tap=passthrough+gro`.
-func (n *negotiation) String() string {
+func (n *Negotiation) String() string {
 	return fmt.Sprintf("tap offloads=%s port=%s tap->port=%s port->tap=%s", n.TapOffloads, n.Port.State, n.T2P, n.P2T)
 }
 
-// normalizeOffloads drops bits whose prerequisites are missing, as the kernel would
-// refuse them (wire.md §1.4): nothing without CSUM, TSO_ECN only with TSO4 or TSO6,
-// USO4 and USO6 only as a pair.
-func normalizeOffloads(o vnethdr.Offloads) vnethdr.Offloads {
-	if o&vnethdr.OffloadCSUM == 0 {
-		return 0
-	}
-	if o&(vnethdr.OffloadTSO4|vnethdr.OffloadTSO6) == 0 {
-		o &^= vnethdr.OffloadTSOECN
-	}
-	if o&vnethdr.OffloadUSO != vnethdr.OffloadUSO {
-		o &^= vnethdr.OffloadUSO
-	}
-	return o
-}
-
 // negotiate decides the TAP's read offloads and the software steps of both directions.
-func negotiate(in negInput) negotiation {
-	n := negotiation{Port: in.Port, TapWrite: in.TapWrite}
+func negotiate(in negInput) Negotiation {
+	n := Negotiation{Port: in.Port, TapWrite: in.TapWrite}
 	port := in.Port
 
 	// What the TAP may hand us: the choice, within what the kernel takes. UFO is
 	// ignored by the kernel and never worth asking for.
-	want := in.Choice.set
-	if in.Choice.auto {
-		want = tapFillable
+	want := in.Choice.Set
+	if in.Choice.Auto {
+		want = AutoOffloads
 	}
 	want &= in.TapProbed &^ vnethdr.OffloadUFO
 	// ECN-marked GSO frames only when the port takes them whole, or when tapgro splits
@@ -168,44 +154,44 @@ func negotiate(in negInput) negotiation {
 	if port.Accepts&(vnethdr.OffloadTSO4|vnethdr.OffloadTSO6) != 0 && port.Accepts&vnethdr.OffloadTSOECN == 0 {
 		want &^= vnethdr.OffloadTSOECN
 	}
-	n.TapOffloads = normalizeOffloads(want)
+	n.TapOffloads = want.Normalize()
 
 	// TAP → port.
 	tapGSO := n.TapOffloads & gsoKinds
 	if port.HdrLen > 0 && n.TapOffloads&port.Accepts != 0 {
-		n.T2P |= stepPassthrough
+		n.T2P |= StepPassthrough
 	}
 	if missing := tapGSO &^ port.Accepts; missing != 0 {
 		// A USO pair counts only as a pair.
 		if missing&^vnethdr.OffloadUSO != 0 || port.Accepts&vnethdr.OffloadUSO != vnethdr.OffloadUSO {
-			n.T2P |= stepSplit
+			n.T2P |= StepSplit
 		}
 	}
 	if n.TapOffloads&vnethdr.OffloadCSUM != 0 && port.Accepts&vnethdr.OffloadCSUM == 0 {
-		n.T2P |= stepCsum
+		n.T2P |= StepCsum
 	}
 	if port.HdrLen > 0 && port.HdrLen != in.TapHdrLen {
-		n.T2P |= stepHdrConvert
+		n.T2P |= StepHdrConvert
 	}
 
 	// Port → TAP. Partial checksums always pass (the TAP takes them on write); GSO kinds
 	// the TAP refuses are split before the write.
 	if port.HdrLen > 0 {
 		if port.Emits&(gsoKinds|vnethdr.OffloadCSUM) != 0 {
-			n.P2T |= stepPassthrough
+			n.P2T |= StepPassthrough
 		}
 		emitsGSO := port.Emits & gsoKinds
 		if emitsGSO&^in.TapWrite != 0 || port.Emits&vnethdr.OffloadUFO != 0 {
-			n.P2T |= stepSplit
+			n.P2T |= StepSplit
 		}
 		if port.HdrLen != in.TapHdrLen {
-			n.P2T |= stepHdrConvert
+			n.P2T |= StepHdrConvert
 		}
 	}
 	if in.GRO {
-		n.P2T |= stepGRO
+		n.P2T |= StepGRO
 		if in.UDPGRO && in.TapWrite&vnethdr.OffloadUSO == vnethdr.OffloadUSO {
-			n.P2T |= stepUDPGRO
+			n.P2T |= StepUDPGRO
 		}
 	}
 	return n

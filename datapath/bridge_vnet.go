@@ -1,8 +1,8 @@
-package main
+package datapath
 
 import (
 	"tapgro/coalescer"
-	"tapgro/netmapio"
+	"tapgro/port"
 	"tapgro/vnethdr"
 )
 
@@ -36,7 +36,7 @@ func (p *portToTap) addWithHeaders(coal *coalescer.Coalescer, n int, now int64) 
 	st := &b.p2t
 	tl := b.cfg.vnetHdrLen
 	for i := 0; i < n; i++ {
-		if p.sizes[i] < p.phl+netmapio.MinFrame {
+		if p.sizes[i] < p.phl+port.MinFrame {
 			st.DropMalformed.Add(1)
 			continue
 		}

@@ -1,4 +1,4 @@
-package main
+package datapath
 
 import (
 	"bytes"
@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"tapgro/netmapio"
+	"tapgro/port"
 )
 
 // shmFrames builds n TAP packets (10-byte header): every third a small plain frame, the
@@ -91,7 +91,7 @@ func TestShmBridgeEndToEnd(t *testing.T) {
 			}
 			t.Logf("%d of 600 large frames by descriptor, ring empty %d times", sent, near.Stats().ShmRingFull.Load())
 			far.Close()
-			if err := <-doneB; !errors.Is(err, netmapio.ErrClosed) {
+			if err := <-doneB; !errors.Is(err, port.ErrClosed) {
 				t.Fatalf("runPortToTap: %v", err)
 			}
 			close(tapA.closed)

@@ -1,4 +1,4 @@
-package main
+package datapath
 
 import (
 	"encoding/binary"
@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"tapgro/netmapio"
+	"tapgro/port"
 	"tapgro/rxpool"
 )
 
@@ -44,10 +45,10 @@ func fillMixed(p *tapToPort) {
 	}
 }
 
-func drain(far netmapio.Port, seqs chan<- [2]uint32) {
+func drain(far port.Port, seqs chan<- [2]uint32) {
 	bufs := make([][]byte, 64)
 	for i := range bufs {
-		bufs[i] = make([]byte, netmapio.MaxFrame+netmapio.VnetStreamHdrLen)
+		bufs[i] = make([]byte, port.MaxFrame+netmapio.VnetStreamHdrLen)
 	}
 	sizes := make([]int, 64)
 	for {

@@ -1,4 +1,4 @@
-package main
+package datapath
 
 import (
 	"bytes"
@@ -14,6 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"tapgro/netmapio"
+	"tapgro/port"
 	"tapgro/tapdev"
 	"tapgro/vnethdr"
 )
@@ -188,7 +189,7 @@ func TestTapToPortSegments(t *testing.T) {
 	tap.in <- gsoTCP4(10, payload, 1448)
 	bufs := make([][]byte, 64)
 	for i := range bufs {
-		bufs[i] = make([]byte, netmapio.MaxFrame)
+		bufs[i] = make([]byte, port.MaxFrame)
 	}
 	sizes := make([]int, 64)
 	var got []byte
@@ -252,7 +253,7 @@ func TestPortToTapCoalesces(t *testing.T) {
 				time.Sleep(time.Millisecond)
 			}
 			far.Close()
-			if err := <-done; !errors.Is(err, netmapio.ErrClosed) {
+			if err := <-done; !errors.Is(err, port.ErrClosed) {
 				t.Fatalf("runPortToTap ended with %v, want ErrClosed", err)
 			}
 			out := tap.written()
@@ -295,7 +296,7 @@ func BenchmarkTapToPort(b *testing.B) {
 
 // benchTapToPort times the TAP→port pipeline on batches of eight 64 KB TSO frames sent
 // to near, whose far end another goroutine drains.
-func benchTapToPort(b *testing.B, br *bridge, near, far netmapio.Port) {
+func benchTapToPort(b *testing.B, br *bridge, near, far port.Port) {
 	br.port.Store(newPortRef(near))
 	go drain(far, nil)
 	p := newTapToPort(br)
@@ -379,7 +380,7 @@ func TestPeerGoneKeepsWhatItSent(t *testing.T) {
 	if b.port.Load() != nil {
 		t.Fatal("the TAP→port side kept a port whose peer is gone")
 	}
-	if err := b.runPortToTap(near); !errors.Is(err, netmapio.ErrClosed) {
+	if err := b.runPortToTap(near); !errors.Is(err, port.ErrClosed) {
 		t.Fatalf("runPortToTap: %v, want the end of the stream", err)
 	}
 	if got := len(tap.written()); got != len(sent) {

@@ -1,4 +1,4 @@
-package main
+package datapath
 
 import (
 	"errors"
@@ -8,8 +8,8 @@ import (
 	"sync/atomic"
 	"time"
 
-	"tapgro/netmapio"
 	"tapgro/pcapio"
+	"tapgro/port"
 )
 
 // Capture (--pcap-tap, --pcap-port, `tapgro ctl pcap`): the datapath goroutines write
@@ -116,10 +116,10 @@ func capTapFrames(w *pcapio.Writer, bufs [][]byte, sizes []int, n, hl int) {
 // capSender records the frames a port took whole, after its vnet header (hl bytes).
 // It lives in tapToPort, so wrapping the port's sender allocates nothing.
 type capSender struct {
-	inner netmapio.BatchSender
+	inner port.BatchSender
 	w     *pcapio.Writer
 	hl    int
-	shm   netmapio.ShmSender // resolves descriptor records to the frames they name
+	shm   port.ShmSender // resolves descriptor records to the frames they name
 }
 
 func (s *capSender) TryWriteBatch(frames [][]byte) (int, error) {
@@ -143,3 +143,8 @@ func (s *capSender) TryWriteBatch(frames [][]byte) (int, error) {
 
 func (s *capSender) WaitWritable(d time.Time) error { return s.inner.WaitWritable(d) }
 func (s *capSender) Room() (int, int)               { return s.inner.Room() }
+
+// snapshot is the side's state for Snapshot.
+func (s *capSide) snapshot() Capture {
+	return Capture{State: s.describe(), Frames: s.stats.Frames.Load(), Dropped: s.stats.Dropped.Load()}
+}

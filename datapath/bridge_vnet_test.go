@@ -1,4 +1,4 @@
-package main
+package datapath
 
 import (
 	"bytes"
@@ -14,6 +14,7 @@ import (
 
 	"tapgro/integration/netnstest"
 	"tapgro/netmapio"
+	"tapgro/port"
 	"tapgro/tapdev"
 	"tapgro/vnethdr"
 )
@@ -43,11 +44,11 @@ func vnetPair(t testing.TB, shm bool) (a, b *netmapio.StreamPort) {
 }
 
 // readRecords reads n records from a vnet port.
-func readRecords(t testing.TB, p netmapio.Port, n int) [][]byte {
+func readRecords(t testing.TB, p port.Port, n int) [][]byte {
 	t.Helper()
 	bufs := make([][]byte, 64)
 	for i := range bufs {
-		bufs[i] = make([]byte, netmapio.MaxFrame+netmapio.VnetStreamHdrLen)
+		bufs[i] = make([]byte, port.MaxFrame+netmapio.VnetStreamHdrLen)
 	}
 	sizes := make([]int, 64)
 	var out [][]byte
@@ -164,7 +165,7 @@ func TestVnetPortToTapPassesGSO(t *testing.T) {
 		t.Fatalf("plain segments were not coalesced: %v, %d bytes", h, len(out[1]))
 	}
 	far.Close()
-	if err := <-done; !errors.Is(err, netmapio.ErrClosed) {
+	if err := <-done; !errors.Is(err, port.ErrClosed) {
 		t.Fatalf("runPortToTap: %v", err)
 	}
 	if b.p2t.GSOPassthrough.Load() != 1 {
@@ -747,7 +748,7 @@ func testRefusalProbe(t *testing.T, vnet, probeRefused bool) {
 	var mu sync.Mutex
 	var killed []vnethdr.Offloads
 	b.onOffloadKill = func(o vnethdr.Offloads, _ error) { mu.Lock(); killed = append(killed, o); mu.Unlock() }
-	var port, far netmapio.Port
+	var port, far port.Port
 	hl := 0
 	if vnet {
 		port, far = vnetPair(t, false)

@@ -1,4 +1,4 @@
-package main
+package datapath
 
 import (
 	"encoding/binary"

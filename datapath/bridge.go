@@ -1,4 +1,4 @@
-package main
+package datapath
 
 import (
 	"errors"
@@ -15,6 +15,7 @@ import (
 	"tapgro/coalescer"
 	"tapgro/netmapio"
 	"tapgro/pcapio"
+	"tapgro/port"
 	"tapgro/rxpool"
 	"tapgro/tapdev"
 	"tapgro/vnethdr"
@@ -116,11 +117,11 @@ type bridge struct {
 
 	// neg is the last negotiation (negotiate.go), for metrics and `tapgro ctl status`;
 	// negMu serialises renegotiation and guards negIn.
-	neg   atomic.Pointer[negotiation]
+	neg   atomic.Pointer[Negotiation]
 	negMu sync.Mutex
 	negIn negInput
 	// onNegotiated, if set, is called (under negMu) with every new negotiation.
-	onNegotiated func(*negotiation)
+	onNegotiated func(*Negotiation)
 
 	// capture (capture.go): frames crossing each side, written when a Writer is set.
 	capture captures
@@ -133,15 +134,15 @@ type bridge struct {
 // portRef wraps a Port so the TAP→port goroutine can detect a swap with a pointer compare.
 // hdrLen and accepts are read once when the port is adopted (newPortRef).
 type portRef struct {
-	p       netmapio.Port
-	hdrLen  int                // vnet header in front of every frame to and from the port
-	accepts vnethdr.Offloads   // what the port may be handed whole
-	shm     netmapio.ShmSender // set when large frames may go through a shared-memory ring
+	p       port.Port
+	hdrLen  int              // vnet header in front of every frame to and from the port
+	accepts vnethdr.Offloads // what the port may be handed whole
+	shm     port.ShmSender   // set when large frames may go through a shared-memory ring
 }
 
-func newPortRef(p netmapio.Port) *portRef {
+func newPortRef(p port.Port) *portRef {
 	r := &portRef{p: p, hdrLen: p.VnetHdrLen(), accepts: p.Accepts()}
-	if s, ok := p.(netmapio.ShmSender); ok && s.ShmActive() {
+	if s, ok := p.(port.ShmSender); ok && s.ShmActive() {
 		r.shm = s
 	}
 	return r
@@ -157,7 +158,7 @@ func newBridge(cfg bridgeConfig, tap tapIO) *bridge {
 
 // frameCap is the largest frame either side may hand us plus its vnet header: QEMU's
 // NET_BUFSIZE covers the worst-case 65593-byte IPv6 GSO frame from a TAP (wire.md §1.7).
-func (b *bridge) frameCap() int { return b.cfg.vnetHdrLen + netmapio.MaxFrame }
+func (b *bridge) frameCap() int { return b.cfg.vnetHdrLen + port.MaxFrame }
 
 // runTapToPort reads the TAP until it is closed. It returns nil on Close.
 func (b *bridge) runTapToPort() error {
@@ -333,7 +334,7 @@ func (p *tapToPort) setPort(ref *portRef) {
 	}
 	p.ref = ref
 	p.hl, p.accepts = ref.hdrLen, ref.accepts
-	if s, ok := ref.p.(netmapio.BatchSender); ok {
+	if s, ok := ref.p.(port.BatchSender); ok {
 		p.out = s
 	} else {
 		p.out = blockingSender{ref.p}
@@ -490,7 +491,7 @@ func (p *tapToPort) flush(why rxpool.Reason) bool {
 
 // blockingSender adapts a Port without BatchSender: WriteBatch blocks until everything
 // is sent, so it never reports ErrWouldBlock and the pool never waits on it.
-type blockingSender struct{ p netmapio.Port }
+type blockingSender struct{ p port.Port }
 
 func (s blockingSender) TryWriteBatch(frames [][]byte) (int, error) { return s.p.WriteBatch(frames) }
 func (s blockingSender) WaitWritable(time.Time) error               { return nil }
@@ -569,7 +570,7 @@ type portToTap struct {
 	// read buffer; netmapio/shm.go): lent[i] is set for such a frame, and cur[i] is the
 	// buffer frame i of the batch is in, laid out like bufs[i] (frame at head), whichever
 	// it came in.
-	lender netmapio.Lender
+	lender port.Lender
 	lent   [][]byte
 	cur    [][]byte
 }
@@ -585,7 +586,7 @@ func newPortToTap(b *bridge, phl int) *portToTap {
 		head:  head,
 	}
 	for i := range p.bufs {
-		p.bufs[i] = make([]byte, head+netmapio.MaxFrame)
+		p.bufs[i] = make([]byte, head+port.MaxFrame)
 		p.views[i] = p.bufs[i][head-phl:]
 	}
 	p.cur = p.bufs
@@ -594,27 +595,27 @@ func newPortToTap(b *bridge, phl int) *portToTap {
 
 // runPortToTap moves frames from one connected port to the TAP until the port fails or
 // is closed; it returns that error.
-func (b *bridge) runPortToTap(port netmapio.Port) error {
-	p := newPortToTap(b, port.VnetHdrLen())
-	if l, ok := port.(netmapio.Lender); ok && p.phl > 0 && p.head <= netmapio.ShmHeadroom {
+func (b *bridge) runPortToTap(pt port.Port) error {
+	p := newPortToTap(b, pt.VnetHdrLen())
+	if l, ok := pt.(port.Lender); ok && p.phl > 0 && p.head <= port.ShmHeadroom {
 		p.lender = l
 		p.lent = make([][]byte, len(p.bufs))
 		p.cur = make([][]byte, len(p.bufs))
 		defer l.ReleaseLent()
 	}
-	return p.run(port)
+	return p.run(pt)
 }
 
 // read is one ReadBatch, lending frames in place when the port can.
-func (p *portToTap) read(port netmapio.Port) (int, error) {
+func (p *portToTap) read(pt port.Port) (int, error) {
 	if p.lender == nil {
-		return port.ReadBatch(p.views, p.sizes)
+		return pt.ReadBatch(p.views, p.sizes)
 	}
 	n, err := p.lender.ReadBatchLent(p.views, p.sizes, p.lent)
 	for i := 0; i < n; i++ {
 		if l := p.lent[i]; l != nil {
 			// The slot has ShmHeadroom bytes before the frame: room for the TAP header.
-			p.cur[i] = l[netmapio.ShmHeadroom-p.head:]
+			p.cur[i] = l[port.ShmHeadroom-p.head:]
 		} else {
 			p.cur[i] = p.bufs[i]
 		}
@@ -630,7 +631,7 @@ func (p *portToTap) done() {
 	}
 }
 
-func (p *portToTap) run(port netmapio.Port) error {
+func (p *portToTap) run(pt port.Port) error {
 	b := p.b
 	hl := b.cfg.vnetHdrLen
 	bufs, sizes := p.cur, p.sizes
@@ -642,7 +643,7 @@ func (p *portToTap) run(port netmapio.Port) error {
 	interval := b.cfg.rscInterval.Nanoseconds()
 	armed := false // a read deadline is set for the timer flush
 	for {
-		n, err := p.read(port)
+		n, err := p.read(pt)
 		now := time.Now().UnixNano()
 		if n > 0 {
 			st.Batches.Add(1)
@@ -662,7 +663,7 @@ func (p *portToTap) run(port netmapio.Port) error {
 			p.done()
 			// A read batch is what one read from the peer delivered, not what fits in
 			// our buffers: flush only once nothing more is buffered (research/gro.md §d).
-			if !b.cfg.timerFlush && !port.Pending() {
+			if !b.cfg.timerFlush && !pt.Pending() {
 				coal.Flush()
 			}
 			// A kernel that refused a GSO write during this batch.
@@ -673,10 +674,10 @@ func (p *portToTap) run(port netmapio.Port) error {
 			// the read deadline be the timer, armed only while something is held.
 			coal.FlushExpired(now, interval)
 			if oldest, ok := coal.Oldest(); ok {
-				port.SetReadDeadline(time.Unix(0, oldest+interval))
+				pt.SetReadDeadline(time.Unix(0, oldest+interval))
 				armed = true
 			} else if armed {
-				port.SetReadDeadline(time.Time{})
+				pt.SetReadDeadline(time.Time{})
 				armed = false
 			}
 		}

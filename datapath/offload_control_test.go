@@ -1,4 +1,4 @@
-package main
+package datapath
 
 import (
 	"sync"
@@ -27,10 +27,10 @@ func TestRenegotiateOnConnectAndToggles(t *testing.T) {
 	tap := &offloadFakeTap{fakeTap: newFakeTap(10, true)}
 	b := testBridge(tap, true)
 	in := negInput{TapProbed: oCSUM | oTSO4 | oTSO6 | oECN | oUSO, TapHdrLen: 10, TapWrite: b.cfg.tapAccepts,
-		Choice: offloadChoice{auto: true}, Port: portCaps{State: "stream(plain)"}, GRO: true, UDPGRO: true}
+		Choice: vnethdr.Choice{Auto: true}, Port: PortCaps{State: "stream(plain)"}, GRO: true, UDPGRO: true}
 	n0 := negotiate(in)
 	var lines []string
-	b.initNegotiation(in, n0, func(n *negotiation) { lines = append(lines, n.String()) })
+	b.initNegotiation(in, n0, func(n *Negotiation) { lines = append(lines, n.String()) })
 
 	// A vnet-hdr=on peer connects: the steps change, the TAP mask need not.
 	near, _ := vnetPair(t, false)
@@ -54,19 +54,19 @@ func TestRenegotiateOnConnectAndToggles(t *testing.T) {
 		t.Error("SetTapOffloads(tso4) without csum must fail")
 	}
 	// Back to auto.
-	if set, err := b.SetTapOffloadChoice(offloadChoice{auto: true}); err != nil || set != oCSUM|oTSO4|oTSO6|oECN|oUSO {
+	if set, err := b.SetTapOffloadChoice(vnethdr.Choice{Auto: true}); err != nil || set != oCSUM|oTSO4|oTSO6|oECN|oUSO {
 		t.Fatalf("back to auto: %s, %v", set, err)
 	}
 
 	// GRO off at run time: the engine's settings follow, the negotiation says so.
-	if n := b.SetGRO(false); n.P2T&stepGRO != 0 {
+	if n := b.SetGRO(false); n.P2T&StepGRO != 0 {
 		t.Errorf("GRO still negotiated after SetGRO(false): %s", n)
 	}
 	if !b.coalescerConfig().DisableTCP {
 		t.Error("coalescer config still coalesces TCP")
 	}
 	b.SetGRO(true)
-	if b.SetUDPGRO(false).P2T&stepUDPGRO != 0 || b.coalescerConfig().UDP {
+	if b.SetUDPGRO(false).P2T&StepUDPGRO != 0 || b.coalescerConfig().UDP {
 		t.Error("UDP GRO still on after SetUDPGRO(false)")
 	}
 	if len(lines) < 6 {

@@ -1,4 +1,4 @@
-package main
+package datapath
 
 import (
 	"testing"
@@ -24,21 +24,21 @@ func TestNegotiate(t *testing.T) {
 	probed61 := oCSUM | oTSO4 | oTSO6 | oECN | oUFO         // 6.1: no USO
 	write := oCSUM | oTSO4 | oTSO6 | oECN | oUSO
 	write61 := oCSUM | oTSO4 | oTSO6 | oECN
-	auto := offloadChoice{auto: true}
+	auto := vnethdr.Choice{Auto: true}
 
-	plain := portCaps{State: "stream(plain)"}
-	vnet := portCaps{State: "stream(vnet)", HdrLen: 12, Accepts: netmapio.VnetStreamAccepts, Emits: netmapio.VnetStreamAccepts}
-	vnetCsum := portCaps{State: "stream(vnet)", HdrLen: 12, Accepts: oCSUM, Emits: netmapio.VnetStreamAccepts}
-	vale10 := portCaps{State: "netmap", HdrLen: 10, Accepts: oCSUM | oTSO4 | oTSO6 | oECN | oUFO, Emits: oCSUM | oTSO4 | oTSO6 | oECN | oUFO}
-	noECN := portCaps{State: "noecn", HdrLen: 10, Accepts: oCSUM | oTSO4 | oTSO6, Emits: oCSUM | oTSO4 | oTSO6}
+	plain := PortCaps{State: "stream(plain)"}
+	vnet := PortCaps{State: "stream(vnet)", HdrLen: 12, Accepts: netmapio.VnetStreamAccepts, Emits: netmapio.VnetStreamAccepts}
+	vnetCsum := PortCaps{State: "stream(vnet)", HdrLen: 12, Accepts: oCSUM, Emits: netmapio.VnetStreamAccepts}
+	vale10 := PortCaps{State: "netmap", HdrLen: 10, Accepts: oCSUM | oTSO4 | oTSO6 | oECN | oUFO, Emits: oCSUM | oTSO4 | oTSO6 | oECN | oUFO}
+	noECN := PortCaps{State: "noecn", HdrLen: 10, Accepts: oCSUM | oTSO4 | oTSO6, Emits: oCSUM | oTSO4 | oTSO6}
 
 	cases := []struct {
 		name     string
 		probed   vnethdr.Offloads
 		write    vnethdr.Offloads
 		tapHdr   int
-		choice   offloadChoice
-		port     portCaps
+		choice   vnethdr.Choice
+		port     PortCaps
 		gro, udp bool
 		tap      vnethdr.Offloads
 		t2p, p2t string
@@ -49,13 +49,13 @@ func TestNegotiate(t *testing.T) {
 			oCSUM | oTSO4 | oTSO6 | oECN | oUSO, "split+csum", "plain"},
 		{"plain port, 6.1 kernel: no USO read, no UDP GRO", probed61, write61, 10, auto, plain, true, true,
 			oCSUM | oTSO4 | oTSO6 | oECN, "split+csum", "gro"},
-		{"plain port, offload off", probedAll, write, 10, offloadChoice{}, plain, true, true,
+		{"plain port, offload off", probedAll, write, 10, vnethdr.Choice{}, plain, true, true,
 			0, "plain", "gro+udp_gro"},
-		{"plain port, csum only", probedAll, write, 10, offloadChoice{set: oCSUM}, plain, true, false,
+		{"plain port, csum only", probedAll, write, 10, vnethdr.Choice{Set: oCSUM}, plain, true, false,
 			oCSUM, "csum", "gro"},
 		{"plain port, TAP without offloads at all", 0, write61, 10, auto, plain, true, true,
 			0, "plain", "gro"},
-		{"explicit list beyond the kernel", oCSUM, write61, 10, offloadChoice{set: oCSUM | oTSO4 | oUSO}, plain, true, true,
+		{"explicit list beyond the kernel", oCSUM, write61, 10, vnethdr.Choice{Set: oCSUM | oTSO4 | oUSO}, plain, true, true,
 			oCSUM, "csum", "gro"},
 		{"vnet peer, same header: everything passes", probedAll, write, 12, auto, vnet, true, true,
 			oCSUM | oTSO4 | oTSO6 | oECN | oUSO, "passthrough", "passthrough+gro+udp_gro"},
@@ -63,7 +63,7 @@ func TestNegotiate(t *testing.T) {
 			oCSUM | oTSO4 | oTSO6 | oECN | oUSO, "passthrough+hdr_convert", "passthrough+hdr_convert+gro+udp_gro"},
 		{"vnet peer, 6.1 kernel: its USO frames are split before the TAP", probed61, write61, 12, auto, vnet, true, true,
 			oCSUM | oTSO4 | oTSO6 | oECN, "passthrough", "passthrough+split+gro"},
-		{"vnet peer, offload off: TAP frames plain, peer's GSO still passes", probedAll, write, 12, offloadChoice{}, vnet, false, false,
+		{"vnet peer, offload off: TAP frames plain, peer's GSO still passes", probedAll, write, 12, vnethdr.Choice{}, vnet, false, false,
 			0, "plain", "passthrough"},
 		{"vnet peer accepting csum only: GSO split, partial checksums pass", probedAll, write, 12, auto, vnetCsum, true, true,
 			oCSUM | oTSO4 | oTSO6 | oECN | oUSO, "passthrough+split", "passthrough+gro+udp_gro"},
@@ -71,9 +71,9 @@ func TestNegotiate(t *testing.T) {
 			oCSUM | oTSO4 | oTSO6 | oECN | oUSO, "passthrough+split", "passthrough+split+gro+udp_gro"},
 		{"port with TSO but no ECN: no TSO_ECN on the TAP", probedAll, write, 10, auto, noECN, true, true,
 			oCSUM | oTSO4 | oTSO6 | oUSO, "passthrough+split", "passthrough+gro+udp_gro"},
-		{"port with TSO but no ECN, explicit ecn dropped", probed61, write61, 10, offloadChoice{set: oCSUM | oTSO4 | oECN}, noECN, true, true,
+		{"port with TSO but no ECN, explicit ecn dropped", probed61, write61, 10, vnethdr.Choice{Set: oCSUM | oTSO4 | oECN}, noECN, true, true,
 			oCSUM | oTSO4, "passthrough", "passthrough+gro"},
-		{"ECN without TSO is dropped", probedAll, write, 10, offloadChoice{set: oCSUM | oECN}, plain, true, true,
+		{"ECN without TSO is dropped", probedAll, write, 10, vnethdr.Choice{Set: oCSUM | oECN}, plain, true, true,
 			oCSUM, "csum", "gro+udp_gro"},
 	}
 	for _, c := range cases {
@@ -90,7 +90,7 @@ func TestNegotiate(t *testing.T) {
 				t.Errorf("port->tap %s, want %s", n.P2T, c.p2t)
 			}
 			// Whatever was decided, the kernel must accept the mask (wire.md §1.4).
-			if n.TapOffloads != normalizeOffloads(n.TapOffloads) || n.TapOffloads&^c.probed != 0 || n.TapOffloads&oUFO != 0 {
+			if n.TapOffloads != n.TapOffloads.Normalize() || n.TapOffloads&^c.probed != 0 || n.TapOffloads&oUFO != 0 {
 				t.Errorf("TAP mask %s is not one the kernel accepts (probed %s)", n.TapOffloads, c.probed)
 			}
 		})
@@ -99,8 +99,8 @@ func TestNegotiate(t *testing.T) {
 
 func TestNegotiationString(t *testing.T) {
 	n := negotiate(negInput{TapProbed: oCSUM | oTSO4 | oTSO6, TapHdrLen: 12, TapWrite: oCSUM | oTSO4 | oTSO6 | oECN,
-		Choice: offloadChoice{auto: true}, GRO: true,
-		Port: portCaps{State: "stream(vnet-hdr 12, accepts csum,tso4,tso6)", HdrLen: 12, Accepts: oCSUM | oTSO4 | oTSO6, Emits: oCSUM | oTSO4 | oTSO6}})
+		Choice: vnethdr.Choice{Auto: true}, GRO: true,
+		Port: PortCaps{State: "stream(vnet-hdr 12, accepts csum,tso4,tso6)", HdrLen: 12, Accepts: oCSUM | oTSO4 | oTSO6, Emits: oCSUM | oTSO4 | oTSO6}})
 	want := "tap offloads=csum,tso4,tso6 port=stream(vnet-hdr 12, accepts csum,tso4,tso6) tap->port=passthrough port->tap=passthrough+gro"
 	if got := n.String(); got != want {
 		t.Errorf("got  %s\nwant %s", got, want)
@@ -120,7 +120,7 @@ func TestCapsOfSpec(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if got := capsOfSpec(sp); got.HdrLen != c.hdr || (c.hdr == 0) != (got.Accepts == 0) {
+		if got := CapsOfSpec(sp); got.HdrLen != c.hdr || (c.hdr == 0) != (got.Accepts == 0) {
 			t.Errorf("%s: %+v", c.spec, got)
 		}
 	}

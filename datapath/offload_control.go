@@ -1,10 +1,10 @@
-package main
+package datapath
 
 import (
 	"errors"
 	"fmt"
 
-	"tapgro/netmapio"
+	"tapgro/port"
 	"tapgro/vnethdr"
 )
 
@@ -26,7 +26,7 @@ var errNoTapControl = errors.New("the TAP does not support changing offloads")
 
 // initNegotiation records the start-up negotiation's inputs and result (run() has set
 // the TAP's mask already) and the callback that logs each later one.
-func (b *bridge) initNegotiation(in negInput, n negotiation, onNegotiated func(*negotiation)) {
+func (b *bridge) initNegotiation(in negInput, n Negotiation, onNegotiated func(*Negotiation)) {
 	b.negMu.Lock()
 	defer b.negMu.Unlock()
 	if b.groKilled.Load() && in.GRO {
@@ -47,7 +47,7 @@ func (b *bridge) initNegotiation(in negInput, n negotiation, onNegotiated func(*
 // renegotiate applies mod to the inputs, negotiates, sets the TAP's read offloads when
 // they changed, and publishes the result. On a TUNSETOFFLOAD failure the previous mask
 // stays in force and is what the published result reports.
-func (b *bridge) renegotiate(mod func(*negInput)) (*negotiation, error) {
+func (b *bridge) renegotiate(mod func(*negInput)) (*Negotiation, error) {
 	b.negMu.Lock()
 	defer b.negMu.Unlock()
 	in := b.negIn
@@ -85,17 +85,17 @@ func (b *bridge) renegotiate(mod func(*negInput)) (*negotiation, error) {
 // portConnected renegotiates for a peer that has just connected: its capabilities may
 // differ from the previous peer's (a vnet-hdr=on tapgro after a plain one, another
 // header length on a VALE port).
-func (b *bridge) portConnected(p netmapio.Port) (*negotiation, error) {
+func (b *bridge) portConnected(p port.Port) (*Negotiation, error) {
 	c := capsOf(p)
 	return b.renegotiate(func(in *negInput) { in.Port = c })
 }
 
 // Negotiation is the last negotiation's result (nil before the first).
-func (b *bridge) Negotiation() *negotiation { return b.neg.Load() }
+func (b *bridge) Negotiation() *Negotiation { return b.neg.Load() }
 
 // SetGRO switches TCP coalescing (port→TAP) on or off at run time. A kernel that
 // refused GSO keeps it off whatever is asked.
-func (b *bridge) SetGRO(on bool) *negotiation {
+func (b *bridge) SetGRO(on bool) *Negotiation {
 	b.groOn.Store(on)
 	b.reconf.Add(1)
 	n, _ := b.renegotiate(nil)
@@ -104,7 +104,7 @@ func (b *bridge) SetGRO(on bool) *negotiation {
 
 // SetUDPGRO switches UDP coalescing (port→TAP) on or off at run time; it also needs GRO
 // on and a TAP that takes USO.
-func (b *bridge) SetUDPGRO(on bool) *negotiation {
+func (b *bridge) SetUDPGRO(on bool) *Negotiation {
 	b.udpGROOn.Store(on)
 	b.reconf.Add(1)
 	n, _ := b.renegotiate(nil)
@@ -118,13 +118,13 @@ func (b *bridge) SetUDPGRO(on bool) *negotiation {
 // right: the TAP→port pipeline decides per frame.
 func (b *bridge) SetTapOffloads(o vnethdr.Offloads) (vnethdr.Offloads, error) {
 	if o != 0 && o&vnethdr.OffloadCSUM == 0 {
-		return 0, fmt.Errorf("offloads %s: every offload needs csum as well (the kernel rejects TSO/USO without TUN_F_CSUM)", o)
+		return 0, fmt.Errorf("offloads %s: %w", o, vnethdr.ErrNeedsCsum)
 	}
-	return b.SetTapOffloadChoice(offloadChoice{set: o})
+	return b.SetTapOffloadChoice(vnethdr.Choice{Set: o})
 }
 
 // SetTapOffloadChoice is SetTapOffloads for any --offload value, auto included.
-func (b *bridge) SetTapOffloadChoice(c offloadChoice) (vnethdr.Offloads, error) {
+func (b *bridge) SetTapOffloadChoice(c vnethdr.Choice) (vnethdr.Offloads, error) {
 	n, err := b.renegotiate(func(in *negInput) { in.Choice = c })
 	return n.TapOffloads, err
 }

@@ -1,4 +1,4 @@
-package main
+package datapath
 
 import (
 	"encoding/binary"
@@ -7,7 +7,6 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"tapgro/tapdev"
 	"tapgro/vnethdr"
 )
 
@@ -20,7 +19,7 @@ import (
 // the virtio header in tun_get_user the stack marks it PACKET_OTHERHOST and drops it in
 // ip_rcv: nothing reaches a socket. The TAP must be up (a down TAP answers EIO, which
 // says nothing about GSO, so that case is not an error here).
-func probeGSOWrite(tap *tapdev.Device, hdrLen int) error {
+func probeGSOWrite(tap tapIO, hdrLen int) error {
 	pkt := buildProbeFrame(hdrLen)
 	_, err := tap.Write(pkt)
 	switch {

@@ -1,4 +1,4 @@
-package main
+package datapath
 
 import (
 	"encoding/binary"
@@ -7,8 +7,8 @@ import (
 	"testing"
 	"time"
 
-	"tapgro/netmapio"
 	"tapgro/pcapio"
+	"tapgro/port"
 )
 
 // readPcap returns the original length of every record in a capture file.
@@ -62,7 +62,7 @@ func TestCaptureDatapath(t *testing.T) {
 	go func() {
 		bufs := make([][]byte, 64)
 		for i := range bufs {
-			bufs[i] = make([]byte, netmapio.MaxFrame)
+			bufs[i] = make([]byte, port.MaxFrame)
 		}
 		sizes := make([]int, 64)
 		total := 0
@@ -149,7 +149,7 @@ func TestCaptureHooksAllocs(t *testing.T) {
 	var p tapToPort
 	if n := testing.AllocsPerRun(500, func() {
 		p.capOut = capSender{inner: nopSender{}, w: w, hl: 10}
-		var s netmapio.BatchSender = &p.capOut
+		var s port.BatchSender = &p.capOut
 		s.TryWriteBatch(frames)
 		capTapFrames(w, frames, sizes, 2, 10)
 	}); n != 0 {
