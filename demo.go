@@ -175,9 +175,12 @@ func (d *demo) run(secs, mtu int, gro string) error {
 	}
 	d.sock = filepath.Join(os.TempDir(), "tapgro-demo-"+d.tag+".sock")
 	common := []string{"--tap", "tgdemo0", "--mtu", strconv.Itoa(mtu), "--log-level", "info"}
-	a := append([]string{"--addr", "198.18.0.1/24", "--addr", "fd00:198:18::1/64",
+	// Both TAPs are named tgdemo0 (one per namespace), so each tapgro gets its own control
+	// socket instead of both wanting the default /run/tapgro/tgdemo0.ctl.
+	ctl := func(side string) string { return filepath.Join(os.TempDir(), "tapgro-demo-"+d.tag+"-"+side+".ctl") }
+	a := append([]string{"--addr", "198.18.0.1/24", "--addr", "fd00:198:18::1/64", "--ctl-socket", ctl("a"),
 		"--netdev", "stream,server=on,addr.type=unix,addr.path=" + d.sock}, common...)
-	b := append([]string{"--addr", "198.18.0.2/24", "--addr", "fd00:198:18::2/64", "--gro", gro,
+	b := append([]string{"--addr", "198.18.0.2/24", "--addr", "fd00:198:18::2/64", "--gro", gro, "--ctl-socket", ctl("b"),
 		"--netdev", "stream,server=off,addr.type=unix,addr.path=" + d.sock}, common...)
 	d.step = "start the two tapgro processes"
 	if err := d.start("tapgro A", d.ns("a"), self, a...); err != nil {

@@ -4,9 +4,10 @@
 // they reach the host stack, and the host's 64 KB TSO packets are segmented in software
 // before they reach a guest that cannot take them.
 //
-// main owns everything that is not the packet path: flags, logging, metrics, the TAP's
-// set-up and the port's lifecycle (the supervisor: accept or connect, run the datapath
-// until the peer leaves, go back to waiting). It is the only place that logs.
+// The root package is the process: flags and environment, logging, privilege drop and
+// signals, the control socket, metrics and health over the engine's Snapshot, and run(),
+// which wires TAP → engine (package datapath) → endpoint (package netmapio). It is the
+// only package that imports logrus or Prometheus.
 package main
 
 import (

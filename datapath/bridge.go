@@ -22,14 +22,14 @@ import (
 )
 
 // The bridge is the datapath: two pipelines, each one goroutine that owns its buffers, so
-// nothing on the packet path takes a lock (design.md).
+// nothing on the packet path takes a lock.
 //
 //	TAP ──ReadBatch──► decode vnet hdr ──► segment / complete csum ──► rxpool ──► Port
 //	TAP ◄──Write────── coalescer (GRO) ◄── Port.ReadBatch
 //
 // The TAP→port goroutine lives as long as the TAP: while no peer is connected it keeps
 // reading and discards (counted), as QEMU itself discards while its link is down
-// (wire.md §3.3). The port→TAP goroutine lives as long as one connection.
+// (QEMU net/net.c qemu_deliver_packet_iov returns the size unsent for a link-down peer). The port→TAP goroutine lives as long as one connection.
 //
 // Towards another tapgro on the same host (vnet-hdr=on over UNIX, netmapio/shm.go) the
 // TAP is read straight into the port's shared ring slots and only a descriptor is
@@ -65,7 +65,7 @@ type bridgeConfig struct {
 	timerFlush  bool
 	rscInterval time.Duration
 	maxFlows    int
-	tapAccepts  vnethdr.Offloads // what the TAP accepts on write (always: see wire.md §1.4)
+	tapAccepts  vnethdr.Offloads // what the TAP accepts on write (tapdev Device.Accepts)
 	tapEmits    vnethdr.Offloads // what TUNSETOFFLOAD allowed the TAP to hand us
 	trace       func(r coalescer.Reason, frameLen int)
 	rx          rxpool.Config // the TAP→port receive pool (--rx-* flags)
@@ -157,7 +157,8 @@ func newBridge(cfg bridgeConfig, tap tapIO) *bridge {
 }
 
 // frameCap is the largest frame either side may hand us plus its vnet header: QEMU's
-// NET_BUFSIZE covers the worst-case 65593-byte IPv6 GSO frame from a TAP (wire.md §1.7).
+// NET_BUFSIZE covers the worst-case IPv6 GSO frame a TAP read can return, 14 + 4 (VLAN)
+// + 40 + 65535 = 65593 bytes (drivers/net/tun.c tun_put_user).
 func (b *bridge) frameCap() int { return b.cfg.vnetHdrLen + port.MaxFrame }
 
 // runTapToPort reads the TAP until it is closed. It returns nil on Close.
@@ -435,7 +436,8 @@ func (p *tapToPort) split(frame []byte) {
 	}
 	st.GSOSegmented.Add(1)
 	for i := 0; i < n; i++ {
-		// A plain segment behind an all-zero header (research/gro.md §c.3).
+		// A plain segment behind an all-zero header: a stale GSO header on a segment
+		// makes the receiver treat it as a super-frame.
 		vnethdr.Zero(p.segBufs[i], p.hl)
 		p.pool.Commit(p.hl + p.segSizes[i])
 	}
@@ -662,7 +664,8 @@ func (p *portToTap) run(pt port.Port) error {
 			}
 			p.done()
 			// A read batch is what one read from the peer delivered, not what fits in
-			// our buffers: flush only once nothing more is buffered (research/gro.md §d).
+			// our buffers: flush only once nothing more is buffered (gVisor's policy; a
+			// flush per ReadBatch would cut aggregates at our buffer count).
 			if !b.cfg.timerFlush && !pt.Pending() {
 				coal.Flush()
 			}

@@ -10,9 +10,10 @@ import (
 // streams, netmap VALE ports with a header). For plain ports none of this runs.
 
 // portHeader fills p.outHdr, the header a frame passed whole to the port carries: the
-// TAP's header with num_buffers zeroed (the receiver's business, wire.md §6.1) and a
-// hdr_len hint that fits the frame (the TAP's is skb_headlen, wire.md §1.7; a receiving
-// kernel refuses hdr_len > frame length, wire.md §1.6).
+// TAP's header with num_buffers zeroed (the receiver fills it for mergeable buffers,
+// virtio spec "Setting Up Receive Buffers") and a hdr_len hint that fits the frame (the
+// TAP's is skb_headlen, include/linux/virtio_net.h virtio_net_hdr_from_skb; a receiving
+// kernel refuses hdr_len > frame length, virtio_net_hdr_to_skb).
 func (p *tapToPort) portHeader(frameLen int) {
 	p.outHdr = p.hdr
 	p.outHdr.NumBuffers = 0
@@ -60,14 +61,16 @@ func (p *portToTap) addWithHeaders(coal *coalescer.Coalescer, n int, now int64) 
 // tapWriteOK reports whether the TAP takes a frame with this (validated) header whole.
 func (b *bridge) tapWriteOK(h *vnethdr.Hdr, frameLen int) bool {
 	if !h.IsGSO() {
-		return true // partial checksums: always (wire.md §1.4)
+		return true // partial checksums: always (virtio_net_hdr_to_skb ignores TUNSETOFFLOAD)
 	}
 	if !b.tapWrite().AcceptsFrame(h) || h.Flags&vnethdr.FlagNeedsCsum == 0 {
-		// GSO without NEEDS_CSUM breaks the virtio rule (wire.md §2.4); Split copes.
+		// GSO without NEEDS_CSUM breaks the virtio rule (virtio spec "Packet
+		// Transmission": GSO requires VIRTIO_NET_HDR_F_NEEDS_CSUM); Split copes.
 		return false
 	}
 	if h.GSOType&^vnethdr.GSOECN == vnethdr.GSOUDPL4 {
-		// Older kernels refuse more than UDP_MAX_SEGMENTS = 64 segments (wire.md §1.6).
+		// Older kernels refuse more than UDP_MAX_SEGMENTS = 64 segments
+		// (include/linux/udp.h; net/ipv4/udp_offload.c __udp_gso_segment).
 		payload := frameLen - int(h.CsumStart) - 8
 		if (payload+int(h.GSOSize)-1)/int(h.GSOSize) > 64 {
 			return false

@@ -12,7 +12,7 @@ import (
 
 // probeGSOWrite writes one small two-segment TCPv4 GSO frame to the TAP and reports
 // whether the kernel took it. Some kernels reject valid GSO frames with EINVAL (Tailscale
-// met this on 6.6.44, research/gro.md §c.1); finding out now lets tapgro write plain
+// met this on 6.6.44, tailscale/tailscale#13041); finding out now lets tapgro write plain
 // segments from the start instead of discovering it on the first aggregate.
 //
 // The frame is addressed to a MAC that is not the TAP's, so once the kernel has validated

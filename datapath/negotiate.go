@@ -10,8 +10,9 @@ import (
 	"tapgro/vnethdr"
 )
 
-// Offload negotiation: tapgro's core plays the part virtio-net plays in QEMU (wire.md
-// §5.2). It asks each side what it can carry and accept and decides what the TAP may hand
+// Offload negotiation: tapgro's core plays the part virtio-net plays in QEMU
+// (hw/net/virtio-net.c virtio_net_get_features and virtio_net_apply_guest_offloads ask
+// the peer through NetClientInfo's offload callbacks). It asks each side what it can carry and accept and decides what the TAP may hand
 // us (TUNSETOFFLOAD) and, per direction, which software steps run. negotiate is a pure
 // function of its inputs so every combination is table-tested; run() calls it at start
 // and the supervisor again on every (re)connect, because the peer's capabilities change
@@ -26,7 +27,8 @@ var _ port.Backend = (*tapdev.Device)(nil)
 
 // AutoOffloads (--offload auto) is every TAP read offload tapgro can finish in software for any port:
 // one 64 KB read replaces ~45 MTU reads, and splitting in userspace costs less than the
-// read syscalls it saves. UFO is absent: the kernel ignores it (wire.md §1.4).
+// read syscalls it saves. UFO is absent: the kernel accepts TUN_F_UFO and has ignored it
+// since Linux 4.14 (drivers/net/tun.c set_offload).
 const AutoOffloads = vnethdr.OffloadCSUM | vnethdr.OffloadTSO4 | vnethdr.OffloadTSO6 |
 	vnethdr.OffloadTSOECN | vnethdr.OffloadUSO
 

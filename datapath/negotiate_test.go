@@ -89,7 +89,7 @@ func TestNegotiate(t *testing.T) {
 			if n.P2T.String() != c.p2t {
 				t.Errorf("port->tap %s, want %s", n.P2T, c.p2t)
 			}
-			// Whatever was decided, the kernel must accept the mask (wire.md §1.4).
+			// Whatever was decided, the kernel must accept the mask (drivers/net/tun.c set_offload).
 			if n.TapOffloads != n.TapOffloads.Normalize() || n.TapOffloads&^c.probed != 0 || n.TapOffloads&oUFO != 0 {
 				t.Errorf("TAP mask %s is not one the kernel accepts (probed %s)", n.TapOffloads, c.probed)
 			}

@@ -1,0 +1,38 @@
+// Package datapath is tapgro's engine: it moves frames between one TAP (opened with
+// IFF_VNET_HDR) and whichever peer is connected, in both directions, and does in
+// userspace what the two ends cannot do for each other.
+//
+// # Theory of operation
+//
+// Two pipelines, each one goroutine that owns its buffers, so nothing on the packet path
+// takes a lock or allocates in steady state:
+//
+//	TAP ──ReadBatch──► decode vnet hdr ──► pass whole / split GSO / complete csum ──► rxpool ──► port
+//	TAP ◄──write────── GRO (package coalescer) ◄── validate the peer's vnet hdr ◄── port.ReadBatch
+//
+// The TAP→port goroutine lives as long as the TAP; while no peer is connected it keeps
+// reading and counts what it discards, as QEMU discards while its link is down. Every
+// frame is decided on its own header: a GSO or partial-checksum frame the port accepts
+// goes on whole, one it does not is split (vnethdr.Split) or checksummed in software
+// first, and the batch is staged in the receive pool and flushed at the end of the TAP
+// read. The port→TAP goroutine lives as long as one connection: plain segments from the
+// port go through the GRO engine, frames with a vnet header are validated as strictly as
+// the kernel would (vnethdr.ValidatePeer) and passed whole where the TAP takes them.
+//
+// Negotiation decides, from what each side can carry and accept (port.Backend), the TAP's
+// read offloads (TUNSETOFFLOAD) and which software steps each direction runs; it runs at
+// start, on every new peer, and on every runtime switch (SetGRO, SetUDPGRO, SetOffloads).
+// Switches change atomics that the pipelines pick up between two read batches, so no
+// frame is lost or reordered. A GSO write the kernel refuses with EINVAL turns that
+// offload off for good only if the frame was valid and a probe frame the engine builds
+// itself of the same kind is refused too, so a peer cannot switch an offload off.
+//
+// Serve supervises connections one at a time: it announces the TAP's addresses to each
+// new peer (gratuitous ARP, unsolicited neighbour advertisements), runs the port→TAP
+// pipeline until the peer leaves, and on shutdown closes the TAP first and lets the
+// TAP→port pipeline deliver what it already read.
+//
+// The engine never logs on the packet path: per-frame outcomes are counters, read only
+// through Snapshot, and rare events go to the injected Logger. It imports neither a
+// logging library nor a metrics library.
+package datapath
