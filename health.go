@@ -15,7 +15,7 @@ import (
 )
 
 // A daemon that is alive but no longer forwards is the failure users of similar tools
-// report most bitterly (gvisor-tap-vsock#648, ecosystem.md B3). /healthz therefore
+// report most bitterly (containers/gvisor-tap-vsock#648). /healthz therefore
 // checks progress, not liveness: once a second the monitor looks at each direction and
 // asks "is there work waiting, and has any of it moved?".
 //

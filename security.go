@@ -16,7 +16,7 @@ import (
 )
 
 // Whoever can write to tapgro's port can put frames into a guest, so every way in is
-// closed by default (ecosystem.md B5): UNIX socket paths are 0600, TCP listeners and UDP
+// closed by default: UNIX socket paths are 0600, TCP listeners and UDP
 // binds are loopback-only unless --allow-remote, and --user drops root once everything
 // privileged has been opened.
 
