@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"tapgro/ops"
 	"tapgro/rxpool"
 	"tapgro/vnethdr"
 )
@@ -211,13 +212,14 @@ func TestParseFlagsCtlSocket(t *testing.T) {
 func TestOffloadListsOneParser(t *testing.T) {
 	for _, s := range []string{"auto", "off", "csum", "csum,ufo", "csum,tso4,tso6,tso_ecn,uso", "csum,ecn", "tso4", "csum,gso", "csum,uso4"} {
 		flag, ferr := parseOffloads(s)
-		ctl, cerr := parseCtlRequest("offload " + s)
-		if (ferr == nil) != (cerr == nil) {
-			t.Errorf("%q: --offload says %v, ctl says %v", s, ferr, cerr)
+		_, rerr := ops.ParseRequest("offload " + s)
+		ctl, cerr := ops.ParseOffloadList(s)
+		if (ferr == nil) != (cerr == nil) || (ferr == nil) != (rerr == nil) {
+			t.Errorf("%q: --offload says %v, ctl says %v (request: %v)", s, ferr, cerr, rerr)
 			continue
 		}
-		if ferr == nil && (ctl.choice == nil || *ctl.choice != flag) {
-			t.Errorf("%q: --offload means %v, ctl means %v", s, flag, ctl.choice)
+		if ferr == nil && ctl != flag {
+			t.Errorf("%q: --offload means %v, ctl means %v", s, flag, ctl)
 		}
 	}
 }

@@ -6,17 +6,10 @@ import (
 	"io"
 	"os"
 	"os/signal"
-	"sort"
-	"strings"
 	"sync"
 	"syscall"
-	"time"
 
 	"github.com/sirupsen/logrus"
-
-	"tapgro/datapath"
-	"tapgro/netmapio"
-	"tapgro/rxpool"
 )
 
 // Lifecycle beyond start and stop: SIGHUP reopens files (logrotate moves the log away
@@ -131,87 +124,21 @@ func logOutput(o *options, stderr io.Writer) (io.Writer, error) {
 	return lf, nil
 }
 
-// problemCounts names every per-packet problem counter ("direction/reason") with its
-// value in snap. The port's own counters come from portStats, nil before a port exists.
-func problemCounts(snap datapath.Snapshot, ps portProblemStats) map[string]uint64 {
-	m := map[string]uint64{}
-	for _, d := range []struct {
-		dir string
-		st  *datapath.Dir
-	}{{"tap_to_port", &snap.TapToPort}, {"port_to_tap", &snap.PortToTap}} {
-		for r := datapath.Drop(0); r < datapath.NumDrops; r++ {
-			m[d.dir+"/"+r.String()] = d.st.Drops[r]
+// engineLogger is the Logger of packages datapath and ops on logrus: key/value pairs become fields.
+type engineLogger struct{ l *logrus.Logger }
+
+func (e engineLogger) entry(kv []any) *logrus.Entry {
+	f := make(logrus.Fields, len(kv)/2)
+	for i := 0; i+1 < len(kv); i += 2 {
+		k, _ := kv[i].(string)
+		if k == "error" {
+			k = logrus.ErrorKey
 		}
+		f[k] = kv[i+1]
 	}
-	for d := rxpool.Drop(0); d < rxpool.NumDrops; d++ {
-		m["rx_pool/"+d.String()] = snap.Pool.Drops[d].Load()
-	}
-	m["port_to_tap/gso_write_fallback"] = snap.PortToTap.GSOFallback
-	if ps != nil {
-		for k, v := range ps() {
-			m["port/"+k] = v
-		}
-	}
-	return m
+	return e.l.WithFields(f)
 }
 
-// portProblemStats returns the port's error counters by reason.
-type portProblemStats func() map[string]uint64
-
-// problemDeltas is what grew between two readings, as log fields; nil when nothing did.
-func problemDeltas(prev, cur map[string]uint64) logrus.Fields {
-	var f logrus.Fields
-	keys := make([]string, 0, len(cur))
-	for k := range cur {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	for _, k := range keys {
-		if cur[k] > prev[k] {
-			if f == nil {
-				f = logrus.Fields{}
-			}
-			f[strings.ReplaceAll(k, "/", "_")] = cur[k] - prev[k]
-		}
-	}
-	return f
-}
-
-// reportProblems logs, at most once per interval and only when something changed, how
-// many frames each per-packet problem cost since the last report. Counters are the
-// truth (/metrics); this line is for whoever reads only the log.
-func reportProblems(ctx context.Context, every time.Duration, read func() map[string]uint64, log *logrus.Logger) {
-	prev := read()
-	t := time.NewTicker(every)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			cur := read()
-			if f := problemDeltas(prev, cur); f != nil {
-				log.WithFields(f).WithField("interval", every).Warn("frames dropped or refused since the last report (counts; see /metrics for totals)")
-			}
-			prev = cur
-		}
-	}
-}
-
-// problemInterval is the shortest time between two reports of per-packet problems.
-const problemInterval = 10 * time.Second
-
-// portProblems reads the port's per-frame error counters (netmapio.Stats).
-func portProblems(ep netmapio.Endpoint) portProblemStats {
-	ps := ep.Stats()
-	return func() map[string]uint64 {
-		return map[string]uint64{
-			"bad_length":        ps.BadLength.Load(),
-			"truncated":         ps.Truncated.Load(),
-			"short_datagram":    ps.ShortDatagram.Load(),
-			"oversize_datagram": ps.OversizeDatagram.Load(),
-			"send_refused":      ps.SendDrops.Load(),
-			"rejected_clients":  ps.Rejects.Load(),
-		}
-	}
-}
+func (e engineLogger) Debug(msg string, kv ...any) { e.entry(kv).Debug(msg) }
+func (e engineLogger) Info(msg string, kv ...any)  { e.entry(kv).Info(msg) }
+func (e engineLogger) Warn(msg string, kv ...any)  { e.entry(kv).Warn(msg) }

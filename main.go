@@ -25,6 +25,7 @@ import (
 	"tapgro/coalescer"
 	"tapgro/datapath"
 	"tapgro/netmapio"
+	"tapgro/ops"
 	"tapgro/port"
 	"tapgro/tapdev"
 )
@@ -145,11 +146,16 @@ func run(ctx context.Context, o *options, log *logrus.Logger) error {
 	defer ep.Close()
 	spec := netmapio.SpecOf(ep, o.netdev) // inherited sockets resolved to their address
 
-	h := newHealthMon(eng, o.healthStall)
-	go h.run(ctx)
+	h := ops.NewHealthMonitor(eng, o.healthStall)
+	go h.Run(ctx)
 	var metricsDone func()
 	if o.metricsAddr != "" {
-		metricsDone, err = serveMetrics(o.metricsAddr, o.pprof, eng, ep, h, log)
+		var nm *netmapio.NetmapStats
+		if s, ok := ep.(netmapio.NetmapStatser); ok {
+			nm = s.NetmapStats()
+		}
+		metrics := ops.NewMetrics(eng, ep.Stats(), nm, h, version)
+		metricsDone, err = serveMetrics(o.metricsAddr, o.pprof, metrics, h, log)
 		if err != nil {
 			return err
 		}
@@ -163,7 +169,7 @@ func run(ctx context.Context, o *options, log *logrus.Logger) error {
 	}
 	// The control socket (ctl.go) is created before the privilege drop, in a directory
 	// only root may write, and chowned to --user's account.
-	stopCtl, err := startCtl(o, newCtlServer(eng, tap.Name(), ep.Addr(), log))
+	stopCtl, err := startCtl(o, ops.NewCtlServer(eng, tap.Name(), ep.Addr(), version, engineLogger{log}), log)
 	if err != nil {
 		return err
 	}
@@ -174,7 +180,8 @@ func run(ctx context.Context, o *options, log *logrus.Logger) error {
 			return err
 		}
 	}
-	go reportProblems(ctx, problemInterval, func() map[string]uint64 { return problemCounts(eng.Snapshot(), portProblems(ep)) }, log)
+	portProblems := ops.PortProblems(ep.Stats())
+	go ops.ReportProblems(ctx, ops.ProblemInterval, func() map[string]uint64 { return ops.ProblemCounts(eng.Snapshot(), portProblems) }, engineLogger{log})
 
 	snap := eng.Snapshot()
 	fields := logrus.Fields{
@@ -220,25 +227,6 @@ type endpointAdapter struct{ ep netmapio.Endpoint }
 
 func (a endpointAdapter) Next(ctx context.Context) (port.Port, error) { return a.ep.Next(ctx) }
 func (a endpointAdapter) Addr() string                                { return a.ep.Addr() }
-
-// engineLogger is the engine's Logger on logrus: key/value pairs become fields.
-type engineLogger struct{ l *logrus.Logger }
-
-func (e engineLogger) entry(kv []any) *logrus.Entry {
-	f := make(logrus.Fields, len(kv)/2)
-	for i := 0; i+1 < len(kv); i += 2 {
-		k, _ := kv[i].(string)
-		if k == "error" {
-			k = logrus.ErrorKey
-		}
-		f[k] = kv[i+1]
-	}
-	return e.l.WithFields(f)
-}
-
-func (e engineLogger) Debug(msg string, kv ...any) { e.entry(kv).Debug(msg) }
-func (e engineLogger) Info(msg string, kv ...any)  { e.entry(kv).Info(msg) }
-func (e engineLogger) Warn(msg string, kv ...any)  { e.entry(kv).Warn(msg) }
 
 // qemuHint is the passt-style line that tells the user what to give QEMU.
 func qemuHint(spec netmapio.Spec) string {

@@ -5,10 +5,13 @@ import (
 	"os"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"tapgro/datapath/datapathtest"
 	"tapgro/netmapio"
+	"tapgro/ops"
 )
 
 type stubEndpoint struct{ st netmapio.Stats }
@@ -21,10 +24,11 @@ func (e *stubEndpoint) Stats() *netmapio.Stats                      { return &e.
 // Every metric tapgro exports must be documented in the README, one line each, and the
 // collector must be valid for Prometheus (consistent label sets, no duplicates).
 func TestMetricsDocumented(t *testing.T) {
-	e := newStubEngine()
-	e.snap.TapToPort.Frames = 3
+	e := datapathtest.NewStub()
+	e.Snap.TapToPort.Frames = 3
 	reg := prometheus.NewRegistry()
-	if err := reg.Register(newCollector(e, &stubEndpoint{})); err != nil {
+	health := ops.NewHealthMonitor(e, time.Second)
+	if err := reg.Register(newPromCollector(ops.NewMetrics(e, new(netmapio.Stats), new(netmapio.NetmapStats), health, version))); err != nil {
 		t.Fatal(err)
 	}
 	fams, err := reg.Gather()

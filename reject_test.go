@@ -10,7 +10,9 @@ import (
 	"github.com/sirupsen/logrus"
 	logtest "github.com/sirupsen/logrus/hooks/test"
 
+	"tapgro/datapath/datapathtest"
 	"tapgro/netmapio"
+	"tapgro/ops"
 )
 
 // A client connecting and closing in a loop while a peer is served costs a bounded
@@ -34,20 +36,20 @@ func TestRejectedClientsRateLimited(t *testing.T) {
 
 	// The problem report, from before the burst to after it: its first reading is the
 	// baseline, the next waits for the burst to be over, so one report covers all of it.
-	e := newStubEngine()
+	e := datapathtest.NewStub()
 	burst := make(chan struct{})
 	readings := 0
 	read := func() map[string]uint64 {
 		if readings++; readings > 1 {
 			<-burst
 		}
-		return problemCounts(e.Snapshot(), portProblems(ep))
+		return ops.ProblemCounts(e.Snapshot(), ops.PortProblems(ep.Stats()))
 	}
 	rctx, stop := context.WithCancel(ctx)
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		reportProblems(rctx, time.Millisecond, read, log)
+		ops.ReportProblems(rctx, time.Millisecond, read, engineLogger{log})
 	}()
 
 	c1, err := net.Dial("tcp", ep.Addr())

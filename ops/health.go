@@ -1,4 +1,4 @@
-package main
+package ops
 
 import (
 	"context"
@@ -7,8 +7,6 @@ import (
 	"strings"
 	"sync"
 	"time"
-
-	"github.com/prometheus/client_golang/prometheus"
 
 	"tapgro/datapath"
 	"tapgro/rxpool"
@@ -45,21 +43,21 @@ type dirHealth struct {
 	stalled  string // non-empty (the reason) while stalled
 }
 
-type healthMon struct {
-	eng   snapshotter
+type HealthMonitor struct {
+	eng   Snapshotter
 	stall time.Duration
 
 	mu   sync.Mutex
 	dirs [numDirs]dirHealth
 }
 
-func newHealthMon(eng snapshotter, stall time.Duration) *healthMon {
-	return &healthMon{eng: eng, stall: stall}
+func NewHealthMonitor(eng Snapshotter, stall time.Duration) *HealthMonitor {
+	return &HealthMonitor{eng: eng, stall: stall}
 }
 
 // work reads, from one Snapshot, whether each direction has work pending and the counter
 // that moves when it gets done.
-func (h *healthMon) work() (pending [numDirs]bool, progress [numDirs]uint64, detail [numDirs]string) {
+func (h *HealthMonitor) work() (pending [numDirs]bool, progress [numDirs]uint64, detail [numDirs]string) {
 	snap := h.eng.Snapshot()
 	rs := snap.Pool
 	progress[dirTapToPort] = rs.FramesSent.Load() + snap.TapToPort.Drops[datapath.DropPortError]
@@ -78,7 +76,7 @@ func (h *healthMon) work() (pending [numDirs]bool, progress [numDirs]uint64, det
 	return
 }
 
-func (h *healthMon) sample(now time.Time) {
+func (h *HealthMonitor) sample(now time.Time) {
 	pending, progress, detail := h.work()
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -98,7 +96,7 @@ func (h *healthMon) sample(now time.Time) {
 }
 
 // problems lists the stalled directions' reasons; empty means healthy.
-func (h *healthMon) problems() []string {
+func (h *HealthMonitor) problems() []string {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	var out []string
@@ -110,14 +108,14 @@ func (h *healthMon) problems() []string {
 	return out
 }
 
-func (h *healthMon) stalled(dir int) bool {
+func (h *HealthMonitor) stalled(dir int) bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	return h.dirs[dir].stalled != ""
 }
 
-// run samples once a second until ctx ends.
-func (h *healthMon) run(ctx context.Context) {
+// Run samples once a second until ctx ends.
+func (h *HealthMonitor) Run(ctx context.Context) {
 	t := time.NewTicker(time.Second)
 	defer t.Stop()
 	for {
@@ -131,7 +129,7 @@ func (h *healthMon) run(ctx context.Context) {
 }
 
 // ServeHTTP is /healthz: 200 "ok", or 503 with one line per stalled direction.
-func (h *healthMon) ServeHTTP(w http.ResponseWriter, _ *http.Request) {
+func (h *HealthMonitor) ServeHTTP(w http.ResponseWriter, _ *http.Request) {
 	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 	if p := h.problems(); len(p) > 0 {
 		w.WriteHeader(http.StatusServiceUnavailable)
@@ -139,26 +137,4 @@ func (h *healthMon) ServeHTTP(w http.ResponseWriter, _ *http.Request) {
 		return
 	}
 	w.Write([]byte("ok\n"))
-}
-
-// addHealthMetrics exports the monitor's verdict and who the port is connected to.
-func addHealthMetrics(c *collector, h *healthMon) {
-	for i, name := range dirNames {
-		i := i
-		c.add("tapgro_stalled", "1 while the direction has had traffic pending without progress for --health-stall (/healthz fails).",
-			prometheus.GaugeValue, prometheus.Labels{"direction": name}, func(*datapath.Snapshot) float64 {
-				if h.stalled(i) {
-					return 1
-				}
-				return 0
-			})
-	}
-	desc := prometheus.NewDesc("tapgro_port_peer_info", "The connected peer (address, or UNIX credentials); absent while disconnected.", []string{"peer"}, nil)
-	c.customDesc = append(c.customDesc, desc)
-	c.custom = append(c.custom, func(snap *datapath.Snapshot) prometheus.Metric {
-		if !snap.Connected {
-			return nil
-		}
-		return prometheus.MustNewConstMetric(desc, prometheus.GaugeValue, 1, snap.Peer)
-	})
 }

@@ -1,0 +1,273 @@
+package ops
+
+import (
+	"tapgro/coalescer"
+	"tapgro/datapath"
+	"tapgro/rxpool"
+	"tapgro/vnethdr"
+)
+
+func (m *Metrics) addDatapath() {
+	for _, d := range []struct {
+		dir string
+		st  func(*datapath.Snapshot) *datapath.Dir
+	}{
+		{"tap_to_port", func(s *datapath.Snapshot) *datapath.Dir { return &s.TapToPort }},
+		{"port_to_tap", func(s *datapath.Snapshot) *datapath.Dir { return &s.PortToTap }},
+	} {
+		l := Labels{"direction": d.dir}
+		st := d.st
+		m.add("tapgro_frames_total", "Frames (or GSO packets, towards the TAP) delivered to the far side.", Counter, l, snapU(func(s *datapath.Snapshot) uint64 { return st(s).Frames }))
+		m.add("tapgro_bytes_total", "Ethernet bytes delivered to the far side.", Counter, l, snapU(func(s *datapath.Snapshot) uint64 { return st(s).Bytes }))
+		m.add("tapgro_read_frames_total", "Frames read from the near side.", Counter, l, snapU(func(s *datapath.Snapshot) uint64 { return st(s).Reads }))
+		m.add("tapgro_batches_total", "Read batches processed.", Counter, l, snapU(func(s *datapath.Snapshot) uint64 { return st(s).Batches }))
+		for r := datapath.Drop(0); r < datapath.NumDrops; r++ {
+			m.add("tapgro_dropped_total", "Frames dropped, by reason.", Counter,
+				Labels{"direction": d.dir, "reason": r.String()}, snapU(func(s *datapath.Snapshot) uint64 { return st(s).Drops[r] }))
+		}
+	}
+	m.add("tapgro_gso_segmented_total", "GSO frames from the TAP split in software for the port.", Counter, nil,
+		snapU(func(s *datapath.Snapshot) uint64 { return s.TapToPort.GSOSegmented }))
+	m.add("tapgro_csum_completed_total", "Partial checksums from the TAP completed in software.", Counter, nil,
+		snapU(func(s *datapath.Snapshot) uint64 { return s.TapToPort.CsumCompleted }))
+	m.add("tapgro_gro_gso_write_fallback_total", "GSO writes the kernel refused (EINVAL) and that were re-sent segmented.", Counter, nil,
+		snapU(func(s *datapath.Snapshot) uint64 { return s.PortToTap.GSOFallback }))
+	m.add("tapgro_port_connected", "1 while a peer is connected to the port.", Gauge, nil,
+		func(src *Source) float64 { s := src.Snap; return b2f(s.Connected) })
+	for _, side := range []struct {
+		name string
+		c    func(*datapath.Snapshot) *datapath.Capture
+	}{
+		{"tap", func(s *datapath.Snapshot) *datapath.Capture { return &s.CaptureTap }},
+		{"port", func(s *datapath.Snapshot) *datapath.Capture { return &s.CapturePort }},
+	} {
+		l := Labels{"side": side.name}
+		get := side.c
+		m.add("tapgro_pcap_frames_total", "Frames written to the capture file, by side.", Counter, l,
+			snapU(func(s *datapath.Snapshot) uint64 { return get(s).Frames }))
+		m.add("tapgro_pcap_dropped_total", "Frames the capture could not write (file error, size cap without rotation), by side.", Counter, l,
+			snapU(func(s *datapath.Snapshot) uint64 { return get(s).Dropped }))
+	}
+
+}
+
+func (m *Metrics) addCoalescer() {
+	stat := func(get func(*coalescer.Stats) uint64) func(*Source) float64 {
+		return func(src *Source) float64 {
+			s := src.Snap
+			if s.GRO == nil {
+				return 0
+			}
+			return float64(get(s.GRO))
+		}
+	}
+	m.add("tapgro_gro_segments_total", "Frames that entered the GRO engine.", Counter, nil,
+		stat(func(s *coalescer.Stats) uint64 { return s.Segments.Load() }))
+	m.add("tapgro_gro_packets_total", "Packets that left the GRO engine (GSO packets and passed-through frames).", Counter, nil,
+		stat(func(s *coalescer.Stats) uint64 { return s.Packets.Load() }))
+	m.add("tapgro_gro_coalesced_total", "Segments merged into an existing aggregate.", Counter, nil,
+		stat(func(s *coalescer.Stats) uint64 { return s.Coalesced.Load() }))
+	m.add("tapgro_gro_gso_packets_total", "GSO packets (2 or more segments) written to the TAP.", Counter, nil,
+		stat(func(s *coalescer.Stats) uint64 { return s.GSOOut.Load() }))
+	for _, r := range coalescer.Reasons() {
+		r := r
+		m.add("tapgro_gro_reason_total", "GRO bypass and flush decisions, by reason.", Counter,
+			Labels{"reason": r.String()}, stat(func(s *coalescer.Stats) uint64 { return s.Reason(r).Load() }))
+	}
+	// The engine keeps non-cumulative buckets (cheap atomics on the packet path); the
+	// scrape turns them into a Prometheus histogram. Every segment leaves in exactly one
+	// packet, so the sum is the segment count.
+	m.custom = append(m.custom, func(src *Source) *Sample {
+		snap := src.Snap
+		buckets := make(map[float64]uint64, len(coalescer.HistBounds))
+		var count uint64
+		var sum float64
+		if s := snap.GRO; s != nil {
+			for i, bound := range coalescer.HistBounds {
+				count += s.SegsPerPacket[i].Load()
+				buckets[float64(bound)] = count
+			}
+			count += s.SegsPerPacket[len(coalescer.HistBounds)].Load()
+			sum = float64(s.Segments.Load())
+		}
+		return &Sample{Name: "tapgro_gro_segments_per_packet", Help: "Segments per packet written to the TAP by the GRO engine.",
+			Kind: Histogram, Buckets: buckets, Count: count, Sum: sum}
+	})
+}
+
+func (m *Metrics) addDevice(eng Snapshotter) {
+	ts := eng.Snapshot().Tap // the TAP's counters live as long as the engine
+	m.add("tapgro_tap_read_syscalls_total", "read(2) calls on the TAP.", Counter, nil, u(ts.ReadCalls.Load))
+	m.add("tapgro_tap_write_syscalls_total", "write(2) calls on the TAP.", Counter, nil, u(ts.WriteCalls.Load))
+	m.add("tapgro_tap_write_errors_total", "TAP writes refused, by errno.", Counter, Labels{"errno": "EINVAL"}, u(ts.WriteErrEINVAL.Load))
+	m.add("tapgro_tap_write_errors_total", "TAP writes refused, by errno.", Counter, Labels{"errno": "EIO"}, u(ts.WriteErrEIO.Load))
+	m.add("tapgro_tap_write_errors_total", "TAP writes refused, by errno.", Counter, Labels{"errno": "other"}, u(ts.WriteErrOther.Load))
+	m.add("tapgro_tap_truncated_total", "TAP reads that filled their buffer (possibly truncated).", Counter, nil, u(ts.Truncated.Load))
+
+	ps := m.port
+	m.add("tapgro_port_read_syscalls_total", "read/recvmmsg calls on the port.", Counter, nil, u(ps.ReadCalls.Load))
+	m.add("tapgro_port_write_syscalls_total", "writev/sendmmsg calls on the port.", Counter, nil, u(ps.WriteCalls.Load))
+	m.add("tapgro_port_write_waits_total", "Times a port write found the socket full and waited (backpressure).", Counter, nil, u(ps.WriteWaits.Load))
+	for _, r := range []struct {
+		reason string
+		v      func() uint64
+	}{
+		{"bad_length", ps.BadLength.Load},
+		{"truncated", ps.Truncated.Load},
+		{"short_datagram", ps.ShortDatagram.Load},
+		{"oversize_datagram", ps.OversizeDatagram.Load},
+		{"send_refused", ps.SendDrops.Load},
+	} {
+		m.add("tapgro_port_errors_total", "Malformed input from the peer and refused sends, by reason (a bad_length ends that connection).", Counter,
+			Labels{"reason": r.reason}, u(r.v))
+	}
+	m.add("tapgro_port_connects_total", "Peers connected (or datagram sockets opened).", Counter, nil, u(ps.Connects.Load))
+	m.add("tapgro_port_disconnects_total", "Peer connections ended.", Counter, nil, u(ps.Disconnects.Load))
+	m.add("tapgro_port_rejects_total", "Extra clients turned away while one was served.", Counter, nil, u(ps.Rejects.Load))
+	if ns := m.netmap; ns != nil {
+		m.add("tapgro_netmap_slots_total", "netmap ring slots used, by direction.", Counter, Labels{"direction": "rx"}, u(ns.RxSlots.Load))
+		m.add("tapgro_netmap_slots_total", "netmap ring slots used, by direction.", Counter, Labels{"direction": "tx"}, u(ns.TxSlots.Load))
+		m.add("tapgro_netmap_tx_full_total", "Times the netmap TX ring had no room for the next whole frame.", Counter, nil, u(ns.TxFull.Load))
+		for _, r := range []struct {
+			reason string
+			v      func() uint64
+		}{
+			{"bad_slot", ns.BadSlot.Load}, {"bad_chain", ns.BadChain.Load}, {"short_frame", ns.ShortFrame.Load},
+			{"long_frame", ns.LongFrame.Load}, {"tx_too_big", ns.TxTooBig.Load}, {"bad_ring", ns.BadRing.Load}, {"stale", ns.Stale.Load},
+		} {
+			m.add("tapgro_netmap_errors_total", "Bad input from the netmap ring and frames it could not carry, by reason.", Counter,
+				Labels{"reason": r.reason}, u(r.v))
+		}
+	}
+	m.add("tapgro_port_retries_total", "Failed dials or accepts, each followed by a backoff wait.", Counter, nil, u(ps.Retries.Load))
+}
+
+func (m *Metrics) addRxPool() {
+	pool := func(get func(*rxpool.Stats) uint64) func(*Source) float64 {
+		return func(src *Source) float64 { s := src.Snap; return float64(get(s.Pool)) }
+	}
+	m.add("tapgro_rx_frames_staged_total", "Frames staged in the TAP->port receive pool.", Counter, nil, pool(func(st *rxpool.Stats) uint64 { return st.FramesStaged.Load() }))
+	m.add("tapgro_rx_bytes_staged_total", "Bytes staged in the TAP->port receive pool.", Counter, nil, pool(func(st *rxpool.Stats) uint64 { return st.BytesStaged.Load() }))
+	m.add("tapgro_rx_frames_sent_total", "Frames the port took from the receive pool.", Counter, nil, pool(func(st *rxpool.Stats) uint64 { return st.FramesSent.Load() }))
+	m.add("tapgro_rx_writes_total", "Batched writes from the receive pool to the port (each one or more system calls).", Counter, nil, pool(func(st *rxpool.Stats) uint64 { return st.Writes.Load() }))
+	// Non-cumulative buckets on the packet path, a Prometheus histogram at scrape time
+	// (as tapgro_gro_segments_per_packet). Every frame sent leaves in exactly one write,
+	// so the sum is the frames sent.
+	m.custom = append(m.custom, func(src *Source) *Sample {
+		snap := src.Snap
+		st := snap.Pool
+		buckets := make(map[float64]uint64, len(rxpool.BatchBounds))
+		var count uint64
+		for i, bound := range rxpool.BatchBounds {
+			count += st.BatchFrames[i].Load()
+			buckets[float64(bound)] = count
+		}
+		count += st.BatchFrames[len(rxpool.BatchBounds)].Load()
+		return &Sample{Name: "tapgro_rx_frames_per_write", Help: "Frames moved per batched write from the receive pool to the port.",
+			Kind: Histogram, Buckets: buckets, Count: count, Sum: float64(st.FramesSent.Load())}
+	})
+	for r := rxpool.Reason(0); r < rxpool.NumReasons; r++ {
+		m.add("tapgro_rx_flushes_total", "Receive pool flushes, by reason.", Counter,
+			Labels{"reason": r.String()}, pool(func(st *rxpool.Stats) uint64 { return st.Flushes[r].Load() }))
+	}
+	for d := rxpool.Drop(0); d < rxpool.NumDrops; d++ {
+		m.add("tapgro_rx_dropped_total", "Frames the receive pool dropped, by reason.", Counter,
+			Labels{"reason": d.String()}, pool(func(st *rxpool.Stats) uint64 { return st.Drops[d].Load() }))
+	}
+	m.add("tapgro_rx_stalls_total", "Times the port could not take more frames (backpressure).", Counter, nil, pool(func(st *rxpool.Stats) uint64 { return st.Stalls.Load() }))
+	m.add("tapgro_rx_blocked_seconds_total", "Time the TAP->port pipeline waited for the port.", Counter, nil,
+		func(src *Source) float64 { s := src.Snap; return float64(s.Pool.BlockedNanos.Load()) / 1e9 })
+	m.add("tapgro_rx_skipped_buffers_total", "Buffers left empty at the pool's end to keep a frame contiguous.", Counter, nil, pool(func(st *rxpool.Stats) uint64 { return st.SkippedBuffers.Load() }))
+	m.add("tapgro_rx_buffers_in_use", "Receive pool buffers holding frames now.", Gauge, nil, func(src *Source) float64 { s := src.Snap; return float64(s.Pool.InUse.Load()) })
+	m.add("tapgro_rx_buffers_in_use_max", "The most receive pool buffers ever in use at once.", Gauge, nil, func(src *Source) float64 { s := src.Snap; return float64(s.Pool.MaxInUse.Load()) })
+	m.add("tapgro_rx_buffers", "Receive pool size in buffers (0 until the pipeline starts).", Gauge, nil, func(src *Source) float64 { s := src.Snap; return float64(s.PoolBuffers) })
+}
+
+func (m *Metrics) addOffload() {
+	for _, o := range []struct {
+		name string
+		bit  vnethdr.Offloads
+	}{
+		{"csum", vnethdr.OffloadCSUM}, {"tso4", vnethdr.OffloadTSO4}, {"tso6", vnethdr.OffloadTSO6},
+		{"tso_ecn", vnethdr.OffloadTSOECN}, {"uso", vnethdr.OffloadUSO}, {"ufo", vnethdr.OffloadUFO},
+	} {
+		bit := o.bit
+		m.add("tapgro_offload_killed", "1 for an offload whose GSO writes the kernel refused (EINVAL, sticky): frames of that kind go to the TAP segmented.",
+			Gauge, Labels{"offload": o.name}, func(src *Source) float64 {
+				s := src.Snap
+				return b2f(s.OffloadsKilled&bit == bit)
+			})
+		for _, side := range []string{"tap", "port"} {
+			tap := side == "tap"
+			m.add("tapgro_offload_enabled", "1 if the negotiated offload is on: side=tap what the TAP hands tapgro (TUNSETOFFLOAD), side=port what the port accepts.",
+				Gauge, Labels{"side": side, "offload": o.name}, func(src *Source) float64 {
+					s := src.Snap
+					n := s.Negotiation
+					if n == nil {
+						return 0
+					}
+					set := n.Port.Accepts
+					if tap {
+						set = n.TapOffloads
+					}
+					return b2f(set&bit == bit)
+				})
+		}
+	}
+	for _, d := range []struct {
+		name string
+		t2p  bool
+	}{{"tap_to_port", true}, {"port_to_tap", false}} {
+		for _, sn := range datapath.StepNames {
+			t2p, st := d.t2p, sn.Step
+			m.add("tapgro_datapath_step", "1 if the negotiated datapath runs this step in this direction.",
+				Gauge, Labels{"direction": d.name, "step": sn.Name}, func(src *Source) float64 {
+					s := src.Snap
+					n := s.Negotiation
+					if n == nil {
+						return 0
+					}
+					steps := n.P2T
+					if t2p {
+						steps = n.T2P
+					}
+					return b2f(steps&st != 0)
+				})
+		}
+	}
+	m.add("tapgro_gso_passthrough_total", "GSO frames handed on whole (tap_to_port: to a vnet-hdr port; port_to_tap: from one to the TAP).",
+		Counter, Labels{"direction": "tap_to_port"}, snapU(func(s *datapath.Snapshot) uint64 { return s.TapToPort.GSOPassthrough }))
+	m.add("tapgro_gso_passthrough_total", "GSO frames handed on whole (tap_to_port: to a vnet-hdr port; port_to_tap: from one to the TAP).",
+		Counter, Labels{"direction": "port_to_tap"}, snapU(func(s *datapath.Snapshot) uint64 { return s.PortToTap.GSOPassthrough }))
+	m.add("tapgro_port_hello_failures_total", "vnet-hdr=on peers that failed the hello (QEMU, a plain tapgro, another protocol version); each connection was closed.",
+		Counter, nil, u(m.port.HelloFailures.Load))
+	m.add("tapgro_shm_connects_total", "vnet-hdr=on connections over AF_UNIX that set up shared-memory rings with their peer.",
+		Counter, nil, u(m.port.ShmConnects.Load))
+	m.add("tapgro_shm_frames_total", "Frames that crossed in a shared-memory ring slot instead of the socket (tap_to_port: read into this end's ring; port_to_tap: written from the peer's).",
+		Counter, Labels{"direction": "tap_to_port"}, u(m.port.ShmFramesOut.Load))
+	m.add("tapgro_shm_frames_total", "Frames that crossed in a shared-memory ring slot instead of the socket (tap_to_port: read into this end's ring; port_to_tap: written from the peer's).",
+		Counter, Labels{"direction": "port_to_tap"}, u(m.port.ShmFramesIn.Load))
+	m.add("tapgro_shm_ring_full_total", "TAP read batches that found this end's shared-memory ring full: their frames crossed the socket instead.",
+		Counter, nil, u(m.port.ShmRingFull.Load))
+}
+
+func (m *Metrics) addHealth(h *HealthMonitor) {
+	for i, name := range dirNames {
+		i := i
+		m.add("tapgro_stalled", "1 while the direction has had traffic pending without progress for --health-stall (/healthz fails).",
+			Gauge, Labels{"direction": name}, func(*Source) float64 {
+				if h.stalled(i) {
+					return 1
+				}
+				return 0
+			})
+	}
+	m.custom = append(m.custom, func(src *Source) *Sample {
+		snap := src.Snap
+		if !snap.Connected {
+			return nil
+		}
+		return &Sample{Name: "tapgro_port_peer_info", Help: "The connected peer (address, or UNIX credentials); absent while disconnected.",
+			Kind: Gauge, LabelNames: []string{"peer"}, LabelValues: []string{snap.Peer}, Value: 1}
+	})
+}
