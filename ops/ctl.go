@@ -30,13 +30,13 @@ import (
 //	offload auto | off | csum,tso4,...      replace the --offload choice
 //	offload tso4=off csum=on ...            edit it one offload at a time
 //	gro=on|off udp-gro=on|off               the port→TAP coalescing switches
-//	pcap tap=FILE|off port=FILE|off         start, switch or stop capture (capture.go)
+//	pcap tap=FILE|off port=FILE|off         start, switch or stop capture
 //
 // Offload edits and switches may be combined in one request (`tso4=off gro=off`; the
 // word "offload" is optional before per-offload edits). The whole request is validated
 // before anything changes, so a bad request changes nothing.
 //
-// Changes go through the bridge's hooks (offload_control.go): TUNSETOFFLOAD on the open
+// Changes go through the engine's switches (datapath.Engine): TUNSETOFFLOAD on the open
 // TAP, and atomics the port→TAP goroutine reads between two read batches. Neither
 // touches the port connection, and the datapath decides per frame, so frames already
 // queued under the old setting are still handled right.

@@ -78,7 +78,7 @@ func TestParseCtlRequest(t *testing.T) {
 	}
 }
 
-// newCtlTest is a control server for a bridge on an in-memory TAP whose kernel offers
+// newCtlTest is a control server for a real engine on an in-memory TAP whose kernel offers
 // every offload, negotiated for a plain port with --offload auto.
 func newCtlTest(t testing.TB) (*CtlServer, *datapath.Engine, *taptest.TAP) {
 	return newCtlTestProbed(t, oCSUM|oTSO4|oTSO6|oECN|oUSO)
