@@ -458,14 +458,24 @@ func (d *demo) throughput(self string, secs int, reverse bool) (float64, string,
 				<-srvDone
 			}
 		}()
+		// The server may not be listening yet: retry while it refuses. With -J, iperf3
+		// reports its errors inside the JSON, and some versions (Debian 12's 3.12) exit 0
+		// after "unable to connect", so the JSON's error field decides, not the exit code.
 		var out []byte
 		var err error
+		var e struct {
+			Error string `json:"error"`
+		}
 		for try := 0; try < 50; try++ {
 			args := []string{"netns", "exec", d.ns("a"), "iperf3", "-c", "198.18.0.2", "-t", strconv.Itoa(secs), "-J"}
 			if reverse {
 				args = append(args, "-R")
 			}
 			out, err = exec.Command("ip", args...).Output()
+			e.Error = ""
+			if json.Unmarshal(out, &e) == nil && e.Error != "" && err == nil {
+				err = errors.New("iperf3 reported an error")
+			}
 			if err == nil || !bytes.Contains(out, []byte("Connection refused")) {
 				break
 			}
@@ -474,13 +484,9 @@ func (d *demo) throughput(self string, secs int, reverse bool) (float64, string,
 		if err != nil {
 			srv.Process.Kill()
 			<-srvDone // so srvOut is complete
-			// With -J iperf3 reports its error inside the JSON; show that line, not
-			// the whole document.
-			var e struct {
-				Error string `json:"error"`
-			}
+			// Show iperf3's own error line, not the whole JSON document.
 			msg := strings.TrimSpace(string(out))
-			if json.Unmarshal(out, &e) == nil && e.Error != "" {
+			if e.Error != "" {
 				msg = e.Error
 			}
 			return 0, "", fmt.Errorf("iperf3 client in %s: %v: %s\n  iperf3 server in %s said:\n%s",
