@@ -18,6 +18,11 @@ const MaxSegments = 1024
 // refuses the same).
 const MaxUSOSegments = 128
 
+// MaxUSOSegmentsOld is UDP_MAX_SEGMENTS as it was before it became 128
+// (include/linux/udp.h): the most datagrams of one UDP_L4 GSO frame every kernel takes.
+// A frame of more is split before it reaches a TAP, and the GRO engine builds none.
+const MaxUSOSegmentsOld = 64
+
 // ValidatePeer checks the virtio_net_hdr h that an untrusted sender attached to the
 // Ethernet frame frame, before tapgro writes the two to a TAP or hands them to anything
 // else that acts on the header: a vnet-hdr=on peer's records, and a vhost-user driver's
