@@ -97,7 +97,9 @@ func (c *Coalescer) startAgg(buf []byte, in *vnethdr.Hdr, now int64) {
 	frame := buf[vl:]
 	capSegs := c.maxSegs
 	if p.udp {
-		capSegs = min(capSegs, udpMaxSegments)
+		// A larger USO frame is refused with EINVAL by kernels before UDP_MAX_SEGMENTS
+		// became 128 (include/linux/udp.h).
+		capSegs = min(capSegs, vnethdr.MaxUSOSegmentsOld)
 	}
 	r := ReasonStarted
 	switch {

@@ -23,9 +23,6 @@ const (
 	maxIPLen = 65535
 	// maxL2 is the largest L2 header we coalesce: Ethernet + one 802.1Q tag.
 	maxL2 = vlanHdrLen
-	// udpMaxSegments is UDP_MAX_SEGMENTS on kernels before 2024 (include/linux/udp.h); a
-	// larger USO frame is rejected with EINVAL by those kernels.
-	udpMaxSegments = 64
 )
 
 // Config selects what the engine coalesces. The zero value of MaxFlows/MaxSegments

@@ -141,7 +141,8 @@ type portRef struct {
 }
 
 func newPortRef(p port.Port) *portRef {
-	r := &portRef{p: p, hdrLen: p.VnetHdrLen(), accepts: p.Accepts()}
+	r := &portRef{p: p, hdrLen: p.VnetHdrLen()}
+	r.accepts = portAccepts(r.hdrLen, p.Accepts())
 	if s, ok := p.(port.ShmSender); ok && s.ShmActive() {
 		r.shm = s
 	}
@@ -213,9 +214,6 @@ type tapToPort struct {
 	capOut capSender // out wrapped for --pcap-port, used while that capture is on
 }
 
-// maxSegs is the most segments of one GSO frame: 64 KiB at the smallest sane MSS (64).
-const maxSegs = 1024
-
 func newTapToPort(b *bridge) *tapToPort {
 	pool, err := rxpool.New(b.cfg.rx, &b.rxStats)
 	if err != nil {
@@ -229,9 +227,9 @@ func newTapToPort(b *bridge) *tapToPort {
 		rd:       make([][]byte, b.cfg.batch),
 		slots:    make([][]byte, b.cfg.batch),
 		pool:     pool,
-		segs:     make([][]byte, maxSegs),
-		segBufs:  make([][]byte, maxSegs),
-		segSizes: make([]int, maxSegs),
+		segs:     make([][]byte, vnethdr.MaxSegments), // vnethdr.Plan admits no more
+		segBufs:  make([][]byte, vnethdr.MaxSegments),
+		segSizes: make([]int, vnethdr.MaxSegments),
 	}
 	b.rxBuffers.Store(int64(pool.Buffers()))
 	for i := range p.bufs {
@@ -402,18 +400,12 @@ func (p *tapToPort) reserveRecord(n int) ([]byte, bool) {
 // never half-staged.
 func (p *tapToPort) split(frame []byte) {
 	st := &p.b.t2p
-	lay, err := vnethdr.ParseLayout(frame)
-	if err != nil || p.hdr.GSOSize == 0 {
+	pl, err := vnethdr.Plan(frame, &p.hdr)
+	if err != nil {
 		st.DropMalformed.Add(1)
 		return
 	}
-	payload := len(frame) - lay.PayloadOff
-	segCap := p.hl + lay.PayloadOff + int(p.hdr.GSOSize)
-	nseg := (payload + int(p.hdr.GSOSize) - 1) / int(p.hdr.GSOSize)
-	if nseg < 1 || nseg > maxSegs {
-		st.DropMalformed.Add(1)
-		return
-	}
+	segCap, nseg := p.hl+pl.SegCap, pl.Segments
 	if !p.pool.Fits(segCap, nseg) {
 		p.b.rxStats.Drops[rxpool.DropTooBig].Add(1)
 		return
@@ -823,23 +815,19 @@ func (w *tapWriter) split(pkt []byte) {
 	st := &b.p2t
 	hl := b.cfg.vnetHdrLen
 	frame := pkt[hl:]
-	lay, err := vnethdr.ParseLayout(frame)
-	if err != nil || w.hdr.GSOSize == 0 {
+	pl, err := vnethdr.Plan(frame, &w.hdr)
+	if err != nil {
 		st.DropMalformed.Add(1)
 		return
 	}
 	// One slab, carved into nseg segments of hl + headers + gso_size; it grows to the
 	// largest frame seen and is then reused, so only the first fallback allocates.
-	segCap := hl + lay.PayloadOff + int(w.hdr.GSOSize)
-	nseg := (lay.PayloadLen() + int(w.hdr.GSOSize) - 1) / int(w.hdr.GSOSize)
-	if nseg < 1 || nseg > maxSegs {
-		st.DropMalformed.Add(1)
-		return
-	}
+	segCap, nseg := hl+pl.SegCap, pl.Segments
 	if w.fallbackSize == nil {
-		w.fallback = make([][]byte, maxSegs)
-		w.fallbackViews = make([][]byte, maxSegs)
-		w.fallbackSize = make([]int, maxSegs)
+		// vnethdr.Plan admits no more segments, and ValidatePeer no more than it.
+		w.fallback = make([][]byte, vnethdr.MaxSegments)
+		w.fallbackViews = make([][]byte, vnethdr.MaxSegments)
+		w.fallbackSize = make([]int, vnethdr.MaxSegments)
 	}
 	if need := segCap * nseg; len(w.slab) < need {
 		w.slab = make([]byte, need)

@@ -22,10 +22,6 @@ func (p *tapToPort) portHeader(frameLen int) {
 	}
 }
 
-// A frame vnethdr.ValidatePeer admits can always be split by tapWriter.split, whose
-// buffers hold maxSegs segments (this fails to compile otherwise).
-const _ = uint(maxSegs - vnethdr.MaxSegments)
-
 // addWithHeaders offers n frames read from a header-carrying port to the GRO engine
 // with their headers. The header is the peer's word and is checked against the frame
 // first (vnethdr.ValidatePeer, which also replaces the peer's hdr_len with the one the
@@ -59,11 +55,16 @@ func (p *portToTap) addWithHeaders(coal *coalescer.Coalescer, n int, now int64) 
 }
 
 // tapWriteOK reports whether the TAP takes a frame with this (validated) header whole.
+// The offload rule is tapTakes(b.tapWrite()).AcceptsFrame, the same that negotiate plans
+// the port→TAP steps with; the two further rules are about one frame, not its kind.
 func (b *bridge) tapWriteOK(h *vnethdr.Hdr, frameLen int) bool {
-	if !h.IsGSO() {
-		return true // partial checksums: always (virtio_net_hdr_to_skb ignores TUNSETOFFLOAD)
+	if !tapTakes(b.tapWrite()).AcceptsFrame(h) {
+		return false
 	}
-	if !b.tapWrite().AcceptsFrame(h) || h.Flags&vnethdr.FlagNeedsCsum == 0 {
+	if !h.IsGSO() {
+		return true
+	}
+	if h.Flags&vnethdr.FlagNeedsCsum == 0 {
 		// GSO without NEEDS_CSUM breaks the virtio rule (virtio spec "Packet
 		// Transmission": GSO requires VIRTIO_NET_HDR_F_NEEDS_CSUM); Split copes.
 		return false
@@ -72,11 +73,25 @@ func (b *bridge) tapWriteOK(h *vnethdr.Hdr, frameLen int) bool {
 		// Older kernels refuse more than UDP_MAX_SEGMENTS = 64 segments
 		// (include/linux/udp.h; net/ipv4/udp_offload.c __udp_gso_segment).
 		payload := frameLen - int(h.CsumStart) - 8
-		if (payload+int(h.GSOSize)-1)/int(h.GSOSize) > 64 {
+		if vnethdr.Segments(payload, int(h.GSOSize)) > vnethdr.MaxUSOSegmentsOld {
 			return false
 		}
 	}
 	return true
+}
+
+// tapTakes is what the TAP takes on write given write, its GSO write offloads: partial
+// checksums always, whatever TUNSETOFFLOAD says (include/linux/virtio_net.h
+// virtio_net_hdr_to_skb does not consult it).
+func tapTakes(write vnethdr.Offloads) vnethdr.Offloads { return write | vnethdr.OffloadCSUM }
+
+// portAccepts is what a port with hdrLen-byte vnet headers may be handed whole: nothing
+// without a header, whatever it says.
+func portAccepts(hdrLen int, accepts vnethdr.Offloads) vnethdr.Offloads {
+	if hdrLen == 0 {
+		return 0
+	}
+	return accepts
 }
 
 // refused decodes pkt's TAP header into w.hdr and reports whether it is a GSO packet
@@ -89,19 +104,12 @@ func (w *tapWriter) refused(pkt []byte) bool {
 	return !w.b.tapWriteOK(&w.hdr, len(pkt)-hl)
 }
 
-// offloadOf names the offloads a GSO header uses.
+// offloadOf names the offloads a GSO header uses (TSO4, TSO6 or USO, with TSO_ECN for
+// the ECN bit), 0 for a header without GSO or of a type no offload admits.
 func offloadOf(h *vnethdr.Hdr) vnethdr.Offloads {
-	var o vnethdr.Offloads
-	switch h.GSOType &^ vnethdr.GSOECN {
-	case vnethdr.GSOTCPv4:
-		o = vnethdr.OffloadTSO4
-	case vnethdr.GSOTCPv6:
-		o = vnethdr.OffloadTSO6
-	case vnethdr.GSOUDPL4:
-		o = vnethdr.OffloadUSO
+	need, ok := h.Needs()
+	if !ok || !h.IsGSO() {
+		return 0
 	}
-	if o != 0 && h.GSOType&vnethdr.GSOECN != 0 {
-		o |= vnethdr.OffloadTSOECN
-	}
-	return o
+	return need &^ vnethdr.OffloadCSUM
 }

@@ -32,9 +32,6 @@ var _ port.Backend = (*tapdev.Device)(nil)
 const AutoOffloads = vnethdr.OffloadCSUM | vnethdr.OffloadTSO4 | vnethdr.OffloadTSO6 |
 	vnethdr.OffloadTSOECN | vnethdr.OffloadUSO
 
-// gsoKinds are the offload bits that name GSO frames (everything but CSUM).
-const gsoKinds = vnethdr.OffloadTSO4 | vnethdr.OffloadTSO6 | vnethdr.OffloadTSOECN | vnethdr.OffloadUSO
-
 // portCaps is the port side's VnetBackend, reduced to what negotiation needs.
 type PortCaps struct {
 	State   string           // VnetBackend.State, e.g. "stream(vnet-hdr 12, accepts csum,tso4)"
@@ -158,32 +155,28 @@ func negotiate(in negInput) Negotiation {
 	}
 	n.TapOffloads = want.Normalize()
 
+	// The steps follow from the same rule the datapath applies to each frame
+	// (Offloads.AcceptsFrame, through Partition): a kind of frame the sender may produce
+	// passes whole when the receiver accepts it, else a GSO kind is split and a partial
+	// checksum completed. steps_test.go runs frames of every kind through both pipelines
+	// to hold the two to each other.
+
 	// TAP → port.
-	tapGSO := n.TapOffloads & gsoKinds
-	if port.HdrLen > 0 && n.TapOffloads&port.Accepts != 0 {
-		n.T2P |= StepPassthrough
-	}
-	if missing := tapGSO &^ port.Accepts; missing != 0 {
-		// A USO pair counts only as a pair.
-		if missing&^vnethdr.OffloadUSO != 0 || port.Accepts&vnethdr.OffloadUSO != vnethdr.OffloadUSO {
-			n.T2P |= StepSplit
-		}
-	}
-	if n.TapOffloads&vnethdr.OffloadCSUM != 0 && port.Accepts&vnethdr.OffloadCSUM == 0 {
-		n.T2P |= StepCsum
-	}
+	whole, refused := portAccepts(port.HdrLen, port.Accepts).Partition(n.TapOffloads)
+	n.T2P |= kindSteps(whole, refused)
 	if port.HdrLen > 0 && port.HdrLen != in.TapHdrLen {
 		n.T2P |= StepHdrConvert
 	}
 
-	// Port → TAP. Partial checksums always pass (the TAP takes them on write); GSO kinds
-	// the TAP refuses are split before the write.
+	// Port → TAP: what the TAP takes on write (partial checksums always, tapTakes); GSO
+	// kinds it refuses are split before the write.
 	if port.HdrLen > 0 {
-		if port.Emits&(gsoKinds|vnethdr.OffloadCSUM) != 0 {
-			n.P2T |= StepPassthrough
-		}
-		emitsGSO := port.Emits & gsoKinds
-		if emitsGSO&^in.TapWrite != 0 || port.Emits&vnethdr.OffloadUFO != 0 {
+		n.P2T |= kindSteps(tapTakes(in.TapWrite).Partition(port.Emits))
+		if port.Emits&vnethdr.OffloadUFO != 0 {
+			// A peer that may send UFO (a VALE port, by QEMU's rule that a netmap port
+			// with a header has UFO, net/netmap.c) is announced as split, as before; a
+			// UFO frame that does arrive is dropped by vnethdr.ValidatePeer as
+			// unsupported (no kernel since 4.14 builds one, drivers/net/tun.c set_offload).
 			n.P2T |= StepSplit
 		}
 		if port.HdrLen != in.TapHdrLen {
@@ -197,4 +190,21 @@ func negotiate(in negInput) Negotiation {
 		}
 	}
 	return n
+}
+
+// kindSteps are the steps of one direction given which kinds of frame pass whole and
+// which are refused (vnethdr.Offloads.Partition): passthrough for any kind passed whole,
+// split for a refused GSO kind, csum for a refused partial checksum.
+func kindSteps(whole, refused vnethdr.Offloads) Step {
+	var s Step
+	if whole != 0 {
+		s |= StepPassthrough
+	}
+	if refused&^vnethdr.OffloadCSUM != 0 {
+		s |= StepSplit
+	}
+	if refused&vnethdr.OffloadCSUM != 0 {
+		s |= StepCsum
+	}
+	return s
 }

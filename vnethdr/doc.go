@@ -61,10 +61,13 @@
 // to tcp_min_snd_mss = 48) need more buffers than a sane caller provides: such frames fail
 // with ErrTooManySegments and are dropped and counted.
 //
-// Segment is the TAP→port entry point: GSO frames are split, NEEDS_CSUM frames get their
-// checksum completed in place (CompleteChecksum, which follows the virtio rule — sum from
-// csum_start to the end, the field already holding the pseudo-header sum — and the
-// kernel's skb_checksum_help in never storing 0), other frames pass untouched.
+// Plan is the one statement of the segment arithmetic: it makes every check Split makes
+// and says how many segments of what size Split will write, so a caller reserves its
+// output buffers (the datapath: receive-pool buffers) before Split runs. Which frames
+// need Split or CompleteChecksum at all is Offloads.AcceptsFrame, per frame, and
+// Offloads.Partition, per negotiation. CompleteChecksum follows the virtio rule — sum
+// from csum_start to the end, the field already holding the pseudo-header sum — and the
+// kernel's skb_checksum_help in never storing 0.
 //
 // # What is not supported
 //

@@ -6,7 +6,7 @@ import (
 	"fmt"
 )
 
-// Errors returned by CompleteChecksum, Split and Segment. Each is returned wrapped with
+// Errors returned by CompleteChecksum, Plan and Split. Each is returned wrapped with
 // the numbers involved; test with errors.Is. None of them means the pipeline is broken:
 // the caller drops that one frame, counts it under the sentinel's name, and carries on.
 var (
@@ -84,51 +84,12 @@ func CompleteChecksum(frame []byte, h *Hdr) error {
 // packet is dropped. Nothing is written unless every segment fits, and out[i] must not
 // overlap frame. It allocates nothing on success.
 func Split(frame []byte, h *Hdr, out [][]byte, sizes []int) (n int, err error) {
-	gsoType := h.GSOType &^ GSOECN
-	var wantProto uint8
-	var csumOff int
-	switch gsoType {
-	case GSOTCPv4, GSOTCPv6:
-		wantProto, csumOff = ProtoTCP, 16
-	case GSOUDPL4:
-		if h.GSOType&GSOECN != 0 {
-			return 0, fmt.Errorf("%w: gso_type %#x: ECN bit on UDP_L4", ErrBadHeader, h.GSOType)
-		}
-		wantProto, csumOff = ProtoUDP, 6
-	case GSONone:
-		return 0, fmt.Errorf("%w: Split on a non-GSO frame (gso_type %#x)", ErrBadHeader, h.GSOType)
-	default:
-		return 0, fmt.Errorf("%w: %#x", ErrUnsupportedGSO, h.GSOType)
-	}
-	if h.GSOSize == 0 {
-		return 0, fmt.Errorf("%w: gso_size 0 with gso_type %#x", ErrBadHeader, h.GSOType)
-	}
-	l, err := ParseLayout(frame)
+	pl, err := plan(frame, h)
 	if err != nil {
-		return 0, fmt.Errorf("%w: GSO frame: %w", ErrBadHeader, err)
+		return 0, err
 	}
-	switch {
-	case gsoType == GSOTCPv4 && l.IPv6, gsoType == GSOTCPv6 && !l.IPv6, l.L4Proto != wantProto:
-		return 0, fmt.Errorf("%w: gso_type %#x but IPv6=%t L4 protocol %d", ErrBadHeader, h.GSOType, l.IPv6, l.L4Proto)
-	case l.Fragment:
-		return 0, fmt.Errorf("%w: gso_type %#x on an IP fragment", ErrBadHeader, h.GSOType)
-	case l.Routed:
-		return 0, fmt.Errorf("%w: gso_type %#x with an IPv6 Routing header (segments left > 0)", ErrUnsupportedGSO, h.GSOType)
-	}
-	if h.Flags&FlagNeedsCsum != 0 {
-		if h.Flags&FlagRSCInfo != 0 {
-			return 0, fmt.Errorf("%w: NEEDS_CSUM together with RSC_INFO (csum fields hold counters)", ErrBadHeader)
-		}
-		if int(h.CsumStart) != l.L4Off || int(h.CsumOffset) != csumOff {
-			return 0, fmt.Errorf("%w: csum_start %d csum_offset %d, want %d and %d",
-				ErrBadHeader, h.CsumStart, h.CsumOffset, l.L4Off, csumOff)
-		}
-	}
-	hdrLen, payload, mss := l.PayloadOff, l.PayloadLen(), int(h.GSOSize)
-	if payload == 0 {
-		return 0, fmt.Errorf("%w: gso_type %#x with 0 payload bytes", ErrBadHeader, h.GSOType)
-	}
-	nseg := (payload + mss - 1) / mss
+	l, wantProto, csumOff := pl.l, pl.proto, pl.csumOff
+	hdrLen, payload, mss, nseg := l.PayloadOff, l.PayloadLen(), int(h.GSOSize), pl.Segments
 	if nseg > len(out) || nseg > len(sizes) {
 		return 0, fmt.Errorf("%w: %d payload bytes at gso_size %d need %d segments, have %d buffers and %d sizes",
 			ErrTooManySegments, payload, mss, nseg, len(out), len(sizes))
@@ -196,22 +157,108 @@ func Split(frame []byte, h *Hdr, out [][]byte, sizes []int) (n int, err error) {
 	return nseg, nil
 }
 
-// Segment prepares one frame read from the TAP for a port that takes neither GSO nor
-// partial checksums:
-//   - GSO (h.IsGSO()): Split into out/sizes; inPlace is false and n frames are in out.
-//   - NEEDS_CSUM only: CompleteChecksum in place; n = 1, inPlace = true: send frame.
-//   - neither: nothing to do; n = 1, inPlace = true: send frame as is.
-//
-// On error n is 0 and the frame is to be dropped and counted (see the Err* sentinels).
-func Segment(frame []byte, h *Hdr, out [][]byte, sizes []int) (n int, inPlace bool, err error) {
-	if h.IsGSO() {
-		n, err = Split(frame, h, out, sizes)
-		return n, false, err
+// SplitPlan is what Split will make of one GSO frame, known before it runs so a caller
+// can reserve the output buffers first.
+type SplitPlan struct {
+	HdrLen   int // header bytes every segment repeats: Ethernet/VLAN, IP with options or extension headers, TCP/UDP
+	SegCap   int // the longest segment: HdrLen + gso_size (only the last may be shorter)
+	Segments int // ⌈payload / gso_size⌉ ≥ 1
+}
+
+// Plan checks that Split can segment frame (its virtio_net_hdr decoded into h) and
+// returns the plan: every check Split makes, and at most MaxSegments segments (the
+// output buffers a receiver keeps; ErrTooManySegments beyond). A nil error means that
+// Split, given Segments buffers of at least SegCap bytes, succeeds. It is the one
+// statement of the segment arithmetic (segments of gso_size payload bytes each behind a
+// copy of the headers, as tcp_gso_segment and __udp_gso_segment cut them,
+// net/ipv4/tcp_offload.c and udp_offload.c); ValidatePeer and Split use it too. It
+// allocates nothing on success.
+func Plan(frame []byte, h *Hdr) (SplitPlan, error) {
+	pl, err := plan(frame, h)
+	if err != nil {
+		return SplitPlan{}, err
 	}
-	if err := CompleteChecksum(frame, h); err != nil {
-		return 0, true, err
+	if pl.Segments > MaxSegments {
+		return SplitPlan{}, fmt.Errorf("%w: %d payload bytes at gso_size %d need %d segments, more than %d",
+			ErrTooManySegments, pl.l.PayloadLen(), h.GSOSize, pl.Segments, MaxSegments)
 	}
-	return 1, true, nil
+	return pl.SplitPlan, nil
+}
+
+// gsoPlan is a SplitPlan with what Split needs besides: the frame's layout and the L4
+// protocol and checksum field offset the GSO type implies.
+type gsoPlan struct {
+	SplitPlan
+	l       Layout
+	proto   uint8
+	csumOff int
+}
+
+// plan is Plan without the segment limit, which differs by caller (ValidatePeer holds USO
+// to MaxUSOSegments, Split to its buffers). The rules are the kernel's own segmentation
+// rules (tcp_gso_segment, __udp_gso_segment):
+//   - gso_type is TCPv4 or TCPv6 (either with the ECN bit) or UDP_L4 (without it); UFO
+//     and unknown values are ErrUnsupportedGSO;
+//   - gso_size > 0, and the headers parse (ParseLayout) as IPv4 for TCPv4, IPv6 for
+//     TCPv6, either for UDP_L4, carrying TCP resp. UDP, not a fragment, with no IPv6
+//     Routing header with segments left (its L4 checksum uses another address);
+//   - with NEEDS_CSUM, csum_start is the L4 header and csum_offset its checksum field
+//     (16 TCP, 6 UDP); NEEDS_CSUM together with RSC_INFO is refused (the checksum
+//     fields then hold counters);
+//   - the payload is not empty.
+func plan(frame []byte, h *Hdr) (gsoPlan, error) {
+	var pl gsoPlan
+	gsoType := h.GSOType &^ GSOECN
+	switch gsoType {
+	case GSOTCPv4, GSOTCPv6:
+		pl.proto, pl.csumOff = ProtoTCP, 16
+	case GSOUDPL4:
+		if h.GSOType&GSOECN != 0 {
+			return pl, fmt.Errorf("%w: gso_type %#x: ECN bit on UDP_L4", ErrBadHeader, h.GSOType)
+		}
+		pl.proto, pl.csumOff = ProtoUDP, 6
+	case GSONone:
+		return pl, fmt.Errorf("%w: Split on a non-GSO frame (gso_type %#x)", ErrBadHeader, h.GSOType)
+	default:
+		return pl, fmt.Errorf("%w: %#x", ErrUnsupportedGSO, h.GSOType)
+	}
+	if h.GSOSize == 0 {
+		return pl, fmt.Errorf("%w: gso_size 0 with gso_type %#x", ErrBadHeader, h.GSOType)
+	}
+	l, err := ParseLayout(frame)
+	if err != nil {
+		return pl, fmt.Errorf("%w: gso_type %#x: %w", ErrBadHeader, h.GSOType, err)
+	}
+	switch {
+	case gsoType == GSOTCPv4 && l.IPv6, gsoType == GSOTCPv6 && !l.IPv6, l.L4Proto != pl.proto:
+		return pl, fmt.Errorf("%w: gso_type %#x but IPv6=%t L4 protocol %d", ErrBadHeader, h.GSOType, l.IPv6, l.L4Proto)
+	case l.Fragment:
+		return pl, fmt.Errorf("%w: gso_type %#x on an IP fragment", ErrBadHeader, h.GSOType)
+	case l.Routed:
+		return pl, fmt.Errorf("%w: gso_type %#x with an IPv6 Routing header (segments left > 0)", ErrUnsupportedGSO, h.GSOType)
+	}
+	if h.Flags&FlagNeedsCsum != 0 {
+		if h.Flags&FlagRSCInfo != 0 {
+			return pl, fmt.Errorf("%w: NEEDS_CSUM together with RSC_INFO (csum fields hold counters)", ErrBadHeader)
+		}
+		if int(h.CsumStart) != l.L4Off || int(h.CsumOffset) != pl.csumOff {
+			return pl, fmt.Errorf("%w: csum_start %d csum_offset %d, want %d and %d",
+				ErrBadHeader, h.CsumStart, h.CsumOffset, l.L4Off, pl.csumOff)
+		}
+	}
+	payload, mss := l.PayloadLen(), int(h.GSOSize)
+	if payload == 0 {
+		return pl, fmt.Errorf("%w: gso_type %#x with 0 payload bytes", ErrBadHeader, h.GSOType)
+	}
+	pl.l = l
+	pl.HdrLen, pl.SegCap, pl.Segments = l.PayloadOff, l.PayloadOff+mss, Segments(payload, mss)
+	return pl, nil
+}
+
+// Segments is how many segments payload bytes make at gso_size bytes each: the last
+// one carries the remainder (tcp_gso_segment, __udp_gso_segment). gsoSize must be > 0.
+func Segments(payload, gsoSize int) int {
+	return (payload + gsoSize - 1) / gsoSize
 }
 
 // TCP flag bits in header byte 13.

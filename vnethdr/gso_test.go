@@ -240,8 +240,12 @@ func TestSplitErrors(t *testing.T) {
 					t.Fatalf("out[%d] written despite the error", i)
 				}
 			}
-			if _, inPlace, err2 := Segment(tc.frame, &h, out, sizes); h.IsGSO() && (err2 == nil || inPlace) {
-				t.Errorf("Segment accepted what Split rejected")
+			// Plan makes every check Split makes but the ones about the caller's buffers
+			// (and holds segments to MaxSegments).
+			pl, perr := Plan(tc.frame, &h)
+			buffers := errors.Is(err, ErrTooManySegments) || errors.Is(err, ErrShortBuffer)
+			if buffers && pl.Segments > MaxSegments || buffers != (perr == nil) && !errors.Is(perr, ErrTooManySegments) {
+				t.Errorf("Plan = %v where Split = %v", perr, err)
 			}
 		})
 	}
@@ -331,36 +335,54 @@ func TestCompleteChecksumErrors(t *testing.T) {
 	}
 }
 
-func TestSegment(t *testing.T) {
-	out, sizes := outBufs(8, 1600)
-
-	plain, _, _, _ := pkt{payload: pattern(100, 1)}.build()
-	orig := bytes.Clone(plain)
-	n, inPlace, err := Segment(plain, &Hdr{Flags: FlagDataValid}, out, sizes)
-	if err != nil || n != 1 || !inPlace || !bytes.Equal(plain, orig) {
-		t.Errorf("plain: n=%d inPlace=%t err=%v modified=%t", n, inPlace, err, !bytes.Equal(plain, orig))
+// Plan says beforehand what Split then does: as many segments, none longer than SegCap,
+// each repeating HdrLen header bytes; and it refuses more than MaxSegments.
+func TestPlan(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		p    pkt
+		mss  int
+	}{
+		{"tcp4 3 segments", pkt{payload: pattern(4000, 3)}, 1448},
+		{"tcp4 exact", pkt{payload: pattern(2896, 4)}, 1448},
+		{"tcp4 one segment", pkt{payload: pattern(100, 5)}, 1448},
+		{"tcp6 vlan ext", pkt{v6: true, vlan: true, ext6: []uint8{ipv6ExtDstOpts}, payload: pattern(3000, 6)}, 1000},
+		{"udp4", pkt{udp: true, payload: pattern(3001, 7)}, 1472},
+		{"tcp4 options padded", pkt{ipOpts: []byte{1, 1, 1, 0}, tcpOpts: []byte{1, 1, 1, 1}, payload: pattern(999, 8), pad: 3}, 100},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tc.p.partial = true
+			f, l3, l4, _ := tc.p.build()
+			h := gsoHdr(tc.p, tc.mss, l3, l4)
+			pl, err := Plan(f, &h)
+			if err != nil {
+				t.Fatal(err)
+			}
+			l, _ := ParseLayout(f)
+			if pl.HdrLen != l.PayloadOff || pl.SegCap != l.PayloadOff+tc.mss || pl.Segments != (l.PayloadLen()+tc.mss-1)/tc.mss {
+				t.Fatalf("plan %+v for %d payload bytes behind %d header bytes at mss %d", pl, l.PayloadLen(), l.PayloadOff, tc.mss)
+			}
+			out, sizes := outBufs(pl.Segments, pl.SegCap)
+			n, err := Split(f, &h, out, sizes)
+			if err != nil || n != pl.Segments {
+				t.Fatalf("Split into the planned buffers = %d, %v; plan %+v", n, err, pl)
+			}
+			checkSplit(t, f, tc.mss, out, sizes, n)
+		})
 	}
 
-	p := pkt{payload: pattern(100, 2), partial: true}
-	partial, _, l4, _ := p.build()
-	n, inPlace, err = Segment(partial, &Hdr{Flags: FlagNeedsCsum, CsumStart: uint16(l4), CsumOffset: 16}, out, sizes)
-	if err != nil || n != 1 || !inPlace {
-		t.Fatalf("needs_csum: n=%d inPlace=%t err=%v", n, inPlace, err)
+	p := pkt{payload: pattern(MaxSegments+1, 9), partial: true}
+	f, l3, l4, _ := p.build()
+	h := gsoHdr(p, 1, l3, l4)
+	if pl, err := Plan(f, &h); !errors.Is(err, ErrTooManySegments) {
+		t.Errorf("%d segments: plan %+v, %v; want ErrTooManySegments", MaxSegments+1, pl, err)
 	}
-	checkFrame(t, partial)
-
-	p = pkt{payload: pattern(4000, 3), partial: true}
-	gso, l3, l4, _ := p.build()
-	h := gsoHdr(p, 1448, l3, l4)
-	n, inPlace, err = Segment(gso, &h, out, sizes)
-	if err != nil || n != 3 || inPlace {
-		t.Fatalf("gso: n=%d inPlace=%t err=%v", n, inPlace, err)
+	h.GSOSize = 2
+	if pl, err := Plan(f, &h); err != nil || pl.Segments != (MaxSegments+2)/2 {
+		t.Errorf("%d segments: plan %+v, %v", (MaxSegments+2)/2, pl, err)
 	}
-	checkSplit(t, gso, 1448, out, sizes, n)
-
-	bad := Hdr{Flags: FlagNeedsCsum, CsumStart: 5000}
-	if n, _, err := Segment(partial, &bad, out, sizes); n != 0 || !errors.Is(err, ErrBadHeader) {
-		t.Errorf("bad needs_csum: n=%d err=%v", n, err)
+	if _, err := Plan(f, &Hdr{Flags: FlagNeedsCsum, CsumStart: uint16(l4), CsumOffset: 16}); !errors.Is(err, ErrBadHeader) {
+		t.Errorf("Plan of a frame without GSO: %v, want ErrBadHeader", err)
 	}
 }
 
@@ -377,11 +399,11 @@ func TestAllocs(t *testing.T) {
 		t.Errorf("Split allocates %.1f per run", a)
 	}
 	if a := testing.AllocsPerRun(50, func() {
-		if _, _, err := Segment(in, &h, out, sizes); err != nil {
+		if _, err := Plan(in, &h); err != nil {
 			t.Fatal(err)
 		}
 	}); a != 0 {
-		t.Errorf("Segment allocates %.1f per run", a)
+		t.Errorf("Plan allocates %.1f per run", a)
 	}
 	f := out[0][:sizes[0]]
 	hc := Hdr{Flags: FlagNeedsCsum, CsumStart: uint16(l4), CsumOffset: 16}
@@ -456,16 +478,21 @@ func FuzzSplit(f *testing.F) {
 	f.Add([]byte{}, uint8(1), uint8(1), uint16(1), uint16(34), uint16(16))
 	f.Fuzz(func(t *testing.T, frame []byte, flags, gsoType uint8, gsoSize, csumStart, csumOffset uint16) {
 		h := Hdr{Flags: flags, GSOType: gsoType, GSOSize: gsoSize, CsumStart: csumStart, CsumOffset: csumOffset}
-		// Segment and CompleteChecksum (which write in place) must not panic either.
+		// CompleteChecksum (which writes in place) must not panic either.
 		nh := h
 		nh.GSOType = GSONone
 		_ = CompleteChecksum(bytes.Clone(frame), &nh)
-		_, _, _ = Segment(bytes.Clone(frame), &h, fuzzOut, fuzzSizes)
+		// Plan must agree with Split wherever the fuzz buffers are big enough.
+		pl, perr := Plan(frame, &h)
+		fits := perr == nil && pl.Segments <= len(fuzzOut) && pl.SegCap <= len(fuzzOut[0])
 
 		in := bytes.Clone(frame)
 		n, err := Split(frame, &h, fuzzOut, fuzzSizes)
 		if !bytes.Equal(in, frame) {
 			t.Fatalf("Split modified its input")
+		}
+		if fits && (err != nil || n != pl.Segments) || perr != nil && err == nil {
+			t.Fatalf("Plan %+v, %v but Split %d, %v", pl, perr, n, err)
 		}
 		if err != nil {
 			if n != 0 {

@@ -53,23 +53,83 @@ func (o Offloads) String() string {
 // AcceptsFrame reports whether a backend that accepts o can be handed a frame carrying h
 // unchanged; otherwise the frame must be segmented and/or checksummed in software first.
 func (o Offloads) AcceptsFrame(h *Hdr) bool {
-	if h.Flags&FlagNeedsCsum != 0 && o&OffloadCSUM == 0 {
-		return false
+	need, ok := h.Needs()
+	return ok && o&need == need
+}
+
+// Needs returns the offloads a receiver must accept to be handed a frame with header h
+// unchanged — CSUM for NEEDS_CSUM, TSO_ECN for the ECN bit, TSO4, TSO6 or the USO pair
+// for the GSO type (the TUN_F_* bit each gso_type needs in drivers/net/tun.c
+// set_offload) — and false for a gso_type no offload admits (UFO, unknown values).
+func (h *Hdr) Needs() (Offloads, bool) {
+	var need Offloads
+	if h.Flags&FlagNeedsCsum != 0 {
+		need |= OffloadCSUM
 	}
-	if h.GSOType&GSOECN != 0 && o&OffloadTSOECN == 0 {
-		return false
+	if h.GSOType&GSOECN != 0 {
+		need |= OffloadTSOECN
 	}
 	switch h.GSOType &^ GSOECN {
 	case GSONone:
-		return true
 	case GSOTCPv4:
-		return o&OffloadTSO4 != 0
+		need |= OffloadTSO4
 	case GSOTCPv6:
-		return o&OffloadTSO6 != 0
+		need |= OffloadTSO6
 	case GSOUDPL4:
-		return o&OffloadUSO == OffloadUSO
+		need |= OffloadUSO
+	default:
+		return 0, false
 	}
-	return false
+	return need, true
+}
+
+// Kind is one kind of frame a sender may hand over with a virtio_net_hdr, named by the
+// offload that lets a sender produce it (CSUM for a partial checksum, TSO4, TSO6,
+// TSO_ECN, USO for GSO kinds), with a header of that kind. GSO headers carry
+// NEEDS_CSUM: the kernel builds them from CHECKSUM_PARTIAL skbs
+// (include/linux/virtio_net.h virtio_net_hdr_from_skb), and the virtio spec requires it.
+type Kind struct {
+	Offload Offloads
+	Hdr     Hdr
+}
+
+// kinds are all the kinds; TSO_ECN comes once per IP version. UFO is none: no current
+// kernel produces it (drivers/net/tun.c set_offload) and AcceptsFrame accepts it nowhere.
+var kinds = [...]Kind{
+	{OffloadCSUM, Hdr{Flags: FlagNeedsCsum}},
+	{OffloadTSO4, Hdr{Flags: FlagNeedsCsum, GSOType: GSOTCPv4}},
+	{OffloadTSO6, Hdr{Flags: FlagNeedsCsum, GSOType: GSOTCPv6}},
+	{OffloadTSOECN, Hdr{Flags: FlagNeedsCsum, GSOType: GSOTCPv4 | GSOECN}},
+	{OffloadTSOECN, Hdr{Flags: FlagNeedsCsum, GSOType: GSOTCPv6 | GSOECN}},
+	{OffloadUSO, Hdr{Flags: FlagNeedsCsum, GSOType: GSOUDPL4}},
+}
+
+// Kinds returns every kind of frame with a header that carries an offload.
+func Kinds() [len(kinds)]Kind { return kinds }
+
+// Sends reports whether a sender whose offload set is o may hand over a frame of kind k:
+// exactly when it would accept that frame itself, since TUNSETOFFLOAD is the reader
+// telling the TAP what it accepts (drivers/net/tun.c set_offload), and what a backend
+// advertises it may receive is what its peer may send.
+func (o Offloads) Sends(k *Kind) bool { return o.AcceptsFrame(&k.Hdr) }
+
+// Partition sorts the kinds of frame a sender with offload set sent may produce by what
+// a receiver accepting o must do with them, by the same rule AcceptsFrame applies to each
+// frame: whole are the kinds it takes unchanged; refused the others, which are split
+// (GSO kinds) or checksummed (CSUM) first. A bit may be in both: TSO_ECN with TSO4 taken
+// and TSO6 refused, say. Negotiation plans with this; the datapath asks AcceptsFrame.
+func (o Offloads) Partition(sent Offloads) (whole, refused Offloads) {
+	for i := range kinds {
+		k := &kinds[i]
+		switch {
+		case !sent.Sends(k):
+		case o.AcceptsFrame(&k.Hdr):
+			whole |= k.Offload
+		default:
+			refused |= k.Offload
+		}
+	}
+	return whole, refused
 }
 
 // Normalize drops the bits whose prerequisites are missing, exactly as the kernel would

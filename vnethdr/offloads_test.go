@@ -90,3 +90,26 @@ func TestOffloadNamesRoundTrip(t *testing.T) {
 		}
 	}
 }
+
+// Partition sorts exactly the kinds a sender produces, each by AcceptsFrame.
+func TestPartition(t *testing.T) {
+	const all = OffloadCSUM | OffloadTSO4 | OffloadTSO6 | OffloadTSOECN | OffloadUFO | OffloadUSO
+	for _, c := range []struct {
+		recv, sent, whole, refused Offloads
+	}{
+		{0, 0, 0, 0},
+		{all, all, OffloadCSUM | OffloadTSO4 | OffloadTSO6 | OffloadTSOECN | OffloadUSO, 0},
+		{0, all, 0, OffloadCSUM | OffloadTSO4 | OffloadTSO6 | OffloadTSOECN | OffloadUSO},
+		{OffloadCSUM, OffloadCSUM | OffloadTSO4, OffloadCSUM, OffloadTSO4},
+		{OffloadCSUM | OffloadTSO4 | OffloadTSOECN, OffloadCSUM | OffloadTSO4 | OffloadTSO6 | OffloadTSOECN,
+			OffloadCSUM | OffloadTSO4 | OffloadTSOECN, OffloadTSO6 | OffloadTSOECN},
+		{OffloadCSUM | OffloadUSO4, OffloadCSUM | OffloadUSO, OffloadCSUM, OffloadUSO},
+		{OffloadCSUM | OffloadUSO, OffloadCSUM | OffloadUSO4, OffloadCSUM, 0},  // half a pair sends no USO
+		{OffloadTSO4, OffloadCSUM | OffloadTSO4, 0, OffloadCSUM | OffloadTSO4}, // GSO needs CSUM too
+	} {
+		whole, refused := c.recv.Partition(c.sent)
+		if whole != c.whole || refused != c.refused {
+			t.Errorf("%s.Partition(%s) = %s, %s; want %s, %s", c.recv, c.sent, whole, refused, c.whole, c.refused)
+		}
+	}
+}

@@ -18,6 +18,11 @@ const MaxSegments = 1024
 // refuses the same).
 const MaxUSOSegments = 128
 
+// MaxUSOSegmentsOld is UDP_MAX_SEGMENTS as it was before it became 128
+// (include/linux/udp.h): the most datagrams of one UDP_L4 GSO frame every kernel takes.
+// A frame of more is split before it reaches a TAP, and the GRO engine builds none.
+const MaxUSOSegmentsOld = 64
+
 // ValidatePeer checks the virtio_net_hdr h that an untrusted sender attached to the
 // Ethernet frame frame, before tapgro writes the two to a TAP or hands them to anything
 // else that acts on the header: a vnet-hdr=on peer's records, and a vhost-user driver's
@@ -72,54 +77,35 @@ func ValidatePeer(frame []byte, h *Hdr) error {
 	if int(h.HdrLen) > len(frame) || (h.HdrLen != 0 && h.HdrLen < ethHdrLen) {
 		return fmt.Errorf("%w: hdr_len %d with a %d-byte frame", ErrBadHeader, h.HdrLen, len(frame))
 	}
-	needsCsum := h.Flags&FlagNeedsCsum != 0
-	var proto uint8
-	var csumOff, maxSegs int
+	maxSegs := MaxSegments
 	switch h.GSOType &^ GSOECN {
 	case GSONone:
 		if h.GSOType&GSOECN != 0 {
 			return fmt.Errorf("%w: gso_type %#x: ECN bit without a GSO type", ErrBadHeader, h.GSOType)
 		}
 		return validatePartial(frame, h)
-	case GSOTCPv4, GSOTCPv6:
-		proto, csumOff, maxSegs = ProtoTCP, 16, MaxSegments
 	case GSOUDPL4:
-		if h.GSOType&GSOECN != 0 {
-			return fmt.Errorf("%w: gso_type %#x: ECN bit on UDP_L4", ErrBadHeader, h.GSOType)
-		}
-		if !needsCsum {
+		if h.GSOType&GSOECN == 0 && h.Flags&FlagNeedsCsum == 0 {
 			return fmt.Errorf("%w: UDP_L4 GSO without NEEDS_CSUM", ErrBadHeader)
 		}
-		proto, csumOff, maxSegs = ProtoUDP, 6, MaxUSOSegments
-	default:
-		return fmt.Errorf("%w: %#x", ErrUnsupportedGSO, h.GSOType)
+		maxSegs = MaxUSOSegments
 	}
-	l, err := ParseLayout(frame)
+	// Split's own rules (gso_type, headers, checksum fields); the rest is what the
+	// kernel's write path adds to them.
+	pl, err := plan(frame, h)
 	if err != nil {
-		return fmt.Errorf("%w: gso_type %#x: %w", ErrBadHeader, h.GSOType, err)
+		return err
 	}
-	gsoType := h.GSOType &^ GSOECN
-	switch {
-	case gsoType == GSOTCPv4 && l.IPv6, gsoType == GSOTCPv6 && !l.IPv6, l.L4Proto != proto:
-		return fmt.Errorf("%w: gso_type %#x but IPv6=%t L4 protocol %d", ErrBadHeader, h.GSOType, l.IPv6, l.L4Proto)
-	case l.Fragment:
-		return fmt.Errorf("%w: gso_type %#x on an IP fragment", ErrBadHeader, h.GSOType)
-	case l.Routed:
-		return fmt.Errorf("%w: gso_type %#x with an IPv6 Routing header (segments left > 0)", ErrUnsupportedGSO, h.GSOType)
-	case l.End != len(frame):
+	l := pl.l
+	if l.End != len(frame) {
 		return fmt.Errorf("%w: gso_type %#x with %d bytes after the IP packet", ErrBadHeader, h.GSOType, len(frame)-l.End)
 	}
-	if needsCsum && (int(h.CsumStart) != l.L4Off || int(h.CsumOffset) != csumOff) {
-		return fmt.Errorf("%w: csum_start %d csum_offset %d, want %d and %d",
-			ErrBadHeader, h.CsumStart, h.CsumOffset, l.L4Off, csumOff)
-	}
-	payload, mss := l.PayloadLen(), int(h.GSOSize)
-	if mss == 0 || mss > payload {
+	if payload := l.PayloadLen(); int(h.GSOSize) > payload {
 		return fmt.Errorf("%w: gso_size %d with %d payload bytes", ErrBadHeader, h.GSOSize, payload)
 	}
-	if nseg := (payload + mss - 1) / mss; nseg > maxSegs {
+	if pl.Segments > maxSegs {
 		return fmt.Errorf("%w: %d payload bytes at gso_size %d are %d segments, more than %d",
-			ErrBadHeader, payload, mss, nseg, maxSegs)
+			ErrBadHeader, l.PayloadLen(), h.GSOSize, pl.Segments, maxSegs)
 	}
 	h.HdrLen = uint16(l.PayloadOff)
 	return nil
