@@ -8,22 +8,17 @@ import (
 
 	"tapgro/netmapio"
 	"tapgro/port"
+	"tapgro/port/porttest"
 	"tapgro/rxpool"
+	"tapgro/tapdev/taptest"
 )
 
-// statPair is streamPair with counters on the near end, so tests can count writev calls.
+// statPair is porttest.StreamPair with counters on the near end, so tests can count
+// writev calls.
 func statPair(t testing.TB) (near, far *netmapio.StreamPort, st *netmapio.Stats) {
 	t.Helper()
-	ca, cb := connPair(t)
 	st = new(netmapio.Stats)
-	var err error
-	if near, err = netmapio.NewStreamPort(ca, st); err != nil {
-		t.Fatal(err)
-	}
-	if far, err = netmapio.NewStreamPort(cb, nil); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { near.Close(); far.Close() })
+	near, far = porttest.StreamPairStats(t, st, nil)
 	return near, far, st
 }
 
@@ -70,7 +65,7 @@ func drain(far port.Port, seqs chan<- [2]uint32) {
 // The pool is the hard cap: a GSO frame whose segments need more buffers than the whole
 // pool holds is dropped and counted; frames before and after it are delivered.
 func TestTapToPortPoolCap(t *testing.T) {
-	tap := newFakeTap(10, false)
+	tap := taptest.New(false)
 	b := testBridge(tap, true)
 	b.cfg.rx = rxpool.Config{BufSize: 2048, Bytes: 128 << 10} // 64 buffers
 	near, far, _ := statPair(t)
@@ -116,7 +111,7 @@ func TestTapToPortPoolCap(t *testing.T) {
 func TestTapToPortBatching(t *testing.T) {
 	for _, perFrame := range []bool{false, true} {
 		t.Run(fmt.Sprintf("perFrame=%v", perFrame), func(t *testing.T) {
-			tap := newFakeTap(10, false)
+			tap := taptest.New(false)
 			b := testBridge(tap, true)
 			b.cfg.rx.PerFrame = perFrame
 			near, far, st := statPair(t)
@@ -158,13 +153,13 @@ func TestTapToPortBatching(t *testing.T) {
 // A peer that stops reading stops the pipeline (backpressure), and when it resumes every
 // segment arrives once and in order.
 func TestTapToPortBackpressure(t *testing.T) {
-	tap := newFakeTap(10, false)
+	tap := taptest.New(false)
 	b := testBridge(tap, true)
 	near, far, _ := statPair(t)
 	b.port.Store(&portRef{p: near})
 	done := make(chan error, 1)
 	go func() { done <- b.runTapToPort() }()
-	defer func() { close(tap.closed); <-done }()
+	defer func() { tap.Close(); <-done }()
 
 	const frames = 400 // 400 × 45 segments = 26 MB: several socket buffers
 	go func() {
@@ -172,9 +167,7 @@ func TestTapToPortBackpressure(t *testing.T) {
 			pkt := gsoTCP4(10, pattern(65000), 1448)
 			// Continue one stream: frame i starts at 1 + i×65000.
 			binary.BigEndian.PutUint32(pkt[10+38:], uint32(1+i*65000))
-			select {
-			case tap.in <- pkt:
-			case <-tap.closed:
+			if !tap.Inject(pkt) {
 				return
 			}
 		}
@@ -211,7 +204,7 @@ func TestTapToPortBackpressure(t *testing.T) {
 
 // The pipeline allocates nothing per batch.
 func TestTapToPortZeroAllocs(t *testing.T) {
-	tap := newFakeTap(10, false)
+	tap := taptest.New(false)
 	b := testBridge(tap, true)
 	near, far, _ := statPair(t)
 	b.port.Store(&portRef{p: near})
@@ -236,7 +229,7 @@ func BenchmarkTapToPortPool(b *testing.B) {
 		{2048, 1 << 20, 64}, {2048, 4 << 20, 64}, {2048, 8 << 20, 64},
 	} {
 		b.Run(fmt.Sprintf("buf=%d/pool=%dK/tso=%d", c.buf, c.bytes>>10, c.batch), func(b *testing.B) {
-			tap := newFakeTap(10, false)
+			tap := taptest.New(false)
 			br := testBridge(tap, true)
 			br.cfg.rx = rxpool.Config{BufSize: c.buf, Bytes: c.bytes}
 			near, far, st := statPair(b)

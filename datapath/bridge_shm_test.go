@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"tapgro/port"
+	"tapgro/port/porttest"
+	"tapgro/tapdev/taptest"
 )
 
 // shmFrames builds n TAP packets (10-byte header): every third a small plain frame, the
@@ -41,9 +43,9 @@ func TestShmBridgeEndToEnd(t *testing.T) {
 	for _, stall := range []bool{false, true} {
 		name := map[bool]string{false: "flowing", true: "stalled"}[stall]
 		t.Run(name, func(t *testing.T) {
-			tapA, tapB := newFakeTap(10, false), newFakeTap(10, true)
+			tapA, tapB := taptest.New(false), taptest.New(true)
 			a, b := testBridge(tapA, false), testBridge(tapB, false)
-			near, far := vnetPair(t, true)
+			near, far := porttest.VnetPair(t, true)
 			a.port.Store(newPortRef(near))
 			// The port-side capture records the frames descriptors name, not descriptors.
 			portFile := filepath.Join(t.TempDir(), "port.pcap")
@@ -55,14 +57,14 @@ func TestShmBridgeEndToEnd(t *testing.T) {
 
 			in := shmFrames(900)
 			for _, pkt := range in {
-				tapA.in <- pkt
+				tapA.Inject(pkt)
 			}
 			if stall {
 				// Wait until the sender is stuck: its ring used up, the socket full.
-				last, still := len(tapA.in), 0
+				last, still := tapA.Queued(), 0
 				for deadline := time.Now().Add(10 * time.Second); still < 20 && time.Now().Before(deadline); {
 					time.Sleep(5 * time.Millisecond)
-					if n := len(tapA.in); n == last {
+					if n := tapA.Queued(); n == last {
 						still++
 					} else {
 						last, still = n, 0
@@ -94,7 +96,7 @@ func TestShmBridgeEndToEnd(t *testing.T) {
 			if err := <-doneB; !errors.Is(err, port.ErrClosed) {
 				t.Fatalf("runPortToTap: %v", err)
 			}
-			close(tapA.closed)
+			tapA.Close()
 			<-doneA
 			if err := a.capture.close(); err != nil {
 				t.Fatal(err)

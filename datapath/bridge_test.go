@@ -4,86 +4,16 @@ import (
 	"bytes"
 	"encoding/binary"
 	"errors"
-	"net"
-	"net/netip"
-	"os"
-	"sync"
 	"testing"
 	"time"
 
 	"golang.org/x/sys/unix"
 
-	"tapgro/netmapio"
 	"tapgro/port"
-	"tapgro/tapdev"
+	"tapgro/port/porttest"
+	"tapgro/tapdev/taptest"
 	"tapgro/vnethdr"
 )
-
-// fakeTap is an in-memory TAP: ReadBatch hands out queued packets (vnet header + frame),
-// Write records what the bridge wrote. It lets the pipelines run without root.
-type fakeTap struct {
-	hl     int
-	in     chan []byte
-	mu     sync.Mutex
-	out    [][]byte
-	count  int // writes, when keep is false
-	keep   bool
-	closed chan struct{}
-	stats  tapdev.Stats
-}
-
-func newFakeTap(hl int, keep bool) *fakeTap {
-	return &fakeTap{hl: hl, in: make(chan []byte, 1024), keep: keep, closed: make(chan struct{})}
-}
-
-func (f *fakeTap) ReadBatch(bufs [][]byte, sizes []int, offset int) (int, error) {
-	select {
-	case p := <-f.in:
-		sizes[0] = copy(bufs[0][offset:], p)
-	case <-f.closed:
-		return 0, os.ErrClosed
-	}
-	n := 1
-	for n < len(bufs) {
-		select {
-		case p := <-f.in:
-			sizes[n] = copy(bufs[n][offset:], p)
-			n++
-		default:
-			return n, nil
-		}
-	}
-	return n, nil
-}
-
-func (f *fakeTap) Write(pkt []byte) (int, error) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.count++
-	if f.keep {
-		f.out = append(f.out, bytes.Clone(pkt))
-	}
-	return len(pkt), nil
-}
-
-// writes is how many packets were written so far.
-func (f *fakeTap) writes() int {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return f.count
-}
-
-func (f *fakeTap) written() [][]byte {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return f.out
-}
-
-func (f *fakeTap) LinkInfo() (net.HardwareAddr, []netip.Prefix, error) {
-	return net.HardwareAddr{2, 0, 0, 0, 0, 1}, []netip.Prefix{netip.MustParsePrefix("198.18.0.1/24")}, nil
-}
-
-func (f *fakeTap) Stats() *tapdev.Stats { return &f.stats }
 
 // tcp4 builds an Ethernet/IPv4/TCP frame from 198.18.0.1:5001 to 198.18.0.2:5201 with
 // correct checksums.
@@ -134,39 +64,6 @@ func pattern(n int) []byte {
 	return b
 }
 
-// connPair is a connected UNIX stream socketpair, registered with the Go netpoller.
-func connPair(t testing.TB) (net.Conn, net.Conn) {
-	t.Helper()
-	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	conn := func(fd int) net.Conn {
-		f := os.NewFile(uintptr(fd), "socketpair")
-		defer f.Close()
-		c, err := net.FileConn(f)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return c
-	}
-	return conn(fds[0]), conn(fds[1])
-}
-
-func streamPair(t testing.TB) (a, b *netmapio.StreamPort) {
-	ca, cb := connPair(t)
-	a, err := netmapio.NewStreamPort(ca, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, err = netmapio.NewStreamPort(cb, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { a.Close(); b.Close() })
-	return a, b
-}
-
 func testBridge(tap tapIO, gro bool) *bridge {
 	return newBridge(bridgeConfig{
 		vnetHdrLen: 10, batch: 64, gro: gro, udpGRO: true, maxFlows: 64, rscInterval: 50 * time.Microsecond,
@@ -177,16 +74,16 @@ func testBridge(tap tapIO, gro bool) *bridge {
 // TAP→port: a 64 KB TSO frame from the TAP leaves as plain MTU frames whose payloads,
 // concatenated, are the original, each with valid IPv4 and TCP checksums.
 func TestTapToPortSegments(t *testing.T) {
-	tap := newFakeTap(10, true)
+	tap := taptest.New(true)
 	b := testBridge(tap, true)
-	near, far := streamPair(t)
+	near, far := porttest.StreamPair(t)
 	b.port.Store(&portRef{p: near})
 	done := make(chan error, 1)
 	go func() { done <- b.runTapToPort() }()
-	defer func() { close(tap.closed); <-done }()
+	defer func() { tap.Close(); <-done }()
 
 	payload := pattern(65000)
-	tap.in <- gsoTCP4(10, payload, 1448)
+	tap.Inject(gsoTCP4(10, payload, 1448))
 	bufs := make([][]byte, 64)
 	for i := range bufs {
 		bufs[i] = make([]byte, port.MaxFrame)
@@ -235,10 +132,10 @@ func TestPortToTapCoalesces(t *testing.T) {
 			name = "timer"
 		}
 		t.Run(name, func(t *testing.T) {
-			tap := newFakeTap(10, true)
+			tap := taptest.New(true)
 			b := testBridge(tap, true)
 			b.cfg.timerFlush = timer
-			near, far := streamPair(t)
+			near, far := porttest.StreamPair(t)
 			var segs [][]byte
 			for i := 0; i < 40; i++ {
 				segs = append(segs, tcp4(1+uint32(i*1448), 100+uint16(i), pattern(1448)))
@@ -249,14 +146,14 @@ func TestPortToTapCoalesces(t *testing.T) {
 				t.Fatal(err)
 			}
 			deadline := time.Now().Add(5 * time.Second)
-			for len(tap.written()) == 0 && time.Now().Before(deadline) {
+			for len(tap.Written()) == 0 && time.Now().Before(deadline) {
 				time.Sleep(time.Millisecond)
 			}
 			far.Close()
 			if err := <-done; !errors.Is(err, port.ErrClosed) {
 				t.Fatalf("runPortToTap ended with %v, want ErrClosed", err)
 			}
-			out := tap.written()
+			out := tap.Written()
 			if len(out) != 1 {
 				t.Fatalf("TAP got %d packets, want 1 GSO packet", len(out))
 			}
@@ -286,9 +183,9 @@ func TestPortToTapCoalesces(t *testing.T) {
 // BenchmarkTapToPort measures the host→guest path per 64 KB TSO frame: segmentation into
 // 45 MTU frames and one writev to a stream port (drained by another goroutine).
 func BenchmarkTapToPort(b *testing.B) {
-	tap := newFakeTap(10, false)
+	tap := taptest.New(false)
 	br := testBridge(tap, true)
-	near, far := streamPair(b)
+	near, far := porttest.StreamPair(b)
 	benchTapToPort(b, br, near, far)
 	frames := float64(br.t2p.Frames.Load())
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/frames, "ns/frame")
@@ -317,9 +214,9 @@ func benchTapToPort(b *testing.B, br *bridge, near, far port.Port) {
 // BenchmarkPortToTap measures the guest→host path per burst of 44 MTU segments: one
 // port read, GRO, one TAP write.
 func BenchmarkPortToTap(b *testing.B) {
-	tap := newFakeTap(10, false)
+	tap := taptest.New(false)
 	br := testBridge(tap, true)
-	near, far := streamPair(b)
+	near, far := porttest.StreamPair(b)
 	var segs [][]byte
 	for i := 0; i < 44; i++ {
 		segs = append(segs, tcp4(1+uint32(i*1448), uint16(i), pattern(1448)))
@@ -356,9 +253,9 @@ func BenchmarkPortToTap(b *testing.B) {
 // A peer that sends and then goes away: the TAP→port write fails with EPIPE, and the
 // port→TAP side still delivers everything the peer sent before it went.
 func TestPeerGoneKeepsWhatItSent(t *testing.T) {
-	tap := newFakeTap(10, true)
+	tap := taptest.New(true)
 	b := testBridge(tap, false)
-	near, far := streamPair(t)
+	near, far := porttest.StreamPair(t)
 	ref := newPortRef(near)
 	b.port.Store(ref)
 	var sent [][]byte
@@ -383,7 +280,7 @@ func TestPeerGoneKeepsWhatItSent(t *testing.T) {
 	if err := b.runPortToTap(near); !errors.Is(err, port.ErrClosed) {
 		t.Fatalf("runPortToTap: %v, want the end of the stream", err)
 	}
-	if got := len(tap.written()); got != len(sent) {
+	if got := len(tap.Written()); got != len(sent) {
 		t.Fatalf("TAP got %d of the %d frames the peer sent before it went", got, len(sent))
 	}
 }

@@ -15,33 +15,11 @@ import (
 	"tapgro/integration/netnstest"
 	"tapgro/netmapio"
 	"tapgro/port"
+	"tapgro/port/porttest"
 	"tapgro/tapdev"
+	"tapgro/tapdev/taptest"
 	"tapgro/vnethdr"
 )
-
-// vnetPair is streamPair for the vnet-hdr=on extension: both ends ran the hello, and
-// with shm set up shared-memory rings.
-func vnetPair(t testing.TB, shm bool) (a, b *netmapio.StreamPort) {
-	ca, cb := connPair(t)
-	errc := make(chan error, 1)
-	go func() {
-		var err error
-		b, err = netmapio.NewVnetStreamPort(cb, nil, netmapio.VnetStreamAccepts, shm, time.Second)
-		errc <- err
-	}()
-	a, err := netmapio.NewVnetStreamPort(ca, nil, netmapio.VnetStreamAccepts, shm, time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := <-errc; err != nil {
-		t.Fatal(err)
-	}
-	if a.ShmActive() != shm || b.ShmActive() != shm {
-		t.Fatalf("shared memory active %v/%v, want %v", a.ShmActive(), b.ShmActive(), shm)
-	}
-	t.Cleanup(func() { a.Close(); b.Close() })
-	return a, b
-}
 
 // readRecords reads n records from a vnet port.
 func readRecords(t testing.TB, p port.Port, n int) [][]byte {
@@ -64,13 +42,13 @@ func readRecords(t testing.TB, p port.Port, n int) [][]byte {
 	return out
 }
 
-func waitWritten(t testing.TB, tap *fakeTap, n int) [][]byte {
+func waitWritten(t testing.TB, tap *taptest.TAP, n int) [][]byte {
 	t.Helper()
 	deadline := time.Now().Add(5 * time.Second)
-	for len(tap.written()) < n && time.Now().Before(deadline) {
+	for len(tap.Written()) < n && time.Now().Before(deadline) {
 		time.Sleep(time.Millisecond)
 	}
-	out := tap.written()
+	out := tap.Written()
 	if len(out) < n {
 		t.Fatalf("TAP got %d packets, want %d", len(out), n)
 	}
@@ -86,16 +64,16 @@ func TestTapToVnetPortPassesGSO(t *testing.T) {
 }
 
 func testTapToVnetPortPassesGSO(t *testing.T, shm bool) {
-	tap := newFakeTap(10, true)
+	tap := taptest.New(true)
 	b := testBridge(tap, true)
-	near, far := vnetPair(t, shm)
+	near, far := porttest.VnetPair(t, shm)
 	b.port.Store(newPortRef(near))
 	done := make(chan error, 1)
 	go func() { done <- b.runTapToPort() }()
-	defer func() { close(tap.closed); <-done }()
+	defer func() { tap.Close(); <-done }()
 
 	pkt := gsoTCP4(10, pattern(65000), 1448)
-	tap.in <- pkt
+	tap.Inject(pkt)
 	recs := readRecords(t, far, 1)
 	rec := recs[0]
 	if !bytes.Equal(rec[12:], pkt[10:]) {
@@ -119,7 +97,7 @@ func testTapToVnetPortPassesGSO(t *testing.T, shm bool) {
 	plain := tcp4(5, 5, pattern(100))
 	pp := make([]byte, 10+len(plain))
 	copy(pp[10:], plain)
-	tap.in <- pp
+	tap.Inject(pp)
 	rec = readRecords(t, far, 1)[0]
 	if !bytes.Equal(rec[12:], plain) || !bytes.Equal(rec[:12], make([]byte, 12)) {
 		t.Fatalf("plain frame: header %x", rec[:12])
@@ -129,9 +107,9 @@ func testTapToVnetPortPassesGSO(t *testing.T, shm bool) {
 // port→TAP over vnet-hdr=on: a GSO record from the peer is written to the TAP whole,
 // and plain segments from it are still coalesced.
 func TestVnetPortToTapPassesGSO(t *testing.T) {
-	tap := newFakeTap(10, true)
+	tap := taptest.New(true)
 	b := testBridge(tap, true)
-	near, far := vnetPair(t, false)
+	near, far := porttest.VnetPair(t, false)
 	done := make(chan error, 1)
 	go func() { done <- b.runPortToTap(near) }()
 
@@ -176,9 +154,9 @@ func TestVnetPortToTapPassesGSO(t *testing.T) {
 // A GSO record whose header contradicts its frame is dropped, never written: the TAP
 // would refuse it with EINVAL and that must not turn offloads off.
 func TestVnetPortToTapDropsBadGSO(t *testing.T) {
-	tap := newFakeTap(10, true)
+	tap := taptest.New(true)
 	b := testBridge(tap, true)
-	near, far := vnetPair(t, false)
+	near, far := porttest.VnetPair(t, false)
 	done := make(chan error, 1)
 	go func() { done <- b.runPortToTap(near) }()
 	pkt := gsoTCP4(12, pattern(5000), 1448)
@@ -195,21 +173,23 @@ func TestVnetPortToTapDropsBadGSO(t *testing.T) {
 	}
 }
 
-// einvalTap refuses GSO writes with EINVAL, as a kernel with a GSO bug would.
-type einvalTap struct {
-	*fakeTap
-	refused int
+// refusingTap is an in-memory TAP that answers EINVAL to the writes refuse picks, as a
+// kernel that rejects their virtio_net_hdr would.
+func refusingTap(refuse func(pkt []byte) bool) *taptest.TAP {
+	tap := taptest.New(true)
+	tap.Refuse = func(pkt []byte) error {
+		if refuse(pkt) {
+			return unix.EINVAL
+		}
+		return nil
+	}
+	return tap
 }
 
-func (e *einvalTap) Write(pkt []byte) (int, error) {
+// isGSO reports whether pkt (behind the in-memory TAP's 10-byte header) is a GSO write.
+func isGSO(pkt []byte) bool {
 	var h vnethdr.Hdr
-	if h.Decode(pkt, e.hl) == nil && h.IsGSO() {
-		e.mu.Lock()
-		e.refused++
-		e.mu.Unlock()
-		return 0, unix.EINVAL
-	}
-	return e.fakeTap.Write(pkt)
+	return h.Decode(pkt, 10) == nil && h.IsGSO()
 }
 
 // A GSO frame from a vnet-hdr port that the kernel refuses, when the kernel refuses
@@ -217,12 +197,13 @@ func (e *einvalTap) Write(pkt []byte) (int, error) {
 // switched off (sticky, reported once), and later frames of that kind are split before
 // the write.
 func TestVnetPortToTapEINVALFallback(t *testing.T) {
-	tap := &einvalTap{fakeTap: newFakeTap(10, true)}
+	// Every GSO write is refused, as by a kernel with a GSO bug.
+	tap := refusingTap(isGSO)
 	b := testBridge(tap, true)
 	var mu sync.Mutex
 	var killed []vnethdr.Offloads
 	b.onOffloadKill = func(o vnethdr.Offloads, _ error) { mu.Lock(); killed = append(killed, o); mu.Unlock() }
-	near, far := vnetPair(t, false)
+	near, far := porttest.VnetPair(t, false)
 	done := make(chan error, 1)
 	go func() { done <- b.runPortToTap(near) }()
 	payload := pattern(14480)
@@ -230,11 +211,11 @@ func TestVnetPortToTapEINVALFallback(t *testing.T) {
 		if _, err := far.WriteBatch([][]byte{gsoTCP4(12, payload, 1448)}); err != nil {
 			t.Fatal(err)
 		}
-		waitWritten(t, tap.fakeTap, 10*(i+1))
+		waitWritten(t, tap, 10*(i+1))
 	}
 	far.Close()
 	<-done
-	out := tap.written()
+	out := tap.Written()
 	if len(out) != 20 {
 		t.Fatalf("TAP got %d segments, want 20", len(out))
 	}
@@ -243,8 +224,8 @@ func TestVnetPortToTapEINVALFallback(t *testing.T) {
 			t.Fatalf("segment %d is %d bytes", i, len(o))
 		}
 	}
-	if tap.refused != 2 {
-		t.Errorf("kernel saw %d GSO writes, want 2: the frame and the probe that confirms the refusal (the second frame is split before the write)", tap.refused)
+	if tap.Refusals() != 2 {
+		t.Errorf("kernel saw %d GSO writes, want 2: the frame and the probe that confirms the refusal (the second frame is split before the write)", tap.Refusals())
 	}
 	if len(killed) != 1 || killed[0] != vnethdr.OffloadTSO4 {
 		t.Errorf("offloads reported killed: %v, want [tso4]", killed)
@@ -283,9 +264,9 @@ func udpGSO4(hl int, payload []byte, mss int) []byte {
 // A USO frame from the peer to a TAP that does not take USO (a 6.1 kernel) is split
 // into checksummed datagrams before the write; the TAP never sees UDP_L4 GSO.
 func TestVnetPortToTapSplitsUSOForOldKernel(t *testing.T) {
-	tap := newFakeTap(10, true)
+	tap := taptest.New(true)
 	b := testBridge(tap, true) // tapAccepts has no USO
-	near, far := vnetPair(t, false)
+	near, far := porttest.VnetPair(t, false)
 	done := make(chan error, 1)
 	go func() { done <- b.runPortToTap(near) }()
 	if _, err := far.WriteBatch([][]byte{udpGSO4(12, pattern(4000), 1400)}); err != nil {
@@ -318,9 +299,9 @@ func TestVnetPortToTapSplitsUSOForOldKernel(t *testing.T) {
 
 // The TAP→port path to a vnet port allocates nothing per batch either.
 func TestTapToVnetPortZeroAllocs(t *testing.T) {
-	tap := newFakeTap(10, false)
+	tap := taptest.New(false)
 	b := testBridge(tap, true)
-	near, far := vnetPair(t, false)
+	near, far := porttest.VnetPair(t, false)
 	b.port.Store(newPortRef(near))
 	go drain(far, nil)
 	p := newTapToPort(b)
@@ -332,18 +313,18 @@ func TestTapToVnetPortZeroAllocs(t *testing.T) {
 
 // BenchmarkTapToVnetPort: 64 KB TSO frames passed whole to a vnet-hdr=on stream.
 func BenchmarkTapToVnetPort(b *testing.B) {
-	tap := newFakeTap(10, false)
+	tap := taptest.New(false)
 	br := testBridge(tap, true)
-	near, far := vnetPair(b, false)
+	near, far := porttest.VnetPair(b, false)
 	benchTapToPort(b, br, near, far)
 }
 
 // BenchmarkVnetPortToTap: 64 KB GSO records from a vnet-hdr=on peer to the TAP, lent
 // from the stream's read buffer.
 func BenchmarkVnetPortToTap(b *testing.B) {
-	tap := newFakeTap(10, false)
+	tap := taptest.New(false)
 	br := testBridge(tap, true)
-	near, far := vnetPair(b, false)
+	near, far := porttest.VnetPair(b, false)
 	done := make(chan error, 1)
 	pkt := gsoTCP4(12, pattern(65000), 1448)
 	batch := [][]byte{pkt, pkt, pkt, pkt}
@@ -371,9 +352,9 @@ func BenchmarkVnetEndToEnd(b *testing.B) {
 }
 
 func benchVnetEndToEnd(b *testing.B, shm bool) {
-	tapA, tapB := newFakeTap(10, false), newFakeTap(10, false)
+	tapA, tapB := taptest.New(false), taptest.New(false)
 	a, c := testBridge(tapA, true), testBridge(tapB, true)
-	near, far := vnetPair(b, shm)
+	near, far := porttest.VnetPair(b, shm)
 	a.port.Store(newPortRef(near))
 	doneA, doneB := make(chan error, 1), make(chan error, 1)
 	go func() { doneA <- a.runTapToPort() }()
@@ -383,13 +364,13 @@ func benchVnetEndToEnd(b *testing.B, shm bool) {
 	b.ReportAllocs()
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
-		tapA.in <- pkt
+		tapA.Inject(pkt)
 	}
-	for tapB.writes() < b.N {
+	for tapB.Writes() < b.N {
 		time.Sleep(10 * time.Microsecond)
 	}
 	b.StopTimer()
-	close(tapA.closed)
+	tapA.Close()
 	<-doneA
 	far.Close()
 	<-doneB
@@ -541,13 +522,8 @@ func kernelRefuses(pkt []byte, hl int) bool {
 
 // modelTap is an in-memory TAP that refuses with EINVAL what kernelRefuses says a
 // kernel would.
-type modelTap struct{ *fakeTap }
-
-func (m modelTap) Write(pkt []byte) (int, error) {
-	if kernelRefuses(pkt, m.hl) {
-		return 0, unix.EINVAL
-	}
-	return m.fakeTap.Write(pkt)
+func modelTap() *taptest.TAP {
+	return refusingTap(func(pkt []byte) bool { return kernelRefuses(pkt, 10) })
 }
 
 // recordingTap wraps a TAP, in-memory or real, and keeps what it took and how often it
@@ -604,7 +580,7 @@ func realTap(t *testing.T) *tapdev.Device {
 // give. Once against a model of the kernel's checks, once against a real TAP.
 func TestVnetPortToTapCraftedHeadersKillNothing(t *testing.T) {
 	t.Run("model", func(t *testing.T) {
-		testCraftedHeaders(t, modelTap{newFakeTap(10, false)}, vnethdr.OffloadCSUM|vnethdr.OffloadTSO4|
+		testCraftedHeaders(t, modelTap(), vnethdr.OffloadCSUM|vnethdr.OffloadTSO4|
 			vnethdr.OffloadTSO6|vnethdr.OffloadTSOECN|vnethdr.OffloadUSO)
 	})
 	t.Run("tap", func(t *testing.T) {
@@ -621,7 +597,7 @@ func testCraftedHeaders(t *testing.T, tap tapIO, accepts vnethdr.Offloads) {
 	var killed []string
 	b.onOffloadKill = func(o vnethdr.Offloads, _ error) { mu.Lock(); killed = append(killed, o.String()); mu.Unlock() }
 	b.onGROKill = func(error) { mu.Lock(); killed = append(killed, "gro"); mu.Unlock() }
-	near, far := vnetPair(t, false)
+	near, far := porttest.VnetPair(t, false)
 	done := make(chan error, 1)
 	go func() { done <- b.runPortToTap(near) }()
 
@@ -698,30 +674,6 @@ func testCraftedHeaders(t *testing.T, tap tapIO, accepts vnethdr.Offloads) {
 	}
 }
 
-// refuseTap is an in-memory TAP that refuses the GSO writes refuse picks.
-type refuseTap struct {
-	*fakeTap
-	refuse  func(pkt []byte) bool
-	refused int
-}
-
-func (r *refuseTap) Write(pkt []byte) (int, error) {
-	var h vnethdr.Hdr
-	if h.Decode(pkt, r.hl) == nil && h.IsGSO() && r.refuse(pkt) {
-		r.mu.Lock()
-		r.refused++
-		r.mu.Unlock()
-		return 0, unix.EINVAL
-	}
-	return r.fakeTap.Write(pkt)
-}
-
-func (r *refuseTap) refusals() int {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.refused
-}
-
 // isProbe reports whether pkt is one of tapgro's probe frames (gsoprobe.go).
 func isProbe(pkt []byte, hl int) bool {
 	return len(pkt) >= hl+6 && bytes.Equal(pkt[hl:hl+6], []byte{0x02, 0x74, 0x61, 0x70, 0x67, 0x72})
@@ -741,9 +693,8 @@ func TestGSORefusalKillsOnlyWithProbe(t *testing.T) {
 }
 
 func testRefusalProbe(t *testing.T, vnet, probeRefused bool) {
-	tap := &refuseTap{fakeTap: newFakeTap(10, true)}
 	// The kernel objects to large GSO packets only, or (a GSO bug) to every one.
-	tap.refuse = func(pkt []byte) bool { return probeRefused || len(pkt) > 1000 }
+	tap := refusingTap(func(pkt []byte) bool { return isGSO(pkt) && (probeRefused || len(pkt) > 1000) })
 	b := testBridge(tap, true)
 	var mu sync.Mutex
 	var killed []vnethdr.Offloads
@@ -751,10 +702,10 @@ func testRefusalProbe(t *testing.T, vnet, probeRefused bool) {
 	var port, far port.Port
 	hl := 0
 	if vnet {
-		port, far = vnetPair(t, false)
+		port, far = porttest.VnetPair(t, false)
 		hl = 12
 	} else {
-		port, far = streamPair(t)
+		port, far = porttest.StreamPair(t)
 	}
 	done := make(chan error, 1)
 	go func() { done <- b.runPortToTap(port) }()
@@ -781,7 +732,7 @@ func testRefusalProbe(t *testing.T, vnet, probeRefused bool) {
 		}
 	}
 	segments := func() (n, probes int) {
-		for _, o := range tap.written() {
+		for _, o := range tap.Written() {
 			if isProbe(o, 10) {
 				probes++
 			} else {
@@ -804,7 +755,7 @@ func testRefusalProbe(t *testing.T, vnet, probeRefused bool) {
 	if n != 20 {
 		t.Fatalf("TAP got %d frames, want 20 segments", n)
 	}
-	for i, o := range tap.written() {
+	for i, o := range tap.Written() {
 		if !isProbe(o, 10) && len(o) != 10+14+20+20+1448 {
 			t.Fatalf("frame %d is %d bytes, want a 1448-byte segment", i, len(o))
 		}
@@ -812,8 +763,8 @@ func testRefusalProbe(t *testing.T, vnet, probeRefused bool) {
 	if probeRefused {
 		// Round 1: the packet and the probe are refused, the offload goes; round 2 is
 		// split before the write (vnet) or never merged (GRO off for TCP).
-		if tap.refusals() != 2 || probes != 0 {
-			t.Errorf("%d refusals, %d probes taken; want 2 and 0", tap.refusals(), probes)
+		if tap.Refusals() != 2 || probes != 0 {
+			t.Errorf("%d refusals, %d probes taken; want 2 and 0", tap.Refusals(), probes)
 		}
 		if len(killed) != 1 || killed[0] != vnethdr.OffloadTSO4 || !b.groKilled.Load() {
 			t.Errorf("killed %v, groKilled %v; want [tso4] and true", killed, b.groKilled.Load())
@@ -821,8 +772,8 @@ func testRefusalProbe(t *testing.T, vnet, probeRefused bool) {
 		return
 	}
 	// Each round: the packet refused, the probe taken, the packet split.
-	if tap.refusals() != 2 || probes != 2 || b.p2t.GSOFallback.Load() != 2 {
-		t.Errorf("%d refusals, %d probes taken, %d fallbacks; want 2, 2, 2", tap.refusals(), probes, b.p2t.GSOFallback.Load())
+	if tap.Refusals() != 2 || probes != 2 || b.p2t.GSOFallback.Load() != 2 {
+		t.Errorf("%d refusals, %d probes taken, %d fallbacks; want 2, 2, 2", tap.Refusals(), probes, b.p2t.GSOFallback.Load())
 	}
 	if len(killed) != 0 || b.tapKilled.Load() != 0 || b.groKilled.Load() {
 		t.Errorf("killed %v, groKilled %v, although the kernel took the probe", killed, b.groKilled.Load())

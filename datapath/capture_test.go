@@ -9,6 +9,8 @@ import (
 
 	"tapgro/pcapio"
 	"tapgro/port"
+	"tapgro/port/porttest"
+	"tapgro/tapdev/taptest"
 )
 
 // readPcap returns the original length of every record in a capture file.
@@ -39,7 +41,7 @@ func readPcap(t *testing.T, path string) []int {
 // Both pipelines write both captures: the TAP side sees GSO super-frames whole, the
 // port side MTU frames, and the record counts follow the pipeline counters.
 func TestCaptureDatapath(t *testing.T) {
-	tap := newFakeTap(10, true)
+	tap := taptest.New(true)
 	b := testBridge(tap, true)
 	dir := t.TempDir()
 	tapFile, portFile := filepath.Join(dir, "tap.pcap"), filepath.Join(dir, "port.pcap")
@@ -49,7 +51,7 @@ func TestCaptureDatapath(t *testing.T) {
 	if err := b.capture.set(&b.capture.port, portFile); err != nil {
 		t.Fatal(err)
 	}
-	near, far := streamPair(t)
+	near, far := porttest.StreamPair(t)
 	b.port.Store(newPortRef(near))
 	p2tDone := make(chan error, 1)
 	go func() { p2tDone <- b.runPortToTap(near) }()
@@ -76,7 +78,7 @@ func TestCaptureDatapath(t *testing.T) {
 		received <- total
 	}()
 	for i := 0; i < tso; i++ {
-		tap.in <- gsoTCP4(10, pattern(tsoPayload), 1448)
+		tap.Inject(gsoTCP4(10, pattern(tsoPayload), 1448))
 	}
 	// port→TAP: one batch of 32 in-order segments, coalesced into GSO packets.
 	var segs [][]byte
@@ -95,7 +97,7 @@ func TestCaptureDatapath(t *testing.T) {
 	}
 	far.Close()
 	<-p2tDone
-	close(tap.closed)
+	tap.Close()
 	<-t2pDone
 	if err := b.capture.close(); err != nil {
 		t.Fatal(err)

@@ -1,30 +1,16 @@
 package datapath
 
 import (
-	"sync"
 	"testing"
 	"time"
 
+	"tapgro/port/porttest"
+	"tapgro/tapdev/taptest"
 	"tapgro/vnethdr"
 )
 
-// offloadFakeTap is a fakeTap whose read offloads can be set, as TUNSETOFFLOAD would.
-type offloadFakeTap struct {
-	*fakeTap
-	mu   sync.Mutex
-	mask vnethdr.Offloads
-	sets int
-}
-
-func (f *offloadFakeTap) SetOffloads(o vnethdr.Offloads) (vnethdr.Offloads, error) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.mask, f.sets = o, f.sets+1
-	return o, nil
-}
-
 func TestRenegotiateOnConnectAndToggles(t *testing.T) {
-	tap := &offloadFakeTap{fakeTap: newFakeTap(10, true)}
+	tap := taptest.New(true)
 	b := testBridge(tap, true)
 	in := negInput{TapProbed: oCSUM | oTSO4 | oTSO6 | oECN | oUSO, TapHdrLen: 10, TapWrite: b.cfg.tapAccepts,
 		Choice: vnethdr.Choice{Auto: true}, Port: PortCaps{State: "stream(plain)"}, GRO: true, UDPGRO: true}
@@ -33,7 +19,7 @@ func TestRenegotiateOnConnectAndToggles(t *testing.T) {
 	b.initNegotiation(in, n0, func(n *Negotiation) { lines = append(lines, n.String()) })
 
 	// A vnet-hdr=on peer connects: the steps change, the TAP mask need not.
-	near, _ := vnetPair(t, false)
+	near, _ := porttest.VnetPair(t, false)
 	n, err := b.portConnected(near)
 	if err != nil {
 		t.Fatal(err)
@@ -41,14 +27,14 @@ func TestRenegotiateOnConnectAndToggles(t *testing.T) {
 	if n.T2P.String() != "passthrough+hdr_convert" || n.Port.HdrLen != 12 {
 		t.Fatalf("after a vnet peer connected: %s", n)
 	}
-	if tap.sets != 0 {
-		t.Errorf("TUNSETOFFLOAD issued %d times for an unchanged mask", tap.sets)
+	if tap.Sets() != 0 {
+		t.Errorf("TUNSETOFFLOAD issued %d times for an unchanged mask", tap.Sets())
 	}
 
 	// The operator narrows the TAP's offloads at run time.
 	set, err := b.SetTapOffloads(oCSUM)
-	if err != nil || set != oCSUM || tap.mask != oCSUM {
-		t.Fatalf("SetTapOffloads(csum) = %s, %v; TAP mask %s", set, err, tap.mask)
+	if err != nil || set != oCSUM || tap.Offloads() != oCSUM {
+		t.Fatalf("SetTapOffloads(csum) = %s, %v; TAP mask %s", set, err, tap.Offloads())
 	}
 	if _, err := b.SetTapOffloads(oTSO4); err == nil {
 		t.Error("SetTapOffloads(tso4) without csum must fail")
@@ -77,11 +63,11 @@ func TestRenegotiateOnConnectAndToggles(t *testing.T) {
 // Switching GRO off between batches, with the port connected, loses nothing: the held
 // aggregate is flushed first and later segments pass one by one.
 func TestSetGROMidStream(t *testing.T) {
-	tap := newFakeTap(10, true)
+	tap := taptest.New(true)
 	b := testBridge(tap, true)
 	b.cfg.timerFlush = true // hold aggregates across reads, so a toggle has something to flush
 	b.cfg.rscInterval = time.Hour
-	near, far := streamPair(t)
+	near, far := porttest.StreamPair(t)
 	done := make(chan error, 1)
 	go func() { done <- b.runPortToTap(near) }()
 	seq, id := uint32(1), uint16(1)
@@ -106,7 +92,7 @@ func TestSetGROMidStream(t *testing.T) {
 	waitWritten(t, tap, 4)
 	far.Close()
 	<-done
-	out := tap.written()
+	out := tap.Written()
 	var total int
 	for _, o := range out {
 		total += len(o) - 10 - 54

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"tapgro/netmapio"
+	"tapgro/port/porttest"
+	"tapgro/tapdev/taptest"
 	"tapgro/vnethdr"
 )
 
@@ -16,14 +18,14 @@ import (
 // reaches the TAP in order, every TSO frame from the TAP reaches the port as segments,
 // and the port→TAP pipeline is still running when the sender stops.
 func TestTogglesMidStream(t *testing.T) {
-	tap := &offloadFakeTap{fakeTap: newFakeTap(10, true)}
+	tap := taptest.New(true)
 	b := testBridge(tap, true)
 	in := negInput{TapProbed: oCSUM | oTSO4 | oTSO6 | oECN | oUSO, TapHdrLen: 10, TapWrite: b.cfg.tapAccepts,
 		Choice: vnethdr.Choice{Auto: true}, Port: PortCaps{State: "stream(plain)"}, GRO: true, UDPGRO: true}
 	b.initNegotiation(in, negotiate(in), nil)
 	b.cfg.timerFlush = true // aggregates held across reads: a toggle has something to flush
 	b.cfg.rscInterval = 200 * time.Microsecond
-	near, far := streamPair(t)
+	near, far := porttest.StreamPair(t)
 	b.port.Store(newPortRef(near))
 	p2tDone := make(chan error, 1)
 	go func() { p2tDone <- b.runPortToTap(near) }()
@@ -84,7 +86,7 @@ func TestTogglesMidStream(t *testing.T) {
 			t.Fatal(err)
 		}
 		if i < tsoFrames {
-			tap.in <- gsoTCP4(10, pattern(tsoPayload), 1448)
+			tap.Inject(gsoTCP4(10, pattern(tsoPayload), 1448))
 		}
 		if err := toggles[i%len(toggles)](); err != nil {
 			t.Fatalf("toggle %d: %v", i%len(toggles), err)
@@ -96,7 +98,7 @@ func TestTogglesMidStream(t *testing.T) {
 	gso, plain := 0, 0
 	deadline := time.Now().Add(10 * time.Second)
 	for len(got) < len(stream) && time.Now().Before(deadline) {
-		got, gso, plain = tapPayload(t, tap.written())
+		got, gso, plain = tapPayload(t, tap.Written())
 		time.Sleep(time.Millisecond)
 	}
 	select {
@@ -115,7 +117,7 @@ func TestTogglesMidStream(t *testing.T) {
 	if err := <-p2tDone; !errors.Is(err, netmapio.ErrClosed) {
 		t.Errorf("runPortToTap ended with %v", err)
 	}
-	close(tap.closed)
+	tap.Close()
 	<-t2pDone
 	if d := b.t2p.DropMalformed.Load() + b.p2t.DropMalformed.Load() + b.p2t.DropTapError.Load(); d != 0 {
 		t.Errorf("%d frames dropped", d)

@@ -24,9 +24,9 @@ func ctlPair(t *testing.T, be backend) (s *pairSetup, ctlA, ctlB string) {
 	s.dir = t.TempDir()
 	ctlA, ctlB = filepath.Join(s.dir, "a.ctl"), filepath.Join(s.dir, "b.ctl")
 	s.argsA = []string{"--tap", "tg0", "--mtu", "1500", "--addr", "198.18.0.1/24", "--addr", "fd00:198:18::1/64",
-		"--netdev", be.a(s.dir), "--log-level", "debug", "--allow-remote", "--ctl-socket", ctlA}
+		"--netdev", be.a(s.dir), "--log-level", "debug", "--allow-remote", "--ctl-socket", ctlA, "--metrics-addr", metricsAddr}
 	s.argsB = []string{"--tap", "tg0", "--mtu", "1500", "--addr", "198.18.0.2/24", "--addr", "fd00:198:18::2/64",
-		"--netdev", be.b(s.dir), "--log-level", "debug", "--allow-remote", "--ctl-socket", ctlB}
+		"--netdev", be.b(s.dir), "--log-level", "debug", "--allow-remote", "--ctl-socket", ctlB, "--metrics-addr", metricsAddr}
 	s.pa = startTapgro(t, s.a, "tapgro A", s.argsA...)
 	s.pa.waitLog(readyRe, 10*time.Second)
 	s.pb = startTapgro(t, s.b, "tapgro B", s.argsB...)
@@ -189,15 +189,18 @@ func TestCtlToggles(t *testing.T) {
 					t.Errorf("%s logged %d changes", p.name, n)
 				}
 			}
-			s.pa.stop()
-			s.pb.stop()
-			for _, p := range []*proc{s.pa, s.pb} {
-				c := summary(t, p.out.String())
-				t.Logf("%s: %v", p.name, c)
-				if c["port_to_tap_malformed"] != 0 || c["tap_to_port_port_error"] != 0 {
-					t.Errorf("%s dropped frames: %v", p.name, c)
+			for _, side := range []struct {
+				ns *netnstest.NS
+				p  *proc
+			}{{s.a, s.pa}, {s.b, s.pb}} {
+				c := scrape(t, side.ns, metricsAddr).pick(t, mP2TMalformed, mT2PPortError)
+				t.Logf("%s: %v", side.p.name, c)
+				if c[mP2TMalformed] != 0 || c[mT2PPortError] != 0 {
+					t.Errorf("%s dropped frames: %v", side.p.name, c)
 				}
 			}
+			s.pa.stop()
+			s.pb.stop()
 			for _, p := range []string{ctlA, ctlB} {
 				if _, err := os.Lstat(p); !os.IsNotExist(err) {
 					t.Errorf("%s left behind after exit: %v", p, err)

@@ -6,8 +6,6 @@ import (
 	"bytes"
 	"os"
 	"os/exec"
-	"regexp"
-	"strconv"
 	"testing"
 	"time"
 
@@ -24,26 +22,6 @@ func requireTool(t testing.TB, name string) {
 		t.Fatalf("needs %s (apt-get install -y %s), and TAPGRO_REQUIRE_PRIV=1 forbids skipping", name, name)
 	}
 	t.Skipf("needs %s (apt-get install -y %s)", name, name)
-}
-
-// summary parses tapgro's exit line ("tapgro exiting" with key=value counters).
-func summary(t testing.TB, log string) map[string]uint64 {
-	t.Helper()
-	var line string
-	for _, l := range bytes.Split([]byte(log), []byte("\n")) {
-		if bytes.Contains(l, []byte("tapgro exiting")) {
-			line = string(l)
-		}
-	}
-	if line == "" {
-		t.Fatalf("no exit summary in the log:\n%s", log)
-	}
-	out := map[string]uint64{}
-	for _, m := range regexp.MustCompile(`(\w+)=(\d+)`).FindAllStringSubmatch(line, -1) {
-		v, _ := strconv.ParseUint(m[2], 10, 64)
-		out[m[1]] = v
-	}
-	return out
 }
 
 // iperf3 runs a client in ns against a server started in srvNS, and returns its output.
@@ -75,21 +53,21 @@ func iperf3(t testing.TB, ns, srvNS *netnstest.NS, dst string, args ...string) s
 func TestGROBulk(t *testing.T) {
 	netnstest.RequirePriv(t)
 	requireTool(t, "iperf3")
-	s := newPair(t, backends[0])
+	s := newPair(t, backends[0], "--metrics-addr", metricsAddr)
 	s.pingAll(t)
 	t.Logf("v4: %s", lastLine(iperf3(t, s.a, s.b, "198.18.0.2", "-t", "3")))
 	t.Logf("v6: %s", lastLine(iperf3(t, s.a, s.b, "fd00:198:18::2", "-t", "3")))
+	c := scrape(t, s.b, metricsAddr).pick(t, mGROSegments, mGROPackets, mGROGSOPackets, mTapEINVAL, mGSOFallback)
 	s.pb.stop()
-	c := summary(t, s.pb.out.String())
 	t.Logf("receiving tapgro: %v", c)
-	if c["gro_packets"] == 0 || c["gro_gso_packets"] == 0 {
+	if c[mGROPackets] == 0 || c[mGROGSOPackets] == 0 {
 		t.Fatalf("no GSO packets were written: %v", c)
 	}
-	perPacket := float64(c["gro_segments"]) / float64(c["gro_packets"])
+	perPacket := c[mGROSegments] / c[mGROPackets]
 	if perPacket < 20 {
 		t.Errorf("%.1f segments per packet on a bulk stream, want >= 20", perPacket)
 	}
-	if c["tap_write_einval"] != 0 || c["gso_write_fallback"] != 0 {
+	if c[mTapEINVAL] != 0 || c[mGSOFallback] != 0 {
 		t.Errorf("the kernel refused GSO writes: %v", c)
 	}
 }

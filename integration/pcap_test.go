@@ -60,8 +60,12 @@ func TestPcapCapture(t *testing.T) {
 	s.pingAll(t)
 	transfer(t, s.a, s.b, "198.18.0.2", 7101, 8<<20)
 	transfer(t, s.b, s.a, "198.18.0.1", 7102, 8<<20)
+	// The counters are read from the exit line, not /metrics: only once A has stopped
+	// are its capture files flushed and closed, and do the pipelines stop counting, so
+	// file, capture counters and pipeline counters can be compared exactly. The metrics
+	// server stops with the process.
 	s.pa.stop()
-	sum := summary(t, s.pa.out.String())
+	sum := exitSummary(t, s.pa)
 
 	for _, c := range []struct {
 		side, file string

@@ -87,7 +87,7 @@ func newQEMUSetup(t *testing.T, tapgroSpec func(string) string, mtu int) *qemuSe
 	t.Helper()
 	s := &qemuSetup{ns: netnstest.New(t, "qemu"), dir: t.TempDir()}
 	s.args = []string{"--tap", "tg0", "--mtu", strconv.Itoa(mtu), "--addr", hostIP4 + "/24", "--addr", hostIP6 + "/64",
-		"--netdev", tapgroSpec(s.dir)}
+		"--netdev", tapgroSpec(s.dir), "--metrics-addr", metricsAddr}
 	startIperf3Server(t, s.ns)
 	return s
 }
@@ -198,8 +198,6 @@ var (
 	guestDownRe     = regexp.MustCompile(`GUEST-DOWN-SHA=([0-9a-f]{64})`)
 	guestWaitingRe  = regexp.MustCompile(`GUEST-WAITING`)
 	portConnectedRe = regexp.MustCompile(`port connected`)
-	groSegmentsRe   = regexp.MustCompile(`gro_segments=(\d+)`)
-	groPacketsRe    = regexp.MustCompile(`gro_packets=(\d+)`)
 	iperfSummaryRe  = regexp.MustCompile(`(?m)^.*\s(sender|receiver)$`)
 )
 
@@ -278,17 +276,12 @@ func runFullGuest(t *testing.T, s *qemuSetup, netdev string, mtu int) {
 	}
 }
 
-// groCounters stops tapgro (its exit summary carries the counters) and returns them.
-func groCounters(t *testing.T, p *proc) (segments, packets uint64) {
+// groCounters reads tapgro's GRO counters from /metrics, then stops it.
+func groCounters(t *testing.T, s *qemuSetup) (segments, packets uint64) {
 	t.Helper()
-	p.stop()
-	log := p.out.String()
-	ms, mp := groSegmentsRe.FindStringSubmatch(log), groPacketsRe.FindStringSubmatch(log)
-	if ms == nil || mp == nil {
-		t.Fatalf("tapgro's exit summary has no gro_segments/gro_packets:\n%s", log)
-	}
-	segments, _ = strconv.ParseUint(ms[1], 10, 64)
-	packets, _ = strconv.ParseUint(mp[1], 10, 64)
+	m := scrape(t, s.ns, metricsAddr)
+	segments, packets = uint64(m.get(t, mGROSegments)), uint64(m.get(t, mGROPackets))
+	s.tg.stop()
 	return segments, packets
 }
 
@@ -319,7 +312,7 @@ func TestQEMUGuest(t *testing.T) {
 			s := newQEMUSetup(t, be.tapgro, 1500)
 			s.startTapgro(t, "tapgro")
 			runFullGuest(t, s, be.qemu(s.dir), 1500)
-			seg, pkt := groCounters(t, s.tg)
+			seg, pkt := groCounters(t, s)
 			t.Logf("gro_segments=%d gro_packets=%d; took %v", seg, pkt, time.Since(start).Round(time.Millisecond))
 		})
 	}
@@ -331,7 +324,7 @@ func TestQEMUGuest(t *testing.T) {
 		s := newQEMUSetup(t, be.tapgro, 9000)
 		s.startTapgro(t, "tapgro")
 		runFullGuest(t, s, be.qemu(s.dir), 9000)
-		seg, pkt := groCounters(t, s.tg)
+		seg, pkt := groCounters(t, s)
 		t.Logf("gro_segments=%d gro_packets=%d; took %v", seg, pkt, time.Since(start).Round(time.Millisecond))
 	})
 
@@ -356,7 +349,7 @@ func TestQEMUGuest(t *testing.T) {
 		if n := strings.Count(s.tg.out.String(), "port connected"); n != 2 {
 			t.Errorf("tapgro logged %d connections, want one per guest (2)", n)
 		}
-		seg, pkt := groCounters(t, s.tg)
+		seg, pkt := groCounters(t, s)
 		t.Logf("gro_segments=%d gro_packets=%d (%.1f segments per packet); took %v",
 			seg, pkt, float64(seg)/float64(max(pkt, 1)), time.Since(start).Round(time.Millisecond))
 		if pkt == 0 || seg < 2*pkt {

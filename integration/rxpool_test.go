@@ -3,7 +3,6 @@
 package integration
 
 import (
-	"bufio"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -20,67 +19,6 @@ import (
 	"tapgro/integration/netnstest"
 )
 
-// scrape reads tapgro's /metrics from inside ns (a raw HTTP/1.0 request over a socket
-// made in the namespace; an http.Client would dial from another thread) and returns
-// every sample, keyed by name plus labels as exposed.
-func scrape(t testing.TB, ns *netnstest.NS, addr string) map[string]float64 {
-	t.Helper()
-	var c net.Conn
-	if err := ns.Do(func() (err error) {
-		c, err = net.DialTimeout("tcp", addr, 5*time.Second)
-		return err
-	}); err != nil {
-		t.Fatalf("metrics at %s in %s: %v", addr, ns.Name, err)
-	}
-	defer c.Close()
-	c.SetDeadline(time.Now().Add(10 * time.Second))
-	fmt.Fprintf(c, "GET /metrics HTTP/1.0\r\nHost: %s\r\n\r\n", addr)
-	body, err := io.ReadAll(c)
-	if err != nil {
-		t.Fatalf("read metrics: %v", err)
-	}
-	return parseSamples(string(body))
-}
-
-// scrapeQuiet is scrape for goroutines other than the test's: errors give an empty map.
-func scrapeQuiet(ns *netnstest.NS, addr string) map[string]float64 {
-	out := map[string]float64{}
-	var c net.Conn
-	if err := ns.Do(func() (err error) {
-		c, err = net.DialTimeout("tcp", addr, 5*time.Second)
-		return err
-	}); err != nil {
-		return out
-	}
-	defer c.Close()
-	c.SetDeadline(time.Now().Add(10 * time.Second))
-	fmt.Fprintf(c, "GET /metrics HTTP/1.0\r\nHost: %s\r\n\r\n", addr)
-	body, err := io.ReadAll(c)
-	if err != nil {
-		return out
-	}
-	return parseSamples(string(body))
-}
-
-func parseSamples(body string) map[string]float64 {
-	out := map[string]float64{}
-	sc := bufio.NewScanner(strings.NewReader(body))
-	for sc.Scan() {
-		l := sc.Text()
-		if l == "" || l[0] == '#' {
-			continue
-		}
-		i := strings.LastIndexByte(l, ' ')
-		if i < 0 {
-			continue
-		}
-		if v, err := strconv.ParseFloat(l[i+1:], 64); err == nil {
-			out[l[:i]] = v
-		}
-	}
-	return out
-}
-
 // cpuSeconds is a process's user+system CPU time from /proc/PID/stat.
 func cpuSeconds(t testing.TB, pid int) float64 {
 	t.Helper()
@@ -94,8 +32,6 @@ func cpuSeconds(t testing.TB, pid int) float64 {
 	st, _ := strconv.ParseFloat(f[12], 64)
 	return (ut + st) / 100 // USER_HZ is 100 on Linux
 }
-
-const metricsAddr = "127.0.0.1:9187"
 
 // TestRxPoolReceiverStopped: a SHA-256-checked TCP transfer from A to B runs through two
 // tapgro joined by a UNIX stream while B's tapgro is frozen with SIGSTOP for 3 s. A's

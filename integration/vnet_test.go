@@ -78,7 +78,7 @@ func TestVnetHdr(t *testing.T) {
 
 func testVnetHdr(t *testing.T, be backend, shm bool) {
 	netnstest.RequirePriv(t)
-	s := newPair(t, be)
+	s := newPair(t, be, "--metrics-addr", metricsAddr)
 	waitConnected(t, s)
 	s.pingAll(t)
 	const size = 200 << 20
@@ -97,27 +97,32 @@ func testVnetHdr(t *testing.T, be backend, shm bool) {
 			t.Errorf("%s: shared memory in the negotiated line is %v, want %v: %s", p.name, got, shm, m[len(m)-1])
 		}
 	}
-	s.pa.stop()
-	s.pb.stop()
-	for _, p := range []*proc{s.pa, s.pb} {
-		c := summary(t, p.out.String())
-		t.Logf("%s: tap_to_port_gso_passthrough=%d tap_to_port_gso_segmented=%d port_to_tap_gso_passthrough=%d tap_to_port_frames=%d port_to_tap_frames=%d",
-			p.name, c["tap_to_port_gso_passthrough"], c["tap_to_port_gso_segmented"], c["port_to_tap_gso_passthrough"], c["tap_to_port_frames"], c["port_to_tap_frames"])
+	for _, side := range []struct {
+		ns *netnstest.NS
+		p  *proc
+	}{{s.a, s.pa}, {s.b, s.pb}} {
+		p := side.p
+		c := scrape(t, side.ns, metricsAddr).pick(t, mT2PPassthrough, mT2PSegmented, mP2TPassthrough, mT2PFrames, mP2TFrames,
+			mGSOFallback, mTapEINVAL, mP2TMalformed, mT2PShm, mP2TShm)
+		t.Logf("%s: tap_to_port_gso_passthrough=%v tap_to_port_gso_segmented=%v port_to_tap_gso_passthrough=%v tap_to_port_frames=%v port_to_tap_frames=%v",
+			p.name, c[mT2PPassthrough], c[mT2PSegmented], c[mP2TPassthrough], c[mT2PFrames], c[mP2TFrames])
 		// Each side both sent 200 MB (its TAP emits TSO) and received 200 MB.
-		if c["tap_to_port_gso_passthrough"] < 1000 || c["port_to_tap_gso_passthrough"] < 1000 {
+		if c[mT2PPassthrough] < 1000 || c[mP2TPassthrough] < 1000 {
 			t.Errorf("%s: too few GSO frames went through whole: %v", p.name, c)
 		}
-		if c["tap_to_port_gso_segmented"] != 0 || c["gso_write_fallback"] != 0 || c["tap_write_einval"] != 0 || c["port_to_tap_malformed"] != 0 {
+		if c[mT2PSegmented] != 0 || c[mGSOFallback] != 0 || c[mTapEINVAL] != 0 || c[mP2TMalformed] != 0 {
 			t.Errorf("%s: GSO frames were segmented or refused: %v", p.name, c)
 		}
-		t.Logf("%s: tap_to_port_shm=%d port_to_tap_shm=%d", p.name, c["tap_to_port_shm"], c["port_to_tap_shm"])
-		if shm && (c["tap_to_port_shm"] < 1000 || c["port_to_tap_shm"] < 1000) {
+		t.Logf("%s: tap_to_port_shm=%v port_to_tap_shm=%v", p.name, c[mT2PShm], c[mP2TShm])
+		if shm && (c[mT2PShm] < 1000 || c[mP2TShm] < 1000) {
 			t.Errorf("%s: too few frames crossed in shared memory: %v", p.name, c)
 		}
-		if !shm && (c["tap_to_port_shm"] != 0 || c["port_to_tap_shm"] != 0) {
+		if !shm && (c[mT2PShm] != 0 || c[mP2TShm] != 0) {
 			t.Errorf("%s: frames crossed in shared memory with shm=off: %v", p.name, c)
 		}
 	}
+	s.pa.stop()
+	s.pb.stop()
 }
 
 // TestVnetHdrMismatch: a vnet-hdr=on server meeting a plain client refuses it with a

@@ -2,42 +2,14 @@ package rxpool
 
 import (
 	"encoding/binary"
-	"net"
-	"os"
 	"runtime"
 	"syscall"
 	"testing"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"tapgro/netmapio"
+	"tapgro/port/porttest"
 )
-
-func streamPair(t testing.TB, ast *netmapio.Stats) (a, b *netmapio.StreamPort) {
-	t.Helper()
-	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	conn := func(fd int) net.Conn {
-		f := os.NewFile(uintptr(fd), "socketpair")
-		defer f.Close()
-		c, err := net.FileConn(f)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return c
-	}
-	if a, err = netmapio.NewStreamPort(conn(fds[0]), ast); err != nil {
-		t.Fatal(err)
-	}
-	if b, err = netmapio.NewStreamPort(conn(fds[1]), nil); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { a.Close(); b.Close() })
-	return a, b
-}
 
 func cpuTime() time.Duration {
 	var ru syscall.Rusage
@@ -59,7 +31,7 @@ func TestSlowConsumer(t *testing.T) {
 		batch     = 64
 	)
 	wst := new(netmapio.Stats)
-	w, r := streamPair(t, wst)
+	w, r := porttest.StreamPairStats(t, wst, nil)
 	st := new(Stats)
 	p, err := New(Config{}, st)
 	if err != nil {

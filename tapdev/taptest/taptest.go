@@ -2,8 +2,9 @@
 // datapath engine and everything built on it. It behaves like a tapdev.Device opened
 // with IFF_VNET_HDR as far as its callers can tell without a kernel: ReadBatch hands out
 // injected packets (vnet header + frame) in order and blocks until one is there or the
-// TAP is closed; Write records what was written; SetOffloads records the read-offload
-// mask within what the TAP "kernel" offers, as TUNSETOFFLOAD does.
+// TAP is closed; Write records what was written, or refuses it as a kernel would when
+// told to (Refuse); SetOffloads records the read-offload mask within what the TAP
+// "kernel" offers, as TUNSETOFFLOAD does.
 package taptest
 
 import (
@@ -23,6 +24,12 @@ type TAP struct {
 	// write. Set them before handing the TAP to its user.
 	Probed, Accept vnethdr.Offloads
 
+	// Refuse, when set, is asked about every Write first: a non-nil error (unix.EINVAL,
+	// as the kernel answers a virtio_net_hdr it rejects) is the write's result, and the
+	// packet is neither counted in Writes nor kept, only counted in Refusals. Set it
+	// before handing the TAP to its user.
+	Refuse func(pkt []byte) error
+
 	in        chan []byte
 	closed    chan struct{}
 	closeOnce sync.Once
@@ -34,6 +41,7 @@ type TAP struct {
 	keep  bool
 	mask  vnethdr.Offloads
 	sets  int
+	nrefd int
 }
 
 // New returns a TAP whose kernel offers every offload; keep says whether written packets
@@ -43,8 +51,20 @@ func New(keep bool) *TAP {
 	return &TAP{Probed: all, Accept: all, in: make(chan []byte, 1024), closed: make(chan struct{}), keep: keep}
 }
 
-// Inject queues one packet (vnet header + frame) for ReadBatch.
-func (t *TAP) Inject(pkt []byte) { t.in <- pkt }
+// Inject queues one packet (vnet header + frame) for ReadBatch. It blocks while the
+// queue is full; once the TAP is closed it may give up instead, and reports whether the
+// packet was queued.
+func (t *TAP) Inject(pkt []byte) bool {
+	select {
+	case t.in <- pkt:
+		return true
+	case <-t.closed:
+		return false
+	}
+}
+
+// Queued is how many injected packets ReadBatch has not handed out yet.
+func (t *TAP) Queued() int { return len(t.in) }
 
 // ReadBatch implements the TAP read side: at least one packet, then whatever is queued.
 func (t *TAP) ReadBatch(bufs [][]byte, sizes []int, offset int) (int, error) {
@@ -67,8 +87,16 @@ func (t *TAP) ReadBatch(bufs [][]byte, sizes []int, offset int) (int, error) {
 	return n, nil
 }
 
-// Write records pkt.
+// Write records pkt, unless Refuse refuses it.
 func (t *TAP) Write(pkt []byte) (int, error) {
+	if t.Refuse != nil {
+		if err := t.Refuse(pkt); err != nil {
+			t.mu.Lock()
+			t.nrefd++
+			t.mu.Unlock()
+			return 0, err
+		}
+	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.count++
@@ -83,6 +111,13 @@ func (t *TAP) Writes() int {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return t.count
+}
+
+// Refusals is how many writes Refuse refused so far.
+func (t *TAP) Refusals() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.nrefd
 }
 
 // Written returns the packets written so far (with keep).
@@ -128,4 +163,12 @@ func (t *TAP) Offloads() vnethdr.Offloads {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return t.mask
+}
+
+// Sets is how many times SetOffloads was called (TUNSETOFFLOAD system calls, on a
+// real TAP).
+func (t *TAP) Sets() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.sets
 }
