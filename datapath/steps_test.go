@@ -10,6 +10,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"tapgro/port"
+	"tapgro/tapdev/taptest"
 	"tapgro/vnethdr"
 )
 
@@ -182,7 +183,7 @@ const allOffloads = vnethdr.OffloadCSUM | vnethdr.OffloadTSO4 | vnethdr.OffloadT
 // TAP→port: every TAP read offload choice × every port Accepts (with and without a vnet
 // header), each kind of frame the TAP then hands us, through tapToPort.process.
 func TestStepsMatchFramesTapToPort(t *testing.T) {
-	tap := newFakeTap(10, false)
+	tap := taptest.New(false)
 	b := testBridge(tap, false)
 	p := newTapToPort(b)
 	kinds := vnethdr.Kinds()
@@ -225,7 +226,7 @@ func TestStepsMatchFramesTapToPort(t *testing.T) {
 // whatever the set, so nothing is checksummed on this side.
 func TestStepsMatchFramesPortToTap(t *testing.T) {
 	const phl = 12
-	tap := newFakeTap(10, true)
+	tap := taptest.New(true)
 	b := testBridge(tap, false)
 	p := newPortToTap(b, phl)
 	coal := b.coalescerFor()
@@ -237,11 +238,11 @@ func TestStepsMatchFramesPortToTap(t *testing.T) {
 	}
 	ufo := withHdr(recs[len(recs)-1], phl, func(h *vnethdr.Hdr, _ int) { h.GSOType = vnethdr.GSOUDP })
 	send := func(rec []byte) [][]byte {
-		tap.out = tap.out[:0]
+		tap.Forget()
 		p.sizes[0] = copy(p.views[0], rec)
 		p.addWithHeaders(coal, 1, time.Now().UnixNano())
 		coal.Flush()
-		return tap.written()
+		return tap.Written()
 	}
 	for _, write := range offloadSets(AutoOffloads) {
 		b.cfg.tapAccepts = write

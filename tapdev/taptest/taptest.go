@@ -172,3 +172,10 @@ func (t *TAP) Sets() int {
 	defer t.mu.Unlock()
 	return t.sets
 }
+
+// Forget drops the packets recorded so far (Written starts afresh; Writes keeps counting).
+func (t *TAP) Forget() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.out = t.out[:0]
+}
