@@ -588,3 +588,29 @@ func batch(t testing.TB, v *Vring, fn func()) {
 }
 
 var errAny = errors.New("any")
+
+// Accessors: the session goroutine writes the recorder; the socket ordering between
+// them is invisible to the race detector, so reads take the lock too.
+func (r *recorder) getFeats() []Features {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]Features(nil), r.feats...)
+}
+
+func (r *recorder) getStopped() []int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]int(nil), r.stopped...)
+}
+
+func (r *recorder) getUnknown() []uint32 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]uint32(nil), r.unknown...)
+}
+
+func (r *recorder) getMTU() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.mtu
+}

@@ -76,6 +76,10 @@ const (
 	maxFds     = 8
 	maxRegions = 8
 
+	// oobSize is CMSG_SPACE(8*sizeof(int)) on 64-bit Linux: room for exactly maxFds, so
+	// a message with more fds comes back with MSG_CTRUNC and is refused.
+	oobSize = 48
+
 	vringFdNoFd    = 1 << 8 // VHOST_USER_VRING_NOFD_MASK
 	vringIndexMask = 0xff   // VHOST_USER_VRING_IDX_MASK
 )
@@ -277,7 +281,7 @@ func decodeMemTable(p []byte) (MemTable, error) {
 type conn struct {
 	uc  *net.UnixConn
 	raw syscall.RawConn
-	oob [64]byte // ≥ unix.CmsgSpace(8*4) = 48
+	oob [oobSize]byte
 	out [hdrSize + 8]byte
 }
 

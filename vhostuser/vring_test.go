@@ -181,7 +181,7 @@ func TestRXFrames(t *testing.T) {
 			} else if hl != want {
 				t.Fatalf("hdrlen %d, want %d", hl, want)
 			}
-			if f := h.rec.feats; len(f) != 1 || f[0].HdrLen != hl {
+			if f := h.rec.getFeats(); len(f) != 1 || f[0].HdrLen != hl {
 				t.Fatalf("FeaturesAcked %+v", f)
 			}
 			bufs := map[uint16][]seg{}
