@@ -442,6 +442,14 @@ func (s *Session) vringFile(m *message, p []byte) error {
 	case ReqSetVringCall:
 		v.closeFd(&v.callFd)
 		v.callFd = fd
+		if fd >= 0 && v.state == ringRunning && v.pubIdx != v.base {
+			// QEMU sends CALL after KICK (hw/virtio/vhost.c vhost_virtqueue_start), so
+			// entries may have been published with no fd to signal. One spurious
+			// interrupt is harmless; a lost one stalls the guest (passt signals every
+			// new call fd, vhost_user.c vu_set_vring_call_exec).
+			unix.Write(fd, v.one[:])
+			s.stats.Calls.Add(1)
+		}
 		v.mu.Unlock()
 		return nil
 	case ReqSetVringErr:

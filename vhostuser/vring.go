@@ -311,6 +311,9 @@ func (v *Vring) Begin() error {
 // the used entries are published with one used->idx store, and the guest is notified
 // at most once.
 func (v *Vring) End() {
+	if !v.inBatch {
+		return // Begin failed: the lock is not held (inBatch is the worker's own)
+	}
 	if !v.broken {
 		v.rewindLocked(v.pending)
 		v.resvN = 0
