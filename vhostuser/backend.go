@@ -1,0 +1,506 @@
+//go:build linux
+
+package vhostuser
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"sync/atomic"
+
+	"golang.org/x/sys/unix"
+)
+
+// virtio feature bits the back-end itself looks at (virtio spec "Reserved Feature Bits",
+// "Network Device / Feature bits"; linux include/uapi/linux/virtio_net.h, virtio_ring.h).
+const (
+	FeatureNetMTU        = 3
+	FeatureNetMrgRxbuf   = 15
+	FeatureNetMQ         = 22
+	FeatureIndirectDesc  = 28
+	FeatureEventIdx      = 29
+	FeatureVersion1      = 32
+	featureLogAll        = 26 // VHOST_F_LOG_ALL: migration dirty logging, never offered
+	protocolFeaturesMask = uint64(1) << VhostUserFProtocolFeatures
+)
+
+// Stats are the back-end's counters, all atomic; one Stats may outlive many sessions.
+type Stats struct {
+	Messages [MaxRequest + 1]atomic.Uint64 // by request type; ≥ MaxRequest share the last slot
+	Unknown  atomic.Uint64                 // requests not handled (also in Messages)
+	Failed   atomic.Uint64                 // requests answered with a failure
+	Rejected [NumReasons]atomic.Uint64     // rejected chains / rings, by reason
+	Kicks    atomic.Uint64                 // kick eventfd reads that returned a count
+	Calls    atomic.Uint64                 // call eventfd signals
+	Sessions atomic.Uint64
+}
+
+// Features is what SET_FEATURES acked.
+type Features struct {
+	Bits   uint64 // as acked, bit 30 included
+	HdrLen int    // virtio-net header bytes on every chain: 12 or 10
+}
+
+// Has reports whether virtio feature bit b was acked.
+func (f Features) Has(b uint) bool { return f.Bits&(1<<b) != 0 }
+
+// Handler is how a session reports to its owner. All methods are called from the
+// session goroutine, synchronously: the session waits for them.
+type Handler interface {
+	// FeaturesAcked reports SET_FEATURES.
+	FeaturesAcked(f Features)
+	// RingStarted: the ring is running; the owner starts its worker, which loops on
+	// Wait / Begin … End until they return ErrStopped or ErrBroken.
+	RingStarted(v *Vring)
+	// RingStopped: the ring is stopped (GET_VRING_BASE, or the session ended). The
+	// owner must not use v after returning; join the worker here (it is already
+	// being woken with ErrStopped).
+	RingStopped(v *Vring)
+	// SetMTU reports NET_SET_MTU (only sent if Config.NetMTU); an error refuses it.
+	SetMTU(mtu int) error
+	// Unknown reports a request this back-end does not handle; the session goes on.
+	Unknown(req uint32, size int)
+	// SessionEnded: the socket closed or broke (err nil on a clean close).
+	SessionEnded(err error)
+}
+
+// NopHandler implements Handler with no-ops, for embedding.
+type NopHandler struct{}
+
+func (NopHandler) FeaturesAcked(Features) {}
+func (NopHandler) RingStarted(*Vring)     {}
+func (NopHandler) RingStopped(*Vring)     {}
+func (NopHandler) SetMTU(int) error       { return nil }
+func (NopHandler) Unknown(uint32, int)    {}
+func (NopHandler) SessionEnded(error)     {}
+
+// Config says what a Backend offers.
+type Config struct {
+	// Features are the offered virtio feature bits (bit 30 and, with QueuePairs > 1,
+	// MQ are added). Only split rings: do not offer RING_PACKED or IOMMU_PLATFORM.
+	Features uint64
+	// QueuePairs ≥ 1; > 1 offers PROTOCOL_F_MQ and answers GET_QUEUE_NUM.
+	QueuePairs int
+	// NetMTU offers PROTOCOL_F_NET_MTU (NET_SET_MTU → Handler.SetMTU).
+	NetMTU  bool
+	Handler Handler
+	Stats   *Stats // nil: the Backend allocates one
+}
+
+// Backend serves vhost-user-net sessions, one at a time per socket.
+type Backend struct {
+	cfg   Config
+	stats *Stats
+}
+
+// NewBackend checks cfg.
+func NewBackend(cfg Config) (*Backend, error) {
+	if cfg.QueuePairs < 1 || cfg.QueuePairs > 128 {
+		// 2·pairs rings must fit the 8-bit index of SET_VRING_KICK/CALL/ERR.
+		return nil, fmt.Errorf("vhostuser: %d queue pairs, want 1..128", cfg.QueuePairs)
+	}
+	if cfg.Handler == nil {
+		cfg.Handler = NopHandler{}
+	}
+	cfg.Features |= protocolFeaturesMask
+	if cfg.QueuePairs > 1 {
+		cfg.Features |= 1 << FeatureNetMQ
+	}
+	b := &Backend{cfg: cfg, stats: cfg.Stats}
+	if b.stats == nil {
+		b.stats = new(Stats)
+	}
+	return b, nil
+}
+
+// Stats returns the counters.
+func (b *Backend) Stats() *Stats { return b.stats }
+
+// protocolFeatures is what GET_PROTOCOL_FEATURES offers: REPLY_ACK always (so QEMU gets
+// an answer to SET_MEM_TABLE instead of a GET_FEATURES round trip), MQ with more than
+// one pair, NET_MTU if configured. Nothing that needs features not implemented here.
+func (b *Backend) protocolFeatures() uint64 {
+	p := uint64(1) << ProtoReplyAck
+	if b.cfg.QueuePairs > 1 {
+		p |= 1 << ProtoMQ
+	}
+	if b.cfg.NetMTU {
+		p |= 1 << ProtoNetMTU
+	}
+	return p
+}
+
+// Session is one connection's state.
+type Session struct {
+	b     *Backend
+	c     *conn
+	h     Handler
+	stats *Stats
+
+	features   uint64
+	featuresOK bool
+	protocol   uint64
+	hdrLen     int
+	mem        *guestMem
+	rings      []*Vring
+	msg        message
+}
+
+// Serve runs one session on uc until the front-end disconnects or breaks the protocol.
+// It returns nil on a clean close. Every ring is stopped, every mapping unmapped and
+// every fd closed before it returns; uc is closed too.
+func (b *Backend) Serve(uc *net.UnixConn) error {
+	c, err := newConn(uc)
+	if err != nil {
+		uc.Close()
+		return err
+	}
+	s := &Session{b: b, c: c, h: b.cfg.Handler, stats: b.stats, hdrLen: 10}
+	for i := range s.msg.fds {
+		s.msg.fds[i] = -1
+	}
+	s.rings = make([]*Vring, 2*b.cfg.QueuePairs)
+	for i := range s.rings {
+		s.rings[i] = newVring(i, b.stats)
+	}
+	b.stats.Sessions.Add(1)
+	err = s.loop()
+	s.teardown()
+	uc.Close()
+	if errors.Is(err, io.EOF) {
+		err = nil
+	}
+	s.h.SessionEnded(err)
+	return err
+}
+
+func (s *Session) loop() error {
+	for {
+		m := &s.msg
+		if err := s.c.readMsg(m); err != nil {
+			return err
+		}
+		s.stats.Messages[min(m.req, MaxRequest)].Add(1)
+		err := s.dispatch(m)
+		m.closeFds()
+		if err != nil {
+			return err
+		}
+	}
+}
+
+// requestError is a request that failed but leaves the session usable: it is answered
+// with a non-zero u64 when NEED_REPLY is set (vhost-user.rst REPLY_ACK).
+type requestError struct{ error }
+
+func reqErr(format string, a ...any) error { return requestError{fmt.Errorf(format, a...)} }
+
+func (s *Session) dispatch(m *message) error {
+	p := m.body()
+	if sizeRule(m.req) == -2 || !s.negotiated(m.req) {
+		return s.unknown(m)
+	}
+	if err := validate(m.req, p, m.nfds); err != nil {
+		return err
+	}
+	replied, err := s.handle(m, p)
+	var re requestError
+	if errors.As(err, &re) {
+		s.stats.Failed.Add(1)
+		if m.needReply() && !replied {
+			return s.c.replyU64(m.req, 1)
+		}
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	// REPLY_ACK: a request that has no reply of its own gets {req, 0x5, 8, 0}. A
+	// request with a reply body gets only that body (vhost-user.rst REPLY_ACK).
+	if m.needReply() && !replied {
+		return s.c.replyU64(m.req, 0)
+	}
+	return nil
+}
+
+// negotiated reports whether an optional request was unlocked by what we offered.
+// QEMU 7.2 sends these only if offered, so anything else is handled as unknown.
+func (s *Session) negotiated(req uint32) bool {
+	switch req {
+	case ReqGetQueueNum:
+		return s.b.protocolFeatures()&(1<<ProtoMQ) != 0
+	case ReqNetSetMTU:
+		return s.b.protocolFeatures()&(1<<ProtoNetMTU) != 0
+	case ReqSetLogBase, ReqSetLogFd, ReqSendRARP:
+		return false // LOG_SHMFD, RARP not offered
+	}
+	return true
+}
+
+// unknown: the spec says nothing; DPDK answers 1 if NEED_REPLY. The payload has been
+// read whole already (the stream stays in step), its fds are closed by the caller.
+func (s *Session) unknown(m *message) error {
+	s.stats.Unknown.Add(1)
+	s.h.Unknown(m.req, int(m.size))
+	if m.needReply() {
+		return s.c.replyU64(m.req, 1)
+	}
+	return nil
+}
+
+func (s *Session) ring(idx uint32) (*Vring, error) {
+	if int(idx) >= len(s.rings) {
+		return nil, protoErr("ring index %d ≥ %d", idx, len(s.rings))
+	}
+	return s.rings[idx], nil
+}
+
+// handle runs one validated request; replied says whether it sent its own reply.
+func (s *Session) handle(m *message, p []byte) (replied bool, err error) {
+	switch m.req {
+	case ReqGetFeatures:
+		return true, s.c.replyU64(m.req, s.b.cfg.Features)
+	case ReqSetFeatures:
+		f, _ := decodeU64(p)
+		if f&^s.b.cfg.Features != 0 {
+			// Acking what was not offered (DPDK vhost_user_set_features refuses too).
+			return false, protoErr("SET_FEATURES %#x not a subset of %#x", f, s.b.cfg.Features)
+		}
+		s.setFeatures(f)
+	case ReqSetOwner, ReqResetOwner:
+		// SET_OWNER starts the session: nothing to do. RESET_OWNER is deprecated and
+		// QEMU 7.2 never sends it to net back-ends; ignored as libvhost-user does.
+	case ReqGetProtocolFeatures:
+		return true, s.c.replyU64(m.req, s.b.protocolFeatures())
+	case ReqSetProtocolFeatures:
+		f, _ := decodeU64(p)
+		s.protocol = f & s.b.protocolFeatures()
+	case ReqGetQueueNum:
+		// Queue pairs, not rings (QEMU net/vhost-user.c compares it with queues=).
+		return true, s.c.replyU64(m.req, uint64(s.b.cfg.QueuePairs))
+	case ReqSetMemTable:
+		return false, s.setMemTable(m, p)
+	case ReqSetVringNum, ReqSetVringBase, ReqSetVringEnable, ReqGetVringBase:
+		st, _ := decodeState(p)
+		v, err := s.ring(st.Index)
+		if err != nil {
+			return false, err
+		}
+		return s.vringState(m.req, v, st)
+	case ReqSetVringAddr:
+		a, _ := decodeAddr(p)
+		v, err := s.ring(a.Index)
+		if err != nil {
+			return false, err
+		}
+		v.mu.Lock()
+		defer v.mu.Unlock()
+		if v.state == ringRunning {
+			return false, reqErr("SET_VRING_ADDR on running ring %d", a.Index)
+		}
+		v.addr, v.addrSet = a, true
+	case ReqSetVringKick, ReqSetVringCall, ReqSetVringErr:
+		return false, s.vringFile(m, p)
+	case ReqNetSetMTU:
+		mtu, _ := decodeU64(p)
+		if mtu < 68 || mtu > 65535 {
+			return false, reqErr("MTU %d", mtu)
+		}
+		if err := s.h.SetMTU(int(mtu)); err != nil {
+			return false, reqErr("MTU %d: %v", mtu, err)
+		}
+	}
+	return false, nil
+}
+
+// setFeatures fixes the header length for the session: 12 bytes if VERSION_1 or
+// MRG_RXBUF, else the legacy 10 (virtio spec "Device Operation": the header is
+// virtio_net_hdr_v1 with VERSION_1; QEMU hw/net/virtio-net.c virtio_net_set_mrg_rx_bufs,
+// DPDK vhost_user_set_features vhost_hlen). HASH_REPORT (20 bytes) is never offered.
+func (s *Session) setFeatures(f uint64) {
+	s.features, s.featuresOK = f, true
+	s.hdrLen = 10
+	if f&(1<<FeatureVersion1|1<<FeatureNetMrgRxbuf) != 0 {
+		s.hdrLen = 12
+	}
+	fe := s.feats()
+	for _, v := range s.rings {
+		v.mu.Lock()
+		if v.state == ringRunning {
+			v.eventIdx, v.indirectOK, v.mrg, v.hdrLen = fe.eventIdx, fe.indirect, fe.mrg, fe.hdrLen
+		}
+		v.mu.Unlock()
+	}
+	s.h.FeaturesAcked(Features{Bits: f, HdrLen: s.hdrLen})
+}
+
+func (s *Session) feats() feats {
+	f := s.features
+	return feats{
+		eventIdx:   f&(1<<FeatureEventIdx) != 0,
+		indirect:   f&(1<<FeatureIndirectDesc) != 0,
+		mrg:        f&(1<<FeatureNetMrgRxbuf) != 0,
+		protoAcked: f&protocolFeaturesMask != 0,
+		hdrLen:     s.hdrLen,
+	}
+}
+
+// setMemTable maps the new table, then swaps it into every ring under the ring's lock
+// and re-translates running rings (libvhost-user vu_set_mem_table_exec), and only then
+// unmaps the old table: no ring can be inside a batch on the old mapping by then.
+func (s *Session) setMemTable(m *message, p []byte) error {
+	t, _ := decodeMemTable(p)
+	fds := make([]int, m.nfds)
+	for i := range fds {
+		fds[i] = m.takeFd(i)
+	}
+	g, err := mapMemTable(&t, fds)
+	if err != nil {
+		return reqErr("SET_MEM_TABLE: %v", err)
+	}
+	old := s.mem
+	s.mem = g
+	for _, v := range s.rings {
+		v.mu.Lock()
+		v.mem = g
+		if v.state == ringRunning && !v.broken && !v.translateLocked() {
+			v.failLocked(RejectRingAddr)
+		}
+		v.mu.Unlock()
+	}
+	old.unmap()
+	return nil
+}
+
+func (s *Session) vringState(req uint32, v *Vring, st VringState) (bool, error) {
+	switch req {
+	case ReqSetVringEnable:
+		// Kept per index, independent of ring setup: QEMU sends it before
+		// SET_FEATURES and repeats it (hw/net/virtio-net.c peer_attach).
+		if st.Num > 1 {
+			return false, reqErr("SET_VRING_ENABLE num %d", st.Num)
+		}
+		v.mu.Lock()
+		v.enableReq = st.Num == 1
+		if v.state == ringRunning {
+			v.enabled.Store(v.enableReq)
+		}
+		v.mu.Unlock()
+		return false, nil
+	case ReqGetVringBase:
+		v.mu.Lock()
+		wasAnnounced := v.announced
+		v.announced = false
+		last := v.stopLocked()
+		v.mu.Unlock()
+		if wasAnnounced {
+			s.h.RingStopped(v)
+		}
+		return true, s.c.replyState(req, VringState{st.Index, uint32(last)})
+	}
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if v.state == ringRunning {
+		return false, reqErr("request %d on running ring %d", req, st.Index)
+	}
+	switch req {
+	case ReqSetVringNum:
+		if st.Num == 0 || st.Num > MaxRingSize || st.Num&(st.Num-1) != 0 {
+			return false, reqErr("ring %d size %d", st.Index, st.Num)
+		}
+		v.num = st.Num
+	case ReqSetVringBase:
+		if st.Num > 0xffff {
+			return false, reqErr("ring %d base %d", st.Index, st.Num)
+		}
+		v.base = uint16(st.Num)
+	}
+	return false, nil
+}
+
+// vringFile handles SET_VRING_KICK/CALL/ERR: bits 0–7 ring index, bit 8 = no fd
+// (vhost-user.rst SET_VRING_KICK). A kick starts the ring (libvhost-user
+// vu_set_vring_kick_exec; QEMU creates the kick eventfd already signalled, so the ring
+// would start at the first read anyway).
+func (s *Session) vringFile(m *message, p []byte) error {
+	u, _ := decodeU64(p)
+	if u&^uint64(vringIndexMask|vringFdNoFd) != 0 {
+		return protoErr("request %d payload %#x", m.req, u)
+	}
+	v, err := s.ring(uint32(u & vringIndexMask))
+	if err != nil {
+		return err
+	}
+	fd := -1
+	if u&vringFdNoFd == 0 {
+		fd = m.takeFd(0)
+	}
+	v.mu.Lock()
+	switch m.req {
+	case ReqSetVringCall:
+		v.closeFd(&v.callFd)
+		v.callFd = fd
+		if fd >= 0 && v.state == ringRunning && v.pubIdx != v.base {
+			// QEMU sends CALL after KICK (hw/virtio/vhost.c vhost_virtqueue_start), so
+			// entries may have been published with no fd to signal. One spurious
+			// interrupt is harmless; a lost one stalls the guest (passt signals every
+			// new call fd, vhost_user.c vu_set_vring_call_exec).
+			unix.Write(fd, v.one[:])
+			s.stats.Calls.Add(1)
+		}
+		v.mu.Unlock()
+		return nil
+	case ReqSetVringErr:
+		v.closeFd(&v.errFd)
+		v.errFd = fd
+		v.mu.Unlock()
+		return nil
+	}
+	// Kick. The eventfd goes into the runtime poller: it must be non-blocking (QEMU's
+	// event_notifier_init creates it with EFD_NONBLOCK already; the flag is on the
+	// shared file description). Closing the os.File wakes a blocked Read.
+	var f *os.File
+	if fd >= 0 {
+		if err := unix.SetNonblock(fd, true); err != nil {
+			unix.Close(fd)
+			v.mu.Unlock()
+			return reqErr("kick fd: %v", err)
+		}
+		f = os.NewFile(uintptr(fd), fmt.Sprintf("vhost-user-kick-%d", v.index))
+	}
+	v.closeKickLocked()
+	v.kick, v.hasKick, v.kickNoFd = f, true, fd < 0
+	if v.state == ringRunning {
+		v.mu.Unlock()
+		return nil
+	}
+	ok := v.startLocked(s.mem, s.feats())
+	v.announced = ok
+	v.mu.Unlock()
+	if ok {
+		s.h.RingStarted(v)
+	}
+	return nil
+}
+
+// teardown stops every ring and unmaps guest memory: the session's end is a stop for
+// every running ring (QEMU then recovers last_avail_idx from used->idx, hw/virtio/
+// virtio.c virtio_queue_split_restore_last_avail_idx).
+func (s *Session) teardown() {
+	for _, v := range s.rings {
+		v.mu.Lock()
+		wasAnnounced := v.announced
+		v.announced = false
+		v.stopLocked()
+		v.closeFd(&v.errFd)
+		v.mem = nil
+		v.mu.Unlock()
+		if wasAnnounced {
+			s.h.RingStopped(v)
+		}
+	}
+	s.mem.unmap()
+	s.mem = nil
+}

@@ -1,0 +1,93 @@
+// Package vhostuser is a vhost-user-net back-end: QEMU (the front-end, -netdev
+// vhost-user) hands tapgro the guest's memory and virtqueues over a UNIX socket, and
+// tapgro moves frames between those rings and the TAP without QEMU in the data path.
+// The protocol is QEMU docs/interop/vhost-user.rst as shipped with QEMU 7.2; the rings
+// are the virtio 1.x split virtqueue (virtio spec "Split Virtqueues").
+//
+// # Layers
+//
+// proto.go frames messages: a 12-byte header {request, flags, size} read with
+// recvmsg(2) (fds ride on the first byte as one SCM_RIGHTS message, received with
+// MSG_CMSG_CLOEXEC; MSG_CTRUNC is fatal), then exactly size bytes, bounded by QEMU's own
+// VhostUserPayload size. Each known request has an exact size and fd count. Replies carry
+// flags 0x5, the request's type and the exact size QEMU checks (hw/virtio/vhost-user.c
+// vhost_user_read_header). Every fd is either handed to its owner or closed.
+//
+// backend.go is the session: one goroutine per connection reads a message, handles it,
+// replies. Malformed framing ends the session (the stream can no longer be trusted to be
+// in step); a request that is well formed but cannot be honoured (an mmap failure, a bad
+// ring size) is answered with a non-zero REPLY_ACK and the session goes on; an unknown
+// request is drained, counted, reported and, if it asked, answered with 1. The owner hears
+// of it through Handler: FeaturesAcked (with the 10- or 12-byte header length),
+// RingStarted, RingStopped, SetMTU, Unknown, SessionEnded.
+//
+// mem.go and mem_unsafe.go hold guest memory. Each SET_MEM_TABLE region is mmapped once
+// from fd offset 0 (mmap offsets must be page-aligned, mmap_offset need not be) and its
+// fd closed. Ring addresses are front-end virtual addresses, descriptor addresses are
+// guest-physical; both are translated by range checks that cannot overflow, into slices
+// of the mapping, so ordinary Go bounds checks guard every later access. A buffer that
+// crosses two regions becomes two slices. mem_unsafe.go is the only file that uses
+// package unsafe (32-bit atomics on ring words, 16-bit event words, alignment) or mmap.
+//
+// vring.go is the split virtqueue. The descriptor table, avail ring and used ring are
+// each translated for their full size, event words included. A ring runs from
+// SET_VRING_KICK to GET_VRING_BASE (vhost-user.rst "Ring states").
+//
+// # Concurrency and unmapping
+//
+// Each Vring has one mutex. The data-path worker holds it from Begin to End (a batch);
+// the session takes it to change the ring, to stop it, or to swap guest memory. So a new
+// SET_MEM_TABLE is: map the new table, then for each ring lock, point at the new table,
+// re-translate, unlock; then unmap the old table. No batch can straddle the swap, and
+// nothing can touch a mapping after munmap. The price is that the control plane waits
+// for a batch to end, so batches must not block (wait for the TAP to be readable before
+// Begin, not inside a batch). iovecs returned by Pop/ReserveRX are valid only until End.
+//
+// # Ordering
+//
+// The guest writes avail and descriptors and reads used concurrently with us. All
+// indices are loaded and stored as the 32-bit word {flags, idx} with sync/atomic, whose
+// operations are sequentially consistent: loading avail->idx before the ring entries is
+// the read barrier, storing used->idx after the entries is the write barrier, and the
+// store followed by a load of the avail word is the full barrier before reading
+// used_event or NO_INTERRUPT and before the last look at avail->idx before sleeping
+// (QEMU hw/virtio/virtio.c virtqueue_num_heads, virtqueue_split_flush,
+// virtio_split_should_notify, virtio_queue_split_set_notification). Descriptors are
+// read once into locals and never re-read, since the guest may change them meanwhile.
+//
+// # Kicks
+//
+// A worker sleeps in Vring.Wait, reading the kick eventfd as a non-blocking os.File, so
+// the Go runtime poller (epoll) parks the goroutine instead of a thread, with no epoll
+// loop of our own to keep; stopping or replacing the kick closes the File, which wakes
+// the reader. One worker per ring (or per pair) matches cloud-hypervisor and passt.
+//
+// # Publishing and notification
+//
+// Push writes used entries straight into the used ring slots past used->idx (the
+// driver does not look at them until idx moves, so the ring itself is the shadow); End
+// stores used->idx once per batch and decides on at most one call: with EVENT_IDX by
+// vring_need_event from the used idx at the previous decision, unconditionally the first
+// time after a start; without it unless avail->flags has NO_INTERRUPT. With EVENT_IDX
+// End also writes avail_event = last_avail_idx; without it the ring sets NO_NOTIFY
+// while work remains and clears it before sleeping.
+//
+// # Hostile guests
+//
+// Every chain is walked with bounded work: head and next < table size, at most
+// table-size descriptors (loop), no zero-length or wrongly directed descriptors,
+// indirect tables only when negotiated, on the head, len%16 == 0, len/16 ≤ num, never
+// nested, never with NEXT; every address must be inside a region; lengths must not
+// overflow; the chain must hold the virtio-net header; avail->idx may not run more than
+// num ahead. A violation is counted by Reason in Stats.Rejected, written to the err
+// eventfd, and stops the ring until the front-end restarts it (QEMU virtio_error
+// behaves alike). Nothing panics and nothing outside the mapped regions is touched.
+//
+// # Receive
+//
+// ReserveRX pops chains until their capacity covers the frame (one chain without
+// MRG_RXBUF), the caller writes header+frame into the returned segments, and CommitRX
+// writes num_buffers into the first header, pushes one used entry per chain used and
+// hands the rest back (passt vu_collect/vu_flush/vu_queue_rewind, DPDK
+// reserve_avail_buf_split).
+package vhostuser

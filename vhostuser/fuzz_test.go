@@ -1,0 +1,289 @@
+//go:build linux
+
+package vhostuser
+
+import (
+	"encoding/binary"
+	"errors"
+	"sync"
+	"testing"
+
+	"golang.org/x/sys/unix"
+)
+
+// FuzzDecode feeds arbitrary bytes to the header parser, the size/fd rules and the
+// typed decoders. Invariants: no panic; whatever validate accepts decodes, and a
+// decoded memory table has exactly as many regions as fds.
+func FuzzDecode(f *testing.F) {
+	seed := func(req, flags uint32, p []byte, nfds byte) []byte {
+		b := binary.LittleEndian.AppendUint32(nil, req)
+		b = binary.LittleEndian.AppendUint32(b, flags)
+		b = binary.LittleEndian.AppendUint32(b, uint32(len(p)))
+		return append(append(b, p...), nfds)
+	}
+	f.Add(seed(ReqGetFeatures, 1, nil, 0))
+	f.Add(seed(ReqSetFeatures, 1, u64(1<<32), 0))
+	f.Add(seed(ReqSetVringKick, 1, u64(1), 1))
+	f.Add(seed(ReqSetVringCall, 1, u64(0x100), 0))
+	f.Add(seed(ReqSetVringAddr, 1, make([]byte, 40), 0))
+	f.Add(seed(ReqSetMemTable, 9, memTablePayload(measuredLayout()), 2))
+	f.Add(seed(ReqGetVringBase, 1, state(1, 0), 0))
+	f.Add(seed(99, 9, []byte{1, 2, 3}, 3))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		if len(data) < hdrSize+1 {
+			return
+		}
+		nfds := int(data[len(data)-1] % (maxFds + 1))
+		req, flags, size, err := parseHeader(data[:hdrSize])
+		if err != nil {
+			return
+		}
+		if size > maxPayload || flags&flagReply != 0 {
+			t.Fatalf("header accepted: size %d flags %#x", size, flags)
+		}
+		p := data[hdrSize : len(data)-1]
+		if uint32(len(p)) < size {
+			return
+		}
+		p = p[:size]
+		if err := validate(req, p, nfds); err != nil {
+			if !errors.Is(err, ErrProtocol) {
+				t.Fatalf("validate error %v is not ErrProtocol", err)
+			}
+			return
+		}
+		switch sizeRule(req) {
+		case -1:
+			mt, err := decodeMemTable(p)
+			if err != nil || mt.N != nfds || mt.N < 1 || mt.N > maxRegions {
+				t.Fatalf("memory table: %v n=%d fds=%d", err, mt.N, nfds)
+			}
+			if q := memTablePayload(mt.Regions[:mt.N]); string(q[8:]) != string(p[8:]) {
+				t.Fatal("memory table does not round-trip")
+			}
+		case 40:
+			a, err := decodeAddr(p)
+			if err != nil || binary.LittleEndian.Uint64(p[16:]) != a.Used || binary.LittleEndian.Uint64(p[24:]) != a.Avail {
+				t.Fatalf("vring addr: %v", err)
+			}
+		case 8:
+			if _, err := decodeU64(p); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := decodeState(p); err != nil {
+				t.Fatal(err)
+			}
+		case 0:
+			if len(p) != 0 {
+				t.Fatal("payload on a zero-size request")
+			}
+		}
+	})
+}
+
+// fuzzEnv is guest memory shared by every FuzzChain execution: one memfd in QEMU's
+// measured two-region layout, mapped by the back-end code under test (mapMemTable) and
+// separately by the "guest".
+type fuzzEnv struct {
+	g     *guest
+	mem   *guestMem
+	stats Stats
+	ring  *gring
+	indA  uint64
+}
+
+var (
+	fuzzOnce sync.Once
+	fuzzE    *fuzzEnv
+)
+
+const fuzzMaxNum = 64
+
+func getFuzzEnv(t testing.TB) *fuzzEnv {
+	fuzzOnce.Do(func() {
+		e := &fuzzEnv{}
+		// Not t: the environment outlives one execution (its cleanup would unmap it).
+		e.g = newGuestNoCleanup(t, measuredLayout())
+		var mt MemTable
+		mt.N = len(e.g.regions)
+		copy(mt.Regions[:], e.g.regions)
+		fds := make([]int, mt.N)
+		for i := range fds {
+			fds[i], _ = unix.Dup(e.g.fd)
+		}
+		m, err := mapMemTable(&mt, fds)
+		if err != nil {
+			t.Fatal(err)
+		}
+		e.mem = m
+		e.ring = &gring{g: e.g, num: fuzzMaxNum}
+		e.ring.descA = e.g.alloc(16*fuzzMaxNum, 4096)
+		e.ring.availA = e.g.alloc(6+2*fuzzMaxNum, 4)
+		e.ring.usedA = e.g.alloc(6+8*fuzzMaxNum, 4096)
+		e.indA = e.g.alloc(4096, 4096)
+		fuzzE = e
+	})
+	return fuzzE
+}
+
+func newGuestNoCleanup(t testing.TB, layout []MemRegion) *guest {
+	fd, err := unix.MemfdCreate("fuzz-ram", unix.MFD_CLOEXEC)
+	if err != nil {
+		t.Fatal(err)
+	}
+	unix.Ftruncate(fd, memSize)
+	m, err := unix.Mmap(fd, 0, memSize, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := &guest{t: t, fd: fd, mem: m, next: regBBase + 0x40000}
+	for _, r := range layout {
+		r.UserAddr = uint64(addrOf(m)) + r.MmapOffset
+		g.regions = append(g.regions, r)
+	}
+	return g
+}
+
+// FuzzChain builds random descriptor tables, avail rings and indirect tables in guest
+// memory and pops everything. Invariants: no panic; a popped chain's Len is the sum of
+// its iovecs and at least the header; every error is ErrEmpty or a counted RingError
+// that leaves the ring broken; nothing popped lies outside the mapped regions (the
+// iovecs are sub-slices of the back-end's mappings, checked explicitly).
+//
+// Input: [0] flags (bit 0 EVENT_IDX, 1 INDIRECT, 2 RX ring, 3 raw addresses,
+// 4 MRG_RXBUF), [1] log2 num, [2:4] avail idx, [4:6] base, then the descriptor table,
+// the avail ring, and an indirect area at a fixed guest address.
+func FuzzChain(f *testing.F) {
+	mk := func(fl byte, lognum byte, idx, base uint16, descs [][4]uint64, ring []uint16, ind []byte) []byte {
+		b := []byte{fl, lognum}
+		b = binary.LittleEndian.AppendUint16(b, idx)
+		b = binary.LittleEndian.AppendUint16(b, base)
+		num := 1 << (lognum % 7)
+		d := make([]byte, 16*num)
+		for i, x := range descs {
+			putDesc(d[16*i:], x[0], uint32(x[1]), uint16(x[2]), uint16(x[3]))
+		}
+		b = append(b, d...)
+		r := make([]byte, 2*num)
+		for i, h := range ring {
+			binary.LittleEndian.PutUint16(r[2*i:], h)
+		}
+		return append(append(b, r...), ind...)
+	}
+	f.Add(mk(0, 3, 1, 0, [][4]uint64{{0x100000, 100, 0, 0}}, []uint16{0}, nil))
+	f.Add(mk(2, 3, 2, 0, [][4]uint64{{0x100000, 12, 1, 1}, {0x100100, 1000, 0, 0}, {0x200000, 32, 4, 0}}, []uint16{0, 2}, nil))
+	f.Add(mk(4|16, 4, 3, 0, [][4]uint64{{0x100000, 1536, 2, 0}, {0x101000, 1536, 2, 0}, {0x102000, 12, 3, 3}, {0x103000, 100, 2, 0}}, []uint16{0, 1, 2}, nil))
+	f.Add(mk(1, 2, 0xffff, 0xfffe, [][4]uint64{{0x9ff00, 0x200, 0, 0}}, []uint16{0, 0}, nil))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		if len(data) < 6 {
+			return
+		}
+		e := getFuzzEnv(t)
+		fl := data[0]
+		num := 1 << (data[1] % 7)
+		r := e.ring
+		desc := r.g.at(r.descA, 16*fuzzMaxNum)
+		avail := r.g.at(r.availA, 6+2*fuzzMaxNum)
+		used := r.g.at(r.usedA, 6+8*fuzzMaxNum)
+		ind := r.g.at(e.indA, 4096)
+		clear(desc)
+		clear(avail)
+		clear(used)
+		clear(ind)
+		rest := data[6:]
+		rest = rest[copy(desc[:16*num], rest):]
+		rest = rest[copy(avail[4:4+2*num], rest):]
+		copy(ind, rest)
+		if fl&8 == 0 {
+			// Keep addresses near guest RAM (8 MiB: both regions, the hole, and
+			// beyond) so the walk gets past translation often.
+			for i := 0; i < num; i++ {
+				a := binary.LittleEndian.Uint64(desc[16*i:]) & 0x7fffff
+				binary.LittleEndian.PutUint64(desc[16*i:], a)
+			}
+			for i := 0; i < 256; i++ {
+				a := binary.LittleEndian.Uint64(ind[16*i:]) & 0x7fffff
+				binary.LittleEndian.PutUint64(ind[16*i:], a)
+			}
+		}
+		base := binary.LittleEndian.Uint16(data[4:])
+		store32(avail, 0, uint32(binary.LittleEndian.Uint16(data[2:]))<<16)
+
+		idx := 1
+		if fl&4 != 0 {
+			idx = 0
+		}
+		v := newVring(idx, &e.stats)
+		v.num = uint32(num)
+		v.addr = VringAddr{Index: uint32(idx), Desc: r.g.qva(r.descA), Used: r.g.qva(r.usedA), Avail: r.g.qva(r.availA)}
+		v.addrSet = true
+		v.base = base
+		v.mu.Lock()
+		ok := v.startLocked(e.mem, feats{eventIdx: fl&1 != 0, indirect: fl&2 != 0, mrg: fl&16 != 0, hdrLen: 12})
+		v.mu.Unlock()
+		if !ok {
+			t.Fatal("ring did not translate")
+		}
+		var iovArr [128][]byte
+		iov := iovArr[:0]
+		if err := v.Begin(); err != nil {
+			t.Fatal(err)
+		}
+		for i := 0; i < 2*num+2; i++ {
+			var c Chain
+			var err error
+			if fl&4 != 0 && fl&16 != 0 && i%2 == 0 {
+				var segs [][]byte
+				var capTot int
+				segs, capTot, err = v.ReserveRX(12+int(data[1]), iov)
+				if err == nil {
+					if capTot < 12 || len(segs) == 0 {
+						t.Fatalf("reservation of %d bytes", capTot)
+					}
+					v.CommitRX(min(capTot, 12+int(data[1])))
+				}
+			} else {
+				c, err = v.Pop(iov)
+				if err == nil {
+					sum := 0
+					for _, s := range c.Iov {
+						sum += len(s)
+						if !inMapping(e.mem, s) {
+							t.Fatal("iovec outside the mapped regions")
+						}
+					}
+					if sum != c.Len || c.Len < 12 || int(c.Head) >= num {
+						t.Fatalf("chain head %d len %d sum %d", c.Head, c.Len, sum)
+					}
+					v.Push(c.Head, uint32(c.Len))
+				}
+			}
+			if err == ErrEmpty {
+				break
+			}
+			if err != nil {
+				var re *RingError
+				if !errors.As(err, &re) || !v.broken {
+					t.Fatalf("error %v, broken %v", err, v.broken)
+				}
+				break
+			}
+		}
+		v.End()
+		v.mu.Lock()
+		v.stopLocked()
+		v.mu.Unlock()
+	})
+}
+
+// inMapping reports whether s lies inside one region's slice.
+func inMapping(g *guestMem, s []byte) bool {
+	p := addrOf(s)
+	for _, r := range g.regions {
+		b := addrOf(r.mem)
+		if p >= b && p+uintptr(len(s)) <= b+uintptr(len(r.mem)) {
+			return true
+		}
+	}
+	return false
+}

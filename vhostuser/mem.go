@@ -1,0 +1,132 @@
+//go:build linux
+
+package vhostuser
+
+import (
+	"fmt"
+	"math"
+
+	"golang.org/x/sys/unix"
+)
+
+// region is one mapped VhostUserMemoryRegion. mem = mapping[mmap_offset:][:size]: the
+// bytes guest_phys_addr .. guest_phys_addr+size-1 (and userspace_addr .. in QEMU).
+type region struct {
+	MemRegion
+	mapping []byte // whole mmap, kept for munmap
+	mem     []byte
+}
+
+// guestMem is one SET_MEM_TABLE's worth of mappings. It is immutable once built; rings
+// hold a pointer to it and only touch it under their lock, which is how unmap is made
+// safe (Session.setMemTable swaps it under every ring's lock, then unmaps the old one).
+type guestMem struct {
+	regions []region
+}
+
+// mapMemTable maps every region of t, taking ownership of fds (closed in all cases:
+// the mapping keeps the memory alive, libvhost-user and DPDK close them the same way).
+func mapMemTable(t *MemTable, fds []int) (*guestMem, error) {
+	defer func() {
+		for _, fd := range fds {
+			unix.Close(fd)
+		}
+	}()
+	g := &guestMem{regions: make([]region, 0, t.N)}
+	for i := 0; i < t.N; i++ {
+		r := t.Regions[i]
+		if err := checkRegion(r); err != nil {
+			g.unmap()
+			return nil, fmt.Errorf("region %d: %w", i, err)
+		}
+		m, err := mmapRegion(fds[i], int(r.MmapOffset+r.Size))
+		if err != nil {
+			g.unmap()
+			return nil, fmt.Errorf("region %d: mmap %d bytes: %w", i, r.MmapOffset+r.Size, err)
+		}
+		g.regions = append(g.regions, region{MemRegion: r, mapping: m, mem: m[r.MmapOffset:][:r.Size]})
+	}
+	return g, nil
+}
+
+// checkRegion rejects regions whose ends overflow in any of the three address spaces, so
+// that later translation arithmetic (a - start < size) needs no overflow care.
+func checkRegion(r MemRegion) error {
+	switch {
+	case r.Size == 0:
+		return fmt.Errorf("empty region")
+	case r.GPA+r.Size < r.GPA, r.UserAddr+r.Size < r.UserAddr:
+		return fmt.Errorf("region end overflows")
+	case r.MmapOffset+r.Size < r.MmapOffset, r.MmapOffset+r.Size > math.MaxInt:
+		return fmt.Errorf("mmap_offset %#x + size %#x too large", r.MmapOffset, r.Size)
+	}
+	return nil
+}
+
+func (g *guestMem) unmap() {
+	if g == nil {
+		return
+	}
+	for i := range g.regions {
+		munmapRegion(g.regions[i].mapping)
+		g.regions[i].mapping, g.regions[i].mem = nil, nil
+	}
+	g.regions = nil
+}
+
+// qva translates a front-end virtual address range (SET_VRING_ADDR) to one slice. Ring
+// parts must lie inside one region (DPDK translate_ring_addresses checks the full size;
+// QEMU allocates each ring inside one RAM block).
+func (g *guestMem) qva(a, n uint64) []byte {
+	if g == nil {
+		return nil
+	}
+	for i := range g.regions {
+		r := &g.regions[i]
+		if off := a - r.UserAddr; a >= r.UserAddr && off < r.Size && n <= r.Size-off {
+			return r.mem[off : off+n : off+n]
+		}
+	}
+	return nil
+}
+
+// gpa translates a guest-physical range that must be contiguous in one region (an
+// indirect descriptor table).
+func (g *guestMem) gpa(a, n uint64) []byte {
+	for i := range g.regions {
+		r := &g.regions[i]
+		if off := a - r.GPA; a >= r.GPA && off < r.Size && n <= r.Size-off {
+			return r.mem[off : off+n : off+n]
+		}
+	}
+	return nil
+}
+
+// gpaIov appends the host slices covering guest-physical [a, a+n) to iov[:k] within
+// cap(iov), splitting at region borders (QEMU virtqueue_map_desc, DPDK map_one_desc).
+// The caller has checked that a+n does not overflow.
+func (g *guestMem) gpaIov(a, n uint64, iov [][]byte, k int) (int, Reason, bool) {
+	for n > 0 {
+		var seg []byte
+		for i := range g.regions {
+			r := &g.regions[i]
+			if off := a - r.GPA; a >= r.GPA && off < r.Size {
+				take := min(n, r.Size-off)
+				seg = r.mem[off : off+take : off+take]
+				break
+			}
+		}
+		if seg == nil {
+			return k, RejectAddress, false
+		}
+		if k == cap(iov) {
+			return k, RejectIovFull, false
+		}
+		iov = iov[:k+1]
+		iov[k] = seg
+		k++
+		a += uint64(len(seg))
+		n -= uint64(len(seg))
+	}
+	return k, 0, true
+}

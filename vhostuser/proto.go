@@ -1,0 +1,414 @@
+//go:build linux
+
+package vhostuser
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+)
+
+// Front-end → back-end request types (QEMU hw/virtio/vhost-user.c enum VhostUserRequest;
+// docs/interop/vhost-user.rst "Front-end message types").
+const (
+	ReqGetFeatures         = 1
+	ReqSetFeatures         = 2
+	ReqSetOwner            = 3
+	ReqResetOwner          = 4
+	ReqSetMemTable         = 5
+	ReqSetLogBase          = 6
+	ReqSetLogFd            = 7
+	ReqSetVringNum         = 8
+	ReqSetVringAddr        = 9
+	ReqSetVringBase        = 10
+	ReqGetVringBase        = 11
+	ReqSetVringKick        = 12
+	ReqSetVringCall        = 13
+	ReqSetVringErr         = 14
+	ReqGetProtocolFeatures = 15
+	ReqSetProtocolFeatures = 16
+	ReqGetQueueNum         = 17
+	ReqSetVringEnable      = 18
+	ReqSendRARP            = 19
+	ReqNetSetMTU           = 20
+
+	// MaxRequest bounds the per-type message counters; higher IDs share the last slot.
+	MaxRequest = 64
+)
+
+// Header flags (QEMU hw/virtio/vhost-user.c VHOST_USER_VERSION_MASK, VHOST_USER_REPLY_MASK,
+// VHOST_USER_NEED_REPLY_MASK).
+const (
+	flagVersion   = 0x1
+	flagVersionMk = 0x3
+	flagReply     = 0x4
+	flagNeedReply = 0x8
+	replyFlags    = flagVersion | flagReply // QEMU vhost_user_read_header insists on exactly this
+)
+
+// Protocol feature bits (QEMU hw/virtio/vhost-user.c enum VhostUserProtocolFeature).
+const (
+	ProtoMQ       = 0
+	ProtoLogShmfd = 1
+	ProtoRARP     = 2
+	ProtoReplyAck = 3
+	ProtoNetMTU   = 4
+)
+
+// VhostUserFProtocolFeatures is virtio feature bit 30, which in GET_FEATURES announces
+// that GET/SET_PROTOCOL_FEATURES exist (vhost-user.rst "Protocol features").
+const VhostUserFProtocolFeatures = 30
+
+const (
+	hdrSize = 12
+	// maxPayload is sizeof(VhostUserPayload) in QEMU 7.2 on x86_64 (its largest member is
+	// VhostUserCryptoSession): QEMU itself refuses larger replies in vhost_user_read, so a
+	// larger size can only be a broken or hostile front-end. Net requests need at most
+	// 8+8·32 = 264 bytes (SET_MEM_TABLE with VHOST_MEMORY_BASELINE_NREGIONS regions).
+	maxPayload = 632
+	// maxFds matches libvhost-user's VHOST_MEMORY_BASELINE_NREGIONS-sized control buffer
+	// (subprojects/libvhost-user/libvhost-user.c vu_message_read_default).
+	maxFds     = 8
+	maxRegions = 8
+
+	// oobSize is CMSG_SPACE(8*sizeof(int)) on 64-bit Linux: room for exactly maxFds, so
+	// a message with more fds comes back with MSG_CTRUNC and is refused.
+	oobSize = 48
+
+	vringFdNoFd    = 1 << 8 // VHOST_USER_VRING_NOFD_MASK
+	vringIndexMask = 0xff   // VHOST_USER_VRING_IDX_MASK
+)
+
+// ErrProtocol marks a malformed message. It ends the session: after a framing error the
+// byte stream cannot be trusted to be in step any more.
+var ErrProtocol = errors.New("vhost-user: protocol error")
+
+func protoErr(format string, a ...any) error {
+	return fmt.Errorf("%w: %s", ErrProtocol, fmt.Sprintf(format, a...))
+}
+
+// message is one request as read off the socket. fds are owned by the message until a
+// handler takes them (setting the slot to -1); closeFds closes the rest.
+type message struct {
+	req     uint32
+	flags   uint32
+	size    uint32
+	payload [maxPayload]byte
+	fds     [maxFds]int
+	nfds    int
+}
+
+func (m *message) body() []byte { return m.payload[:m.size] }
+
+func (m *message) needReply() bool { return m.flags&flagNeedReply != 0 }
+
+// takeFd hands fd i to the caller, who then owns it.
+func (m *message) takeFd(i int) int {
+	fd := m.fds[i]
+	m.fds[i] = -1
+	return fd
+}
+
+func (m *message) closeFds() {
+	for i := 0; i < m.nfds; i++ {
+		if m.fds[i] >= 0 {
+			unix.Close(m.fds[i])
+			m.fds[i] = -1
+		}
+	}
+	m.nfds = 0
+}
+
+// parseHeader checks the 12-byte header. QEMU 7.2 sends flags 0x1, or 0x9 when it wants
+// a REPLY_ACK (vhost_user_write; vhost-user.rst "Message Specification"). A REPLY bit or
+// unknown bits in a request mean the peer is not speaking this protocol.
+func parseHeader(h []byte) (req, flags, size uint32, err error) {
+	req = binary.LittleEndian.Uint32(h[0:])
+	flags = binary.LittleEndian.Uint32(h[4:])
+	size = binary.LittleEndian.Uint32(h[8:])
+	if flags&flagVersionMk != flagVersion {
+		return 0, 0, 0, protoErr("version %d in flags %#x", flags&flagVersionMk, flags)
+	}
+	if flags&^(flagVersionMk|flagNeedReply) != 0 {
+		return 0, 0, 0, protoErr("unexpected flags %#x in request %d", flags, req)
+	}
+	if size > maxPayload {
+		return 0, 0, 0, protoErr("request %d size %d > %d", req, size, maxPayload)
+	}
+	return req, flags, size, nil
+}
+
+// sizeRule says what payload size a known request must carry: exact (>= 0), or -1 for
+// SET_MEM_TABLE whose size depends on its region count, or -2 for unknown requests.
+func sizeRule(req uint32) int {
+	switch req {
+	case ReqGetFeatures, ReqSetOwner, ReqResetOwner, ReqGetProtocolFeatures, ReqGetQueueNum:
+		return 0
+	case ReqSetFeatures, ReqSetProtocolFeatures, ReqSetVringKick, ReqSetVringCall, ReqSetVringErr,
+		ReqNetSetMTU, ReqSendRARP:
+		return 8 // u64
+	case ReqSetVringNum, ReqSetVringBase, ReqGetVringBase, ReqSetVringEnable:
+		return 8 // struct vhost_vring_state
+	case ReqSetVringAddr:
+		return 40 // struct vhost_vring_addr
+	case ReqSetMemTable:
+		return -1
+	}
+	return -2
+}
+
+// fdRule is how many fds a known request carries, given its payload (vhost-user.rst
+// "Communication": which messages have ancillary data). -1 = unknown request.
+func fdRule(req uint32, p []byte) int {
+	switch req {
+	case ReqSetMemTable:
+		return int(binary.LittleEndian.Uint32(p))
+	case ReqSetVringKick, ReqSetVringCall, ReqSetVringErr:
+		if binary.LittleEndian.Uint64(p)&vringFdNoFd != 0 {
+			return 0
+		}
+		return 1
+	}
+	if sizeRule(req) == -2 {
+		return -1
+	}
+	return 0
+}
+
+// validate checks a complete known message's size and fd count.
+func validate(req uint32, p []byte, nfds int) error {
+	switch r := sizeRule(req); r {
+	case -2:
+		return nil
+	case -1:
+		if len(p) < 8 {
+			return protoErr("SET_MEM_TABLE size %d", len(p))
+		}
+		n := binary.LittleEndian.Uint32(p)
+		if n == 0 || n > maxRegions || len(p) != 8+32*int(n) {
+			return protoErr("SET_MEM_TABLE with %d regions in %d bytes", n, len(p))
+		}
+	default:
+		if len(p) != r {
+			return protoErr("request %d size %d, want %d", req, len(p), r)
+		}
+	}
+	if want := fdRule(req, p); want != nfds {
+		return protoErr("request %d carries %d fds, want %d", req, nfds, want)
+	}
+	return nil
+}
+
+// VringState is struct vhost_vring_state (linux include/uapi/linux/vhost_types.h).
+type VringState struct {
+	Index uint32
+	Num   uint32
+}
+
+// VringAddr is struct vhost_vring_addr: the ring parts as front-end virtual addresses.
+// Note the order: used before avail.
+type VringAddr struct {
+	Index uint32
+	Flags uint32
+	Desc  uint64
+	Used  uint64
+	Avail uint64
+	Log   uint64
+}
+
+// MemRegion is VhostUserMemoryRegion (QEMU hw/virtio/vhost-user.c).
+type MemRegion struct {
+	GPA        uint64 // guest_phys_addr
+	Size       uint64 // memory_size
+	UserAddr   uint64 // userspace_addr in the front-end
+	MmapOffset uint64 // where the region starts in its fd
+}
+
+// MemTable is VhostUserMemory without the padding.
+type MemTable struct {
+	N       int
+	Regions [maxRegions]MemRegion
+}
+
+func decodeU64(p []byte) (uint64, error) {
+	if len(p) != 8 {
+		return 0, protoErr("u64 payload of %d bytes", len(p))
+	}
+	return binary.LittleEndian.Uint64(p), nil
+}
+
+func decodeState(p []byte) (VringState, error) {
+	if len(p) != 8 {
+		return VringState{}, protoErr("vring state of %d bytes", len(p))
+	}
+	return VringState{binary.LittleEndian.Uint32(p), binary.LittleEndian.Uint32(p[4:])}, nil
+}
+
+func decodeAddr(p []byte) (VringAddr, error) {
+	if len(p) != 40 {
+		return VringAddr{}, protoErr("vring addr of %d bytes", len(p))
+	}
+	le := binary.LittleEndian
+	return VringAddr{le.Uint32(p), le.Uint32(p[4:]), le.Uint64(p[8:]), le.Uint64(p[16:]),
+		le.Uint64(p[24:]), le.Uint64(p[32:])}, nil
+}
+
+func decodeMemTable(p []byte) (MemTable, error) {
+	var t MemTable
+	if len(p) < 8 {
+		return t, protoErr("memory table of %d bytes", len(p))
+	}
+	n := binary.LittleEndian.Uint32(p)
+	if n == 0 || n > maxRegions || len(p) != 8+32*int(n) {
+		return t, protoErr("memory table with %d regions in %d bytes", n, len(p))
+	}
+	t.N = int(n)
+	le := binary.LittleEndian
+	for i := 0; i < t.N; i++ {
+		r := p[8+32*i:]
+		t.Regions[i] = MemRegion{le.Uint64(r), le.Uint64(r[8:]), le.Uint64(r[16:]), le.Uint64(r[24:])}
+	}
+	return t, nil
+}
+
+// conn is the back-end end of the socket. Reads go through the runtime poller
+// (SyscallConn), so a session costs a parked goroutine, not a blocked thread.
+type conn struct {
+	uc  *net.UnixConn
+	raw syscall.RawConn
+	oob [oobSize]byte
+	out [hdrSize + 8]byte
+}
+
+func newConn(uc *net.UnixConn) (*conn, error) {
+	raw, err := uc.SyscallConn()
+	if err != nil {
+		return nil, err
+	}
+	return &conn{uc: uc, raw: raw}, nil
+}
+
+// recv is one recvmsg(2) with MSG_CMSG_CLOEXEC, so a received fd never leaks into a
+// child process. It returns the fds of any SCM_RIGHTS message; the caller owns them.
+func (c *conn) recv(p []byte, fds *[maxFds]int, nfds *int) (int, error) {
+	var n, oobn, rflags int
+	var err error
+	rerr := c.raw.Read(func(fd uintptr) bool {
+		n, oobn, rflags, _, err = unix.Recvmsg(int(fd), p, c.oob[:], unix.MSG_CMSG_CLOEXEC)
+		return err != unix.EAGAIN
+	})
+	if err == nil {
+		err = rerr
+	}
+	if err != nil {
+		return 0, err
+	}
+	var got []int
+	if oobn > 0 {
+		msgs, perr := unix.ParseSocketControlMessage(c.oob[:oobn])
+		for i := range msgs {
+			if r, e := unix.ParseUnixRights(&msgs[i]); e == nil {
+				got = append(got, r...)
+			}
+		}
+		if perr != nil && len(got) == 0 {
+			err = protoErr("control message: %v", perr)
+		}
+	}
+	// Keep what fits, close the rest: an fd we do not keep must never stay open.
+	for _, fd := range got {
+		if *nfds < maxFds {
+			fds[*nfds] = fd
+			*nfds++
+		} else {
+			unix.Close(fd)
+			err = protoErr("more than %d fds", maxFds)
+		}
+	}
+	if rflags&unix.MSG_CTRUNC != 0 {
+		// The kernel dropped fds that did not fit: the message is incomplete and
+		// cannot be processed (libvhost-user vu_message_read_default treats it so).
+		err = protoErr("control data truncated (MSG_CTRUNC)")
+	}
+	return n, err
+}
+
+// readMsg reads exactly one message: the 12-byte header (fds arrive with its first byte,
+// QEMU vhost_user_write sends fds and bytes in one sendmsg), then exactly size bytes.
+// io.EOF means the peer closed the socket between messages.
+func (c *conn) readMsg(m *message) error {
+	m.nfds = 0
+	var hdr [hdrSize]byte
+	got := 0
+	for got < hdrSize {
+		before := m.nfds
+		n, err := c.recv(hdr[got:], &m.fds, &m.nfds)
+		if err == nil && got > 0 && m.nfds != before {
+			err = protoErr("fds in the middle of a header")
+		}
+		if err == nil && n == 0 {
+			if got == 0 && m.nfds == 0 {
+				return io.EOF
+			}
+			err = io.ErrUnexpectedEOF
+		}
+		if err != nil {
+			m.closeFds()
+			return err
+		}
+		got += n
+	}
+	req, flags, size, err := parseHeader(hdr[:])
+	if err != nil {
+		m.closeFds()
+		return err
+	}
+	m.req, m.flags, m.size = req, flags, size
+	for got = 0; got < int(size); {
+		before := m.nfds
+		n, err := c.recv(m.payload[got:size], &m.fds, &m.nfds)
+		if err == nil && m.nfds != before {
+			err = protoErr("fds inside a payload")
+		}
+		if err == nil && n == 0 {
+			err = io.ErrUnexpectedEOF
+		}
+		if err != nil {
+			m.closeFds()
+			return err
+		}
+		got += n
+	}
+	return nil
+}
+
+// reply sends {req, flags 0x5, size, payload}. QEMU's vhost_user_read_header and
+// process_message_reply reject any other flags, another request type, or another size.
+func (c *conn) reply(req uint32, payload []byte) error {
+	n := hdrSize + len(payload)
+	b := c.out[:n]
+	binary.LittleEndian.PutUint32(b[0:], req)
+	binary.LittleEndian.PutUint32(b[4:], replyFlags)
+	binary.LittleEndian.PutUint32(b[8:], uint32(len(payload)))
+	copy(b[hdrSize:], payload)
+	_, err := c.uc.Write(b)
+	return err
+}
+
+func (c *conn) replyU64(req uint32, v uint64) error {
+	var p [8]byte
+	binary.LittleEndian.PutUint64(p[:], v)
+	return c.reply(req, p[:])
+}
+
+func (c *conn) replyState(req uint32, s VringState) error {
+	var p [8]byte
+	binary.LittleEndian.PutUint32(p[:], s.Index)
+	binary.LittleEndian.PutUint32(p[4:], s.Num)
+	return c.reply(req, p[:])
+}

@@ -1,0 +1,683 @@
+//go:build linux
+
+package vhostuser
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// Split-ring layout (virtio spec "Split Virtqueues"; linux include/uapi/linux/virtio_ring.h).
+const (
+	descSize = 16
+
+	descFNext     = 1 // VRING_DESC_F_NEXT
+	descFWrite    = 2 // VRING_DESC_F_WRITE: device-writable
+	descFIndirect = 4 // VRING_DESC_F_INDIRECT
+
+	availFNoInterrupt = 1 // VRING_AVAIL_F_NO_INTERRUPT
+	usedFNoNotify     = 1 // VRING_USED_F_NO_NOTIFY
+
+	// MaxRingSize is the spec's limit (Queue Size ≤ 32768). QEMU 7.2 uses ≤ 1024
+	// (VIRTQUEUE_MAX_SIZE), but nothing here depends on that.
+	MaxRingSize = 32768
+)
+
+// Reason names why a chain (or a ring) was rejected. Each is a counter in Stats.
+type Reason int
+
+const (
+	RejectHeadRange   Reason = iota // avail ring entry ≥ num (QEMU virtqueue_get_head "Guest says index %u is available")
+	RejectNextRange                 // next ≥ table size ("Desc next is %u")
+	RejectLoop                      // more descriptors than the table holds ("Looped descriptor")
+	RejectZeroLen                   // zero-length descriptor ("zero sized buffers are not allowed")
+	RejectDirection                 // writable descriptor on TX or read-only on RX ("Incorrect order for descriptors")
+	RejectAvailJump                 // avail idx moved more than num past last_avail ("Guest moved used index")
+	RejectAddress                   // buffer outside every region
+	RejectLenOverflow               // addr+len wraps, or chain longer than a used.len can say
+	RejectShortChain                // chain shorter than the virtio-net header
+	RejectIndirect                  // indirect not negotiated, bad size, nested, or with NEXT
+	RejectIovFull                   // more segments than the caller's iovec slice holds
+	RejectRingAddr                  // ring parts unmapped, not in one region, or misaligned
+	NumReasons
+)
+
+var reasonNames = [NumReasons]string{"head_range", "next_range", "loop", "zero_len", "direction",
+	"avail_jump", "address", "len_overflow", "short_chain", "indirect", "iov_full", "ring_addr"}
+
+func (r Reason) String() string {
+	if r >= 0 && r < NumReasons {
+		return reasonNames[r]
+	}
+	return fmt.Sprintf("reason(%d)", int(r))
+}
+
+var (
+	// ErrStopped: the ring is not running (never started, or stopped by GET_VRING_BASE
+	// or the end of the session). The ring's worker should return.
+	ErrStopped = errors.New("vhost-user: ring stopped")
+	// ErrEmpty: no available chain (or, for ReserveRX, not enough to hold the frame).
+	ErrEmpty = errors.New("vhost-user: no available chain")
+	// ErrBroken: the guest broke the ring protocol; the ring stays stopped until the
+	// front-end restarts it. errors.Is(err, ErrBroken) holds for every RingError.
+	ErrBroken = errors.New("vhost-user: ring broken by the guest")
+)
+
+// RingError is the error a violation returns; Reason says which check failed.
+type RingError struct{ Reason Reason }
+
+func (e *RingError) Error() string { return "vhost-user: ring broken: " + e.Reason.String() }
+func (e *RingError) Unwrap() error { return ErrBroken }
+
+// Preallocated so that a violation on the data path does not allocate either.
+var ringErrs = func() (a [NumReasons]*RingError) {
+	for i := range a {
+		a[i] = &RingError{Reason(i)}
+	}
+	return
+}()
+
+// Chain is one popped descriptor chain: Iov are views into guest memory (no copy),
+// valid only until the Vring's End. Len is their total length.
+type Chain struct {
+	Head uint16
+	Len  int
+	Iov  [][]byte
+}
+
+type ringState uint8
+
+const (
+	ringStopped ringState = iota
+	ringRunning
+)
+
+// reserved is one chain held by ReserveRX.
+type reserved struct {
+	head       uint16
+	segs, sege int // its segments in resvIov
+	cap        int
+}
+
+// Vring is one split virtqueue. The session goroutine configures it; one data-path
+// goroutine (the owner's worker, started from Handler.RingStarted) uses it between Begin
+// and End. All access to guest memory happens under mu, which is how SET_MEM_TABLE and
+// GET_VRING_BASE know nothing still reads a mapping or a ring they are changing.
+type Vring struct {
+	index int
+	rx    bool
+	stats *Stats
+
+	enabled atomic.Bool
+
+	mu sync.Mutex
+
+	// Configuration from the front-end (SET_VRING_*), kept across stop/start.
+	num       uint32
+	addr      VringAddr
+	addrSet   bool
+	base      uint16
+	kick      *os.File // nil: none yet, or polling when kickNoFd
+	kickNoFd  bool
+	hasKick   bool
+	callFd    int
+	errFd     int
+	enableReq bool
+
+	mem                   *guestMem
+	eventIdx, indirectOK  bool
+	mrg                   bool
+	hdrLen                int
+	state                 ringState
+	broken                bool
+	announced             bool
+	desc, avail, used     []byte
+	mask                  uint16
+	usedEventOff, availEv int
+
+	// Data-path state: meaningful while running, touched only under mu.
+	lastAvail      uint16 // next avail index to consume
+	availCache     uint16 // avail->idx last read
+	usedIdx        uint16 // next used index to write (shadow)
+	pubIdx         uint16 // used->idx as last published
+	usedFlags      uint16
+	pending        int // popped, neither pushed nor rewound
+	signalled      uint16
+	signalledValid bool
+	inBatch        bool
+
+	resv    []reserved
+	resvN   int
+	resvIov [][]byte
+
+	kickBuf [8]byte
+	one     [8]byte
+}
+
+func newVring(index int, stats *Stats) *Vring {
+	v := &Vring{index: index, rx: index%2 == 0, stats: stats, callFd: -1, errFd: -1}
+	binary.LittleEndian.PutUint64(v.one[:], 1)
+	return v
+}
+
+// Index is the vhost-user ring index: 2·pair for RX, 2·pair+1 for TX (virtio spec
+// "Device Types / Network Device / Virtqueues").
+func (v *Vring) Index() int { return v.index }
+
+// IsRX reports whether this is a receive queue (device-writable chains).
+func (v *Vring) IsRX() bool { return v.rx }
+
+// Enabled reports SET_VRING_ENABLE's state for a started ring. A started but disabled
+// ring must not receive frames; TX chains are completed and their frames discarded
+// (vhost-user.rst "Ring states").
+func (v *Vring) Enabled() bool { return v.enabled.Load() }
+
+// HdrLen is the virtio-net header length negotiated for this start (10 or 12).
+func (v *Vring) HdrLen() int {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return v.hdrLen
+}
+
+// Num is the ring size.
+func (v *Vring) Num() int {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return int(v.num)
+}
+
+// feats is what the session passes a ring at start.
+type feats struct {
+	eventIdx, indirect, mrg, protoAcked bool
+	hdrLen                              int
+}
+
+// startLocked translates the ring and resets the data-path state from SET_VRING_BASE.
+// It reports whether the ring is usable; a translation failure counts RejectRingAddr
+// and leaves the ring broken (stopped for the data path until restarted).
+func (v *Vring) startLocked(mem *guestMem, f feats) bool {
+	v.eventIdx, v.indirectOK, v.mrg, v.hdrLen = f.eventIdx, f.indirect, f.mrg, f.hdrLen
+	v.mem = mem
+	v.state = ringRunning
+	v.broken = false
+	v.lastAvail, v.availCache, v.usedIdx, v.pubIdx = v.base, v.base, v.base, v.base
+	v.pending, v.resvN, v.usedFlags = 0, 0, 0
+	v.signalledValid = false // first call after a (re)start is unconditional
+	if cap(v.resv) < int(v.num) {
+		v.resv = make([]reserved, v.num)
+	}
+	v.enabled.Store(!f.protoAcked || v.enableReq)
+	if !v.translateLocked() {
+		v.failLocked(RejectRingAddr)
+		return false
+	}
+	return true
+}
+
+// translateLocked maps desc/avail/used for their full sizes, event words included
+// (DPDK translate_ring_addresses checks full sizes; libvhost-user map_ring does not).
+func (v *Vring) translateLocked() bool {
+	v.desc, v.avail, v.used = nil, nil, nil
+	n := uint64(v.num)
+	if !v.addrSet || n == 0 || v.mem == nil {
+		return false
+	}
+	d := v.mem.qva(v.addr.Desc, descSize*n)
+	a := v.mem.qva(v.addr.Avail, 6+2*n)
+	u := v.mem.qva(v.addr.Used, 6+8*n)
+	// Alignment: desc 16 and used 4 are the spec's; avail is only 2-aligned in the
+	// spec, but its {flags, idx} word is read with one 32-bit atomic, so require 4.
+	if d == nil || a == nil || u == nil || !aligned(d, 16) || !aligned(a, 4) || !aligned(u, 4) {
+		return false
+	}
+	v.desc, v.avail, v.used = d, a, u
+	v.mask = uint16(v.num - 1)
+	v.usedEventOff = 4 + 2*int(v.num) // avail->used_event (vring_used_event)
+	v.availEv = 4 + 8*int(v.num)      // used->avail_event (vring_avail_event)
+	return true
+}
+
+// failLocked records a violation and stops the ring for the data path. Like QEMU's
+// virtio_error it leaves the ring alone until the front-end resets it; the err eventfd
+// tells QEMU, which logs "vhost vring error in virtqueue N" (hw/virtio/vhost.c
+// vhost_virtqueue_error_notifier).
+func (v *Vring) failLocked(r Reason) error {
+	v.stats.Rejected[r].Add(1)
+	v.broken = true
+	if v.errFd >= 0 {
+		unix.Write(v.errFd, v.one[:])
+	}
+	return ringErrs[r]
+}
+
+// stopLocked ends a running ring: it publishes what the data path pushed (End already
+// did; this is for an abandoned batch), closes kick and call (DPDK and passt do so at
+// GET_VRING_BASE; QEMU sends fresh ones at the next start) and returns last_avail_idx.
+func (v *Vring) stopLocked() uint16 {
+	if v.state == ringRunning && !v.broken && v.used != nil {
+		v.rewindLocked(v.pending)
+		v.publishLocked()
+	}
+	v.state = ringStopped
+	v.enabled.Store(false)
+	v.closeKickLocked()
+	v.closeFd(&v.callFd)
+	v.base = v.lastAvail
+	v.desc, v.avail, v.used = nil, nil, nil
+	return v.lastAvail
+}
+
+func (v *Vring) closeKickLocked() {
+	if v.kick != nil {
+		v.kick.Close() // wakes a Wait blocked on it (os.File is in the poller)
+		v.kick = nil
+	}
+	v.hasKick, v.kickNoFd = false, false
+}
+
+func (v *Vring) closeFd(p *int) {
+	if *p >= 0 {
+		unix.Close(*p)
+		*p = -1
+	}
+}
+
+// Begin starts a batch: until End the caller may Pop, Push, Rewind, ReserveRX and
+// CommitRX, and use the iovecs they return. Hold a batch only across non-blocking work
+// (a readv/writev on a ready TAP): the control plane waits for End.
+func (v *Vring) Begin() error {
+	v.mu.Lock()
+	if v.state != ringRunning {
+		v.mu.Unlock()
+		return ErrStopped
+	}
+	if v.broken {
+		v.mu.Unlock()
+		return ErrBroken
+	}
+	v.inBatch = true
+	return nil
+}
+
+// End finishes a batch: chains popped but neither pushed nor rewound are handed back,
+// the used entries are published with one used->idx store, and the guest is notified
+// at most once.
+func (v *Vring) End() {
+	if !v.inBatch {
+		return // Begin failed: the lock is not held (inBatch is the worker's own)
+	}
+	if !v.broken {
+		v.rewindLocked(v.pending)
+		v.resvN = 0
+		v.publishLocked()
+		if v.eventIdx {
+			// Ask for a kick at the next index we will look at (QEMU
+			// virtqueue_split_pop → vring_set_avail_event(vq, last_avail_idx)).
+			store16(v.used, v.availEv, v.lastAvail)
+		}
+	}
+	v.inBatch = false
+	v.mu.Unlock()
+}
+
+// Pop takes the next available chain and fills iov[:cap(iov)] with views of its
+// buffers. ErrEmpty means there is none; a *RingError means the guest broke the
+// protocol, the violation was counted, and the ring is stopped.
+func (v *Vring) Pop(iov [][]byte) (Chain, error) {
+	if !v.inBatch || v.broken {
+		return Chain{}, ErrBroken
+	}
+	if v.lastAvail == v.availCache {
+		// One 32-bit seq-cst load of {flags, idx} (idx is the high half on LE). Its
+		// acquire orders the ring-entry and descriptor reads after it (QEMU
+		// virtqueue_num_heads: read idx, smp_rmb, then the ring).
+		idx := uint16(load32(v.avail, 0) >> 16)
+		d := idx - v.lastAvail
+		if d > uint16(v.num) {
+			return Chain{}, v.failLocked(RejectAvailJump)
+		}
+		if d == 0 {
+			return Chain{}, ErrEmpty
+		}
+		v.availCache = idx
+	}
+	slot := int(v.lastAvail & v.mask)
+	head := binary.LittleEndian.Uint16(v.avail[4+2*slot:])
+	c, r, ok := v.walk(head, iov)
+	if !ok {
+		return Chain{}, v.failLocked(r)
+	}
+	v.lastAvail++
+	v.pending++
+	return c, nil
+}
+
+// walk follows a chain from head. Every index is checked before use, every address is
+// translated through the region table, and the number of descriptors is bounded, so a
+// hostile table can make it fail but not loop or touch unmapped memory.
+func (v *Vring) walk(head uint16, iov [][]byte) (Chain, Reason, bool) {
+	num := v.num
+	if uint32(head) >= num {
+		return Chain{}, RejectHeadRange, false
+	}
+	tbl := v.desc
+	tblN := num
+	i := uint32(head)
+	count := uint32(0)
+	indirect := false
+	k := 0
+	var total uint64
+	for {
+		d := tbl[descSize*i : descSize*i+descSize]
+		addr := binary.LittleEndian.Uint64(d[0:])
+		ln := binary.LittleEndian.Uint32(d[8:])
+		flags := binary.LittleEndian.Uint16(d[12:])
+		next := binary.LittleEndian.Uint16(d[14:])
+		if flags&descFIndirect != 0 {
+			// virtio spec "Indirect Descriptors": the driver MUST NOT set INDIRECT
+			// and NEXT together, nor INDIRECT inside an indirect table; QEMU
+			// (virtqueue_split_pop) and DPDK (fill_vec_buf_split) accept it only on
+			// the chain head. len/16 ≤ num is DPDK's bound.
+			if !v.indirectOK || indirect || count != 0 || flags&descFNext != 0 ||
+				ln == 0 || ln%descSize != 0 || ln/descSize > num {
+				return Chain{}, RejectIndirect, false
+			}
+			if addr+uint64(ln) < addr {
+				return Chain{}, RejectLenOverflow, false
+			}
+			t := v.mem.gpa(addr, uint64(ln))
+			if t == nil {
+				return Chain{}, RejectAddress, false
+			}
+			tbl, tblN, i, indirect = t, ln/descSize, 0, true
+			continue
+		}
+		count++
+		if count > tblN {
+			return Chain{}, RejectLoop, false
+		}
+		if ln == 0 {
+			return Chain{}, RejectZeroLen, false
+		}
+		if (flags&descFWrite != 0) != v.rx {
+			return Chain{}, RejectDirection, false
+		}
+		if addr+uint64(ln) < addr {
+			return Chain{}, RejectLenOverflow, false
+		}
+		total += uint64(ln)
+		if total > math.MaxUint32 {
+			return Chain{}, RejectLenOverflow, false
+		}
+		var r Reason
+		var ok bool
+		if k, r, ok = v.mem.gpaIov(addr, uint64(ln), iov, k); !ok {
+			return Chain{}, r, false
+		}
+		if flags&descFNext == 0 {
+			break
+		}
+		if uint32(next) >= tblN {
+			return Chain{}, RejectNextRange, false
+		}
+		i = uint32(next)
+	}
+	if total < uint64(v.hdrLen) {
+		return Chain{}, RejectShortChain, false
+	}
+	return Chain{Head: head, Len: int(total), Iov: iov[:k:k]}, 0, true
+}
+
+// Push records a used entry {head, n bytes written} in the used ring slot after the
+// last published one. The driver cannot see it before End stores used->idx. Push chains
+// in the order they were popped, so that used->idx is an exact restart point.
+func (v *Vring) Push(head uint16, n uint32) {
+	if !v.inBatch || v.broken || v.pending == 0 {
+		return
+	}
+	e := v.used[4+8*int(v.usedIdx&v.mask):]
+	binary.LittleEndian.PutUint32(e[0:], uint32(head))
+	binary.LittleEndian.PutUint32(e[4:], n)
+	v.usedIdx++
+	v.pending--
+}
+
+// Rewind hands the last n popped (and not pushed) chains back: they will be popped
+// again (passt virtio.c vu_queue_rewind).
+func (v *Vring) Rewind(n int) {
+	if v.inBatch && !v.broken {
+		v.rewindLocked(n)
+	}
+}
+
+func (v *Vring) rewindLocked(n int) {
+	n = min(n, v.pending)
+	if n <= 0 {
+		return
+	}
+	v.lastAvail -= uint16(n)
+	v.pending -= n
+}
+
+// publishLocked stores used->idx once for everything pushed since the last publish and
+// sends at most one call.
+func (v *Vring) publishLocked() {
+	if v.usedIdx == v.pubIdx {
+		return
+	}
+	// The used entries (plain stores) precede this seq-cst store, which is the write
+	// barrier before used->idx (QEMU virtqueue_split_flush: smp_wmb, then idx).
+	store32(v.used, 0, uint32(v.usedIdx)<<16|uint32(v.usedFlags))
+	v.pubIdx = v.usedIdx
+	if v.callFd < 0 {
+		return
+	}
+	// This seq-cst load after the store is the full barrier before reading the
+	// driver's suppression hints (QEMU virtio_split_should_notify: smp_mb).
+	aw := load32(v.avail, 0)
+	notify := true
+	if v.eventIdx {
+		// QEMU virtio_split_should_notify / DPDK vhost_vring_call_split: the first
+		// call after a start is unconditional, then vring_need_event decides from
+		// the used idx at the previous decision (QEMU's signalled_used).
+		ue := load16(v.avail, v.usedEventOff)
+		old := v.signalled
+		v.signalled = v.pubIdx
+		notify = !v.signalledValid || vringNeedEvent(ue, v.pubIdx, old)
+		v.signalledValid = true
+	} else if uint16(aw)&availFNoInterrupt != 0 {
+		notify = false
+	}
+	if notify {
+		unix.Write(v.callFd, v.one[:])
+		v.stats.Calls.Add(1)
+	}
+}
+
+// vringNeedEvent is vring_need_event from linux include/uapi/linux/virtio_ring.h: should
+// moving the index from old to newIdx notify a peer waiting for event_idx?
+func vringNeedEvent(eventIdx, newIdx, old uint16) bool {
+	return newIdx-eventIdx-1 < newIdx-old
+}
+
+// Wait blocks until the ring may have work. Before sleeping it re-enables kicks
+// (avail_event with EVENT_IDX, else clears NO_NOTIFY), issues a full barrier and
+// re-reads avail->idx, so a chain made available meanwhile is not missed (QEMU
+// virtio_queue_split_set_notification: smp_mb after enabling). It returns ErrStopped
+// or ErrBroken when the worker should stop.
+func (v *Vring) Wait() error {
+	for {
+		v.mu.Lock()
+		if v.state != ringRunning {
+			v.mu.Unlock()
+			return ErrStopped
+		}
+		if v.broken {
+			v.mu.Unlock()
+			return ErrBroken
+		}
+		if v.eventIdx {
+			store16(v.used, v.availEv, v.lastAvail)
+		} else {
+			v.usedFlags = 0
+		}
+		// Seq-cst store then seq-cst load: the full barrier between enabling kicks
+		// and the final check of avail->idx.
+		store32(v.used, 0, uint32(v.pubIdx)<<16|uint32(v.usedFlags))
+		if uint16(load32(v.avail, 0)>>16) != v.lastAvail {
+			if !v.eventIdx {
+				// Kicks are not needed while we poll (virtio spec "Used Buffer
+				// Notification Suppression", VIRTQ_USED_F_NO_NOTIFY).
+				v.usedFlags = usedFNoNotify
+				store32(v.used, 0, uint32(v.pubIdx)<<16|uint32(v.usedFlags))
+			}
+			v.mu.Unlock()
+			return nil
+		}
+		f, poll := v.kick, v.kickNoFd
+		v.mu.Unlock()
+		if f == nil {
+			if !poll {
+				return ErrStopped
+			}
+			// Front-end sent SET_VRING_KICK with VHOST_USER_VRING_NOFD_MASK: no
+			// eventfd, so poll (vhost-user.rst SET_VRING_KICK).
+			time.Sleep(50 * time.Microsecond)
+			continue
+		}
+		if _, err := f.Read(v.kickBuf[:]); err == nil {
+			v.stats.Kicks.Add(1)
+		}
+		// On error (the kick file was closed by a stop or replaced) loop: the state
+		// check at the top decides.
+	}
+}
+
+// ReserveRX pops receive chains until their capacity covers need bytes (header
+// included) and returns their segments, in order, from iov. Without MRG_RXBUF it takes
+// exactly one chain, whatever its size (the caller checks the capacity it got). With
+// MRG_RXBUF it is all or nothing: if the ring runs out first, everything is handed
+// back and ErrEmpty returned (DPDK reserve_avail_buf_split, passt vu_collect).
+func (v *Vring) ReserveRX(need int, iov [][]byte) ([][]byte, int, error) {
+	if !v.rx {
+		return nil, 0, ErrBroken
+	}
+	v.rewindLocked(v.resvN) // an uncommitted earlier reservation goes back first
+	v.resvN = 0
+	k, capTotal := 0, 0
+	for {
+		c, err := v.Pop(iov[k:k:cap(iov)])
+		if err != nil {
+			if err == ErrEmpty {
+				v.rewindLocked(v.resvN)
+				v.resvN = 0
+			}
+			return nil, 0, err
+		}
+		v.resv[v.resvN] = reserved{c.Head, k, k + len(c.Iov), c.Len}
+		v.resvN++
+		k += len(c.Iov)
+		capTotal += c.Len
+		if capTotal >= need || !v.mrg || v.resvN == len(v.resv) {
+			break
+		}
+	}
+	v.resvIov = iov[:k]
+	return iov[:k], capTotal, nil
+}
+
+// CommitRX completes a reservation after n bytes (virtio-net header + frame) were
+// written into its segments from the start: chains are filled in order, num_buffers
+// (header offset 10, 12-byte headers only) is written into the first chain, one used
+// entry per chain is pushed, and the chains not needed are handed back. It returns the
+// number of chains used; End publishes them with one used->idx store.
+func (v *Vring) CommitRX(n int) int {
+	if !v.inBatch || v.broken || v.resvN == 0 {
+		return 0
+	}
+	if n < v.hdrLen || n == 0 {
+		v.rewindLocked(v.resvN)
+		v.resvN = 0
+		return 0
+	}
+	used := 0
+	for rem := n; rem > 0 && used < v.resvN; used++ {
+		rem -= v.resv[used].cap
+	}
+	if v.hdrLen >= 12 {
+		// virtio spec "Processing of Incoming Packets": num_buffers is the number of
+		// descriptor chains the packet occupies; 1 without MRG_RXBUF. Written always:
+		// a TAP leaves bytes 10–11 undefined.
+		r := v.resv[0]
+		var nb [2]byte
+		binary.LittleEndian.PutUint16(nb[:], uint16(used))
+		putAt(v.resvIov[r.segs:r.sege], 10, nb[:])
+	}
+	// Pushes consume the oldest pending chains; the unused reservations are the newest
+	// pops, which is what rewind hands back.
+	rem := n
+	for i := 0; i < used; i++ {
+		w := min(rem, v.resv[i].cap)
+		v.Push(v.resv[i].head, uint32(w))
+		rem -= w
+	}
+	v.rewindLocked(v.resvN - used)
+	v.resvN = 0
+	return used
+}
+
+// putAt copies b into the concatenation of segs at byte offset off.
+func putAt(segs [][]byte, off int, b []byte) {
+	for _, s := range segs {
+		if len(b) == 0 {
+			return
+		}
+		if off >= len(s) {
+			off -= len(s)
+			continue
+		}
+		c := copy(s[off:], b)
+		b = b[c:]
+		off = 0
+	}
+}
+
+// CopyFrom copies the concatenation of iov, skipping the first skip bytes, into dst and
+// returns the bytes copied. A helper for reading a header split over descriptors.
+func CopyFrom(dst []byte, iov [][]byte, skip int) int {
+	n := 0
+	for _, s := range iov {
+		if skip >= len(s) {
+			skip -= len(s)
+			continue
+		}
+		c := copy(dst[n:], s[skip:])
+		n += c
+		skip = 0
+		if n == len(dst) {
+			break
+		}
+	}
+	return n
+}
+
+// CopyTo copies src into the concatenation of iov from its start and returns the bytes
+// copied.
+func CopyTo(iov [][]byte, src []byte) int {
+	n := 0
+	for _, s := range iov {
+		if n == len(src) {
+			break
+		}
+		n += copy(s, src[n:])
+	}
+	return n
+}
