@@ -19,7 +19,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"tapgro/datapath"
-	"tapgro/netmapio"
+	"tapgro/netdev"
 	"tapgro/tapdev/taptest"
 	"tapgro/vnethdr"
 )
@@ -359,7 +359,7 @@ func TestCtlSocketPath(t *testing.T) {
 		t.Errorf("status on the replaced socket: %d %q", code, errOut)
 	}
 	// Live: a second server on the same path is refused; as the default path it warns.
-	if _, err := startCtl(&options{ctlSocket: stale}, s); !errors.Is(err, netmapio.ErrAddrInUse) {
+	if _, err := startCtl(&options{ctlSocket: stale}, s); !errors.Is(err, netdev.ErrAddrInUse) {
 		t.Errorf("second server on a live socket: %v, want ErrAddrInUse", err)
 	}
 	if stop2, err := startCtl(&options{ctlSocket: stale, ctlSocketDefault: true}, s); err != nil {

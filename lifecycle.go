@@ -15,7 +15,7 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"tapgro/datapath"
-	"tapgro/netmapio"
+	"tapgro/netdev"
 	"tapgro/rxpool"
 )
 
@@ -201,8 +201,8 @@ func reportProblems(ctx context.Context, every time.Duration, read func() map[st
 // problemInterval is the shortest time between two reports of per-packet problems.
 const problemInterval = 10 * time.Second
 
-// portProblems reads the port's per-frame error counters (netmapio.Stats).
-func portProblems(ep netmapio.Endpoint) portProblemStats {
+// portProblems reads the port's per-frame error counters (port.Stats).
+func portProblems(ep netdev.Endpoint) portProblemStats {
 	ps := ep.Stats()
 	return func() map[string]uint64 {
 		return map[string]uint64{

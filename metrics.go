@@ -14,7 +14,7 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"tapgro/datapath"
-	"tapgro/netmapio"
+	"tapgro/netdev"
 )
 
 // The packet path keeps plain atomic counters; this collector reads them only when
@@ -88,7 +88,7 @@ func snapU(f func(*datapath.Snapshot) uint64) func(*datapath.Snapshot) float64 {
 }
 
 // newCollector lists every metric tapgro exports. The README documents each name.
-func newCollector(eng snapshotter, ep netmapio.Endpoint) *collector {
+func newCollector(eng snapshotter, ep netdev.Endpoint) *collector {
 	c := &collector{eng: eng}
 	for _, d := range []struct {
 		dir string
@@ -142,7 +142,7 @@ func newCollector(eng snapshotter, ep netmapio.Endpoint) *collector {
 
 // serveMetrics serves /metrics and /healthz (health.go) on addr until the returned func
 // is called.
-func serveMetrics(addr string, pprofOn bool, eng snapshotter, ep netmapio.Endpoint, h *healthMon, log *logrus.Logger) (func(), error) {
+func serveMetrics(addr string, pprofOn bool, eng snapshotter, ep netdev.Endpoint, h *healthMon, log *logrus.Logger) (func(), error) {
 	reg := prometheus.NewRegistry()
 	c := newCollector(eng, ep)
 	addHealthMetrics(c, h)

@@ -4,14 +4,14 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"tapgro/datapath"
-	"tapgro/netmapio"
+	"tapgro/netdev"
 	"tapgro/vnethdr"
 )
 
 // addOffloadMetrics exports the last negotiation (negotiate.go) as 0/1 gauges: which
 // offloads the TAP hands us and the port takes, and which software steps each direction
 // runs. A scrape reads the published result; the datapath is not involved.
-func addOffloadMetrics(c *collector, ep netmapio.Endpoint) {
+func addOffloadMetrics(c *collector, ep netdev.Endpoint) {
 	for _, o := range []struct {
 		name string
 		bit  vnethdr.Offloads

@@ -5,7 +5,7 @@ import (
 
 	"tapgro/coalescer"
 	"tapgro/datapath"
-	"tapgro/netmapio"
+	"tapgro/netdev"
 )
 
 // addCoalescerMetrics exports the GRO engine's counters. The engine is created with the
@@ -54,7 +54,7 @@ func addCoalescerMetrics(c *collector) {
 }
 
 // addDeviceMetrics exports the TAP's and the port's own counters.
-func addDeviceMetrics(c *collector, eng snapshotter, ep netmapio.Endpoint) {
+func addDeviceMetrics(c *collector, eng snapshotter, ep netdev.Endpoint) {
 	ts := eng.Snapshot().Tap // the TAP's counters live as long as the engine
 	c.add("tapgro_tap_read_syscalls_total", "read(2) calls on the TAP.", prometheus.CounterValue, nil, u(ts.ReadCalls.Load))
 	c.add("tapgro_tap_write_syscalls_total", "write(2) calls on the TAP.", prometheus.CounterValue, nil, u(ts.WriteCalls.Load))
@@ -83,7 +83,7 @@ func addDeviceMetrics(c *collector, eng snapshotter, ep netmapio.Endpoint) {
 	c.add("tapgro_port_connects_total", "Peers connected (or datagram sockets opened).", prometheus.CounterValue, nil, u(ps.Connects.Load))
 	c.add("tapgro_port_disconnects_total", "Peer connections ended.", prometheus.CounterValue, nil, u(ps.Disconnects.Load))
 	c.add("tapgro_port_rejects_total", "Extra clients turned away while one was served.", prometheus.CounterValue, nil, u(ps.Rejects.Load))
-	if nm, ok := ep.(netmapio.NetmapStatser); ok {
+	if nm, ok := ep.(netdev.NetmapStatser); ok {
 		ns := nm.NetmapStats()
 		c.add("tapgro_netmap_slots_total", "netmap ring slots used, by direction.", prometheus.CounterValue, prometheus.Labels{"direction": "rx"}, u(ns.RxSlots.Load))
 		c.add("tapgro_netmap_slots_total", "netmap ring slots used, by direction.", prometheus.CounterValue, prometheus.Labels{"direction": "tx"}, u(ns.TxSlots.Load))

@@ -8,15 +8,15 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"tapgro/netmapio"
+	"tapgro/port"
 )
 
-type stubEndpoint struct{ st netmapio.Stats }
+type stubEndpoint struct{ st port.Stats }
 
-func (e *stubEndpoint) Next(context.Context) (netmapio.Port, error) { return nil, netmapio.ErrClosed }
-func (e *stubEndpoint) Close() error                                { return nil }
-func (e *stubEndpoint) Addr() string                                { return "stub" }
-func (e *stubEndpoint) Stats() *netmapio.Stats                      { return &e.st }
+func (e *stubEndpoint) Next(context.Context) (port.Port, error) { return nil, port.ErrClosed }
+func (e *stubEndpoint) Close() error                            { return nil }
+func (e *stubEndpoint) Addr() string                            { return "stub" }
+func (e *stubEndpoint) Stats() *port.Stats                      { return &e.st }
 
 // Every metric tapgro exports must be documented in the README, one line each, and the
 // collector must be valid for Prometheus (consistent label sets, no duplicates).

@@ -15,7 +15,7 @@ import (
 	logtest "github.com/sirupsen/logrus/hooks/test"
 
 	"tapgro/datapath"
-	"tapgro/netmapio"
+	"tapgro/port"
 	"tapgro/rxpool"
 )
 
@@ -99,7 +99,7 @@ func TestParseFlagsOps(t *testing.T) {
 
 // stubPort is a connected port for the health monitor: a peer name and a receive queue.
 type stubPort struct {
-	netmapio.Port
+	port.Port
 	inq int
 }
 

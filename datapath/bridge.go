@@ -13,10 +13,10 @@ import (
 	"golang.org/x/sys/unix"
 
 	"tapgro/coalescer"
-	"tapgro/netmapio"
 	"tapgro/pcapio"
 	"tapgro/port"
 	"tapgro/rxpool"
+	"tapgro/sockport"
 	"tapgro/tapdev"
 	"tapgro/vnethdr"
 )
@@ -305,7 +305,7 @@ func (p *tapToPort) process(n int) {
 			if p.hdr.IsGSO() {
 				st.GSOPassthrough.Add(1)
 			}
-			if i < p.nShm && p.ref == p.shmRef && len(frame) >= netmapio.ShmMinFrame {
+			if i < p.nShm && p.ref == p.shmRef && len(frame) >= sockport.ShmMinFrame {
 				p.stageShm(len(frame), i)
 			} else {
 				p.stage(frame)
@@ -362,14 +362,14 @@ func (p *tapToPort) stage(frame []byte) {
 // stageShm stages, instead of the frame of n bytes read into the batch's ring slot i,
 // the descriptor record that names it (netmapio/shm.go): the frame itself is not copied.
 func (p *tapToPort) stageShm(n int, i int) {
-	buf, ok := p.reserveRecord(p.hl + netmapio.ShmDescLen)
+	buf, ok := p.reserveRecord(p.hl + sockport.ShmDescLen)
 	if !ok {
 		return
 	}
 	p.portHeader(n)
 	_ = p.outHdr.Encode(buf, p.hl)
 	p.shmRef.shm.PutShmDesc(buf[p.hl:], i, n)
-	p.pool.Commit(p.hl + netmapio.ShmDescLen)
+	p.pool.Commit(p.hl + sockport.ShmDescLen)
 	if p.pool.PerFrame() {
 		p.flush(rxpool.ReasonFrame)
 	}

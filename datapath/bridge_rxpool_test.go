@@ -6,21 +6,21 @@ import (
 	"testing"
 	"time"
 
-	"tapgro/netmapio"
 	"tapgro/port"
 	"tapgro/rxpool"
+	"tapgro/sockport"
 )
 
 // statPair is streamPair with counters on the near end, so tests can count writev calls.
-func statPair(t testing.TB) (near, far *netmapio.StreamPort, st *netmapio.Stats) {
+func statPair(t testing.TB) (near, far *sockport.StreamPort, st *port.Stats) {
 	t.Helper()
 	ca, cb := connPair(t)
-	st = new(netmapio.Stats)
+	st = new(port.Stats)
 	var err error
-	if near, err = netmapio.NewStreamPort(ca, st); err != nil {
+	if near, err = sockport.NewStreamPort(ca, st); err != nil {
 		t.Fatal(err)
 	}
-	if far, err = netmapio.NewStreamPort(cb, nil); err != nil {
+	if far, err = sockport.NewStreamPort(cb, nil); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { near.Close(); far.Close() })
@@ -48,7 +48,7 @@ func fillMixed(p *tapToPort) {
 func drain(far port.Port, seqs chan<- [2]uint32) {
 	bufs := make([][]byte, 64)
 	for i := range bufs {
-		bufs[i] = make([]byte, port.MaxFrame+netmapio.VnetStreamHdrLen)
+		bufs[i] = make([]byte, port.MaxFrame+sockport.VnetStreamHdrLen)
 	}
 	sizes := make([]int, 64)
 	for {

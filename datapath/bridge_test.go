@@ -13,8 +13,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"tapgro/netmapio"
 	"tapgro/port"
+	"tapgro/sockport"
 	"tapgro/tapdev"
 	"tapgro/vnethdr"
 )
@@ -153,13 +153,13 @@ func connPair(t testing.TB) (net.Conn, net.Conn) {
 	return conn(fds[0]), conn(fds[1])
 }
 
-func streamPair(t testing.TB) (a, b *netmapio.StreamPort) {
+func streamPair(t testing.TB) (a, b *sockport.StreamPort) {
 	ca, cb := connPair(t)
-	a, err := netmapio.NewStreamPort(ca, nil)
+	a, err := sockport.NewStreamPort(ca, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err = netmapio.NewStreamPort(cb, nil)
+	b, err = sockport.NewStreamPort(cb, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -13,23 +13,23 @@ import (
 	"golang.org/x/sys/unix"
 
 	"tapgro/integration/netnstest"
-	"tapgro/netmapio"
 	"tapgro/port"
+	"tapgro/sockport"
 	"tapgro/tapdev"
 	"tapgro/vnethdr"
 )
 
 // vnetPair is streamPair for the vnet-hdr=on extension: both ends ran the hello, and
 // with shm set up shared-memory rings.
-func vnetPair(t testing.TB, shm bool) (a, b *netmapio.StreamPort) {
+func vnetPair(t testing.TB, shm bool) (a, b *sockport.StreamPort) {
 	ca, cb := connPair(t)
 	errc := make(chan error, 1)
 	go func() {
 		var err error
-		b, err = netmapio.NewVnetStreamPort(cb, nil, netmapio.VnetStreamAccepts, shm, time.Second)
+		b, err = sockport.NewVnetStreamPort(cb, nil, sockport.VnetStreamAccepts, shm, time.Second)
 		errc <- err
 	}()
-	a, err := netmapio.NewVnetStreamPort(ca, nil, netmapio.VnetStreamAccepts, shm, time.Second)
+	a, err := sockport.NewVnetStreamPort(ca, nil, sockport.VnetStreamAccepts, shm, time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -48,7 +48,7 @@ func readRecords(t testing.TB, p port.Port, n int) [][]byte {
 	t.Helper()
 	bufs := make([][]byte, 64)
 	for i := range bufs {
-		bufs[i] = make([]byte, port.MaxFrame+netmapio.VnetStreamHdrLen)
+		bufs[i] = make([]byte, port.MaxFrame+sockport.VnetStreamHdrLen)
 	}
 	sizes := make([]int, 64)
 	var out [][]byte

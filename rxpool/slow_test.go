@@ -11,10 +11,11 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"tapgro/netmapio"
+	"tapgro/port"
+	"tapgro/sockport"
 )
 
-func streamPair(t testing.TB, ast *netmapio.Stats) (a, b *netmapio.StreamPort) {
+func streamPair(t testing.TB, ast *port.Stats) (a, b *sockport.StreamPort) {
 	t.Helper()
 	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
@@ -29,10 +30,10 @@ func streamPair(t testing.TB, ast *netmapio.Stats) (a, b *netmapio.StreamPort) {
 		}
 		return c
 	}
-	if a, err = netmapio.NewStreamPort(conn(fds[0]), ast); err != nil {
+	if a, err = sockport.NewStreamPort(conn(fds[0]), ast); err != nil {
 		t.Fatal(err)
 	}
-	if b, err = netmapio.NewStreamPort(conn(fds[1]), nil); err != nil {
+	if b, err = sockport.NewStreamPort(conn(fds[1]), nil); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { a.Close(); b.Close() })
@@ -58,7 +59,7 @@ func TestSlowConsumer(t *testing.T) {
 		stall     = 2 * time.Second
 		batch     = 64
 	)
-	wst := new(netmapio.Stats)
+	wst := new(port.Stats)
 	w, r := streamPair(t, wst)
 	st := new(Stats)
 	p, err := New(Config{}, st)
@@ -94,7 +95,7 @@ func TestSlowConsumer(t *testing.T) {
 
 	bufs := make([][]byte, 64)
 	for i := range bufs {
-		bufs[i] = make([]byte, netmapio.MaxFrame)
+		bufs[i] = make([]byte, port.MaxFrame)
 	}
 	sizes := make([]int, 64)
 	next := uint64(0)
