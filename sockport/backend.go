@@ -22,7 +22,7 @@ func (s *StreamPort) SetOffloads(o vnethdr.Offloads) (vnethdr.Offloads, error) {
 // State implements port.Backend.
 func (s *StreamPort) State() string {
 	d := port.Describe("stream", s.hdrLen, s.accepts)
-	if s.shmTx != nil {
+	if s.shm != nil {
 		d = d[:len(d)-1] + ", shared memory)"
 	}
 	return d

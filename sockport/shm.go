@@ -254,103 +254,193 @@ var (
 	_ port.Lender    = (*StreamPort)(nil)
 )
 
+// shmLink is the shared-memory half of one vnet-hdr=on connection: this end's TX ring,
+// which the peer maps and reads frames from, and the peer's ring, which this end maps
+// and lends frames out of. send belongs to the TAP→port goroutine (the port's writer),
+// recv to the port→TAP one (its reader), so neither takes a lock.
+type shmLink struct {
+	hdrLen int // the vnet header in front of every descriptor record
+	stats  *port.Stats
+	send   shmSend
+	recv   shmRecv
+}
+
+// shmSend is the sending side's state over its own ring.
+type shmSend struct {
+	area  *shmArea
+	free  []uint32 // free slots, the most recently freed last
+	lent  []bool   // per slot: lent to the peer
+	batch []uint32 // the slots the last TxSlots handed out
+	n     int      // how many
+	cons  uint32   // completions taken from the peer
+}
+
+// shmRecv is the receiving side's state over the peer's ring.
+type shmRecv struct {
+	area *shmArea
+	lent []uint32 // slots lent to our caller since the last ReleaseLent
+	prod uint32   // completions handed back to the peer
+}
+
+// newShmLink adopts the two rings of a connection.
+func newShmLink(tx, rx *shmArea, hdrLen int, st *port.Stats) *shmLink {
+	l := &shmLink{hdrLen: hdrLen, stats: st}
+	l.send = shmSend{
+		area:  tx,
+		lent:  make([]bool, tx.slots),
+		batch: make([]uint32, tx.slots),
+		free:  make([]uint32, 0, tx.slots),
+	}
+	for i := tx.slots - 1; i >= 0; i-- {
+		l.send.free = append(l.send.free, uint32(i))
+	}
+	l.recv = shmRecv{area: rx, lent: make([]uint32, 0, rx.slots)}
+	return l
+}
+
+// close drops the port's own references to both rings (the port's Close); a pipeline
+// still holding slot memory keeps its ring mapped until it lets go.
+func (l *shmLink) close() {
+	l.send.area.release()
+	l.recv.area.release()
+}
+
 // ---- sending side: the TAP→port goroutine ----
 
 // ShmActive reports whether frames may cross this port through shared memory.
-func (s *StreamPort) ShmActive() bool { return s.shmTx != nil }
+func (s *StreamPort) ShmActive() bool { return s.shm != nil }
 
 // TxSlots hands out up to len(slots) free slots of this end's ring for the next TAP
 // read, the most recently freed first: slots[i] is laid out so that [hl-byte vnet
-// header][frame] read into it puts the frame at port.ShmHeadroom of the slot. The ring stays
-// mapped, even if the port is closed meanwhile, until TxDone, which must follow every
-// TxSlots that returned n > 0 and returns the slots that no PutShmDesc named.
+// header][frame] read into it puts the frame at port.ShmHeadroom of the slot. The ring
+// stays mapped, even if the port is closed meanwhile, until TxDone, which must follow
+// every TxSlots that returned n > 0 and returns the slots that no PutShmDesc named.
 func (s *StreamPort) TxSlots(slots [][]byte, hl int) int {
-	a := s.shmTx
-	if a == nil || hl > port.ShmHeadroom || !a.acquire() {
+	if s.shm == nil {
 		return 0
 	}
-	s.reclaim()
-	n := min(len(s.txFree), len(slots), len(s.txBatch))
-	if n == 0 {
-		a.release()
-		s.Stats().ShmRingFull.Add(1)
-		return 0
-	}
-	for i := 0; i < n; i++ {
-		idx := s.txFree[len(s.txFree)-1]
-		s.txFree = s.txFree[:len(s.txFree)-1]
-		s.txBatch[i] = idx
-		slots[i] = a.slot(idx)[port.ShmHeadroom-hl:]
-	}
-	s.txN = n
-	return n
-}
-
-// reclaim moves the slots the peer handed back onto the free stack. Entries naming a
-// slot that is not lent out are ignored: they can only come from a confused peer.
-func (s *StreamPort) reclaim() {
-	a := s.shmTx
-	prod := a.freedProd().Load()
-	avail := prod - s.txCons
-	if avail > uint32(a.slots) {
-		avail = uint32(a.slots) // a peer running ahead: it overwrote its own entries
-	}
-	for i := prod - avail; i != prod; i++ {
-		if idx := a.freed(i).Load(); idx < uint32(a.slots) && s.txLent[idx] {
-			s.txLent[idx] = false
-			s.txFree = append(s.txFree, idx)
-		}
-	}
-	s.txCons = prod
+	return s.shm.txSlots(slots, hl)
 }
 
 // PutShmDesc fills rec[:ShmDescLen], the body of the descriptor record that follows the
 // vnet header, for the frame of n bytes read into slots[i] of the last TxSlots, and lends
 // that slot to the peer.
-func (s *StreamPort) PutShmDesc(rec []byte, i int, n int) {
-	idx := s.txBatch[i]
-	binary.LittleEndian.PutUint32(rec[0:], idx)
-	binary.LittleEndian.PutUint32(rec[4:], uint32(n))
-	s.txLent[idx] = true
-	s.Stats().ShmFramesOut.Add(1)
-}
+func (s *StreamPort) PutShmDesc(rec []byte, i int, n int) { s.shm.putDesc(rec, i, n) }
 
-// TxDone ends the use of the slots the last TxSlots handed out: those not lent go back
-// on the free stack, in reverse so the next batch gets them in the same order.
-func (s *StreamPort) TxDone() {
-	for i := s.txN - 1; i >= 0; i-- {
-		if idx := s.txBatch[i]; !s.txLent[idx] {
-			s.txFree = append(s.txFree, idx)
-		}
-	}
-	s.txN = 0
-	s.shmTx.release()
-}
+// TxDone ends the use of the slots the last TxSlots handed out.
+func (s *StreamPort) TxDone() { s.shm.txDone() }
 
 // TxFrame returns the frame a descriptor record (vnet header included) sent by this end
 // names, for packet capture; nil for an ordinary record. The caller must hold the
 // slots it got from TxSlots (descriptors name only those).
 func (s *StreamPort) TxFrame(rec []byte) []byte {
-	if s.shmTx == nil || len(rec) != s.hdrLen+ShmDescLen {
+	if s.shm == nil {
 		return nil
 	}
-	idx := binary.LittleEndian.Uint32(rec[s.hdrLen:])
-	n := int(binary.LittleEndian.Uint32(rec[s.hdrLen+4:]))
-	if idx >= uint32(s.shmTx.slots) || n > s.shmTx.slotSize-port.ShmHeadroom {
+	return s.shm.txFrame(rec)
+}
+
+// ReleaseLent hands every slot lent since the last call back to the peer. The caller
+// must be done with the frames ReadBatchLent lent; a port without shared memory does
+// nothing (frames lent from its read buffer need no release).
+func (s *StreamPort) ReleaseLent() {
+	if s.shm != nil {
+		s.shm.releaseLent()
+	}
+}
+
+func (l *shmLink) txSlots(slots [][]byte, hl int) int {
+	t := &l.send
+	a := t.area
+	if hl > port.ShmHeadroom || !a.acquire() {
+		return 0
+	}
+	l.reclaim()
+	n := min(len(t.free), len(slots), len(t.batch))
+	if n == 0 {
+		a.release()
+		l.stats.ShmRingFull.Add(1)
+		return 0
+	}
+	for i := 0; i < n; i++ {
+		idx := t.free[len(t.free)-1]
+		t.free = t.free[:len(t.free)-1]
+		t.batch[i] = idx
+		slots[i] = a.slot(idx)[port.ShmHeadroom-hl:]
+	}
+	t.n = n
+	return n
+}
+
+// reclaim moves the slots the peer handed back onto the free stack. Entries naming a
+// slot that is not lent out are ignored: they can only come from a confused peer.
+func (l *shmLink) reclaim() {
+	t := &l.send
+	a := t.area
+	prod := a.freedProd().Load()
+	avail := prod - t.cons
+	if avail > uint32(a.slots) {
+		avail = uint32(a.slots) // a peer running ahead: it overwrote its own entries
+	}
+	for i := prod - avail; i != prod; i++ {
+		if idx := a.freed(i).Load(); idx < uint32(a.slots) && t.lent[idx] {
+			t.lent[idx] = false
+			t.free = append(t.free, idx)
+		}
+	}
+	t.cons = prod
+}
+
+func (l *shmLink) putDesc(rec []byte, i int, n int) {
+	t := &l.send
+	idx := t.batch[i]
+	binary.LittleEndian.PutUint32(rec[0:], idx)
+	binary.LittleEndian.PutUint32(rec[4:], uint32(n))
+	t.lent[idx] = true
+	l.stats.ShmFramesOut.Add(1)
+}
+
+// txDone puts the slots not lent back on the free stack, in reverse so the next batch
+// gets them in the same order, and drops the reference TxSlots took.
+func (l *shmLink) txDone() {
+	t := &l.send
+	for i := t.n - 1; i >= 0; i-- {
+		if idx := t.batch[i]; !t.lent[idx] {
+			t.free = append(t.free, idx)
+		}
+	}
+	t.n = 0
+	t.area.release()
+}
+
+func (l *shmLink) txFrame(rec []byte) []byte {
+	a := l.send.area
+	if len(rec) != l.hdrLen+ShmDescLen {
 		return nil
 	}
-	return s.shmTx.slot(idx)[port.ShmHeadroom : port.ShmHeadroom+n]
+	idx := binary.LittleEndian.Uint32(rec[l.hdrLen:])
+	n := int(binary.LittleEndian.Uint32(rec[l.hdrLen+4:]))
+	if idx >= uint32(a.slots) || n > a.slotSize-port.ShmHeadroom {
+		return nil
+	}
+	return a.slot(idx)[port.ShmHeadroom : port.ShmHeadroom+n]
 }
 
 // ---- receiving side: the port→TAP goroutine ----
 
+// isDesc reports whether a record read from the stream is a shared-memory descriptor:
+// ordinary records are longer (ShmDescLen).
+func (l *shmLink) isDesc(rec []byte) bool { return len(rec) == l.hdrLen+ShmDescLen }
+
 // lend resolves the descriptor record rec (vnet header included) to the peer's slot.
 // It returns the whole slot with the record's vnet header copied in front of the frame,
-// at port.ShmHeadroom-hdrLen, and the frame's length. The slot is handed back by ReleaseLent.
-func (s *StreamPort) lend(rec []byte) ([]byte, int, error) {
-	a := s.shmRx
-	idx := binary.LittleEndian.Uint32(rec[s.hdrLen:])
-	n := int(binary.LittleEndian.Uint32(rec[s.hdrLen+4:]))
+// at port.ShmHeadroom-hdrLen, and the frame's length. The slot is handed back by
+// releaseLent.
+func (l *shmLink) lend(rec []byte) ([]byte, int, error) {
+	r := &l.recv
+	a := r.area
+	idx := binary.LittleEndian.Uint32(rec[l.hdrLen:])
+	n := int(binary.LittleEndian.Uint32(rec[l.hdrLen+4:]))
 	if idx >= uint32(a.slots) {
 		return nil, 0, fmt.Errorf("%w: descriptor for slot %d of a %d-slot ring", errBadDesc, idx, a.slots)
 	}
@@ -358,67 +448,38 @@ func (s *StreamPort) lend(rec []byte) ([]byte, int, error) {
 		return nil, 0, fmt.Errorf("%w: descriptor for a %d-byte frame, want %d..%d",
 			errBadDesc, n, port.MinFrame, a.slotSize-port.ShmHeadroom)
 	}
-	if len(s.rxLent) == cap(s.rxLent) {
+	if len(r.lent) == cap(r.lent) {
 		// More lent than a ring holds without a ReleaseLent: a peer naming slots twice.
-		return nil, 0, fmt.Errorf("%w: more than %d frames lent at once", errBadDesc, cap(s.rxLent))
+		return nil, 0, fmt.Errorf("%w: more than %d frames lent at once", errBadDesc, cap(r.lent))
 	}
-	if len(s.rxLent) == 0 {
+	if len(r.lent) == 0 {
 		if !a.acquire() {
 			return nil, 0, port.ErrClosed
 		}
 	}
 	sl := a.slot(idx)
-	copy(sl[port.ShmHeadroom-s.hdrLen:port.ShmHeadroom], rec[:s.hdrLen])
-	s.rxLent = append(s.rxLent, idx)
-	s.Stats().ShmFramesIn.Add(1)
+	copy(sl[port.ShmHeadroom-l.hdrLen:port.ShmHeadroom], rec[:l.hdrLen])
+	r.lent = append(r.lent, idx)
+	l.stats.ShmFramesIn.Add(1)
 	return sl, n, nil
 }
 
 var errBadDesc = errors.New("sockport: bad shared-memory descriptor")
 
-// ReleaseLent hands every slot lent since the last call back to the peer. The caller
-// must be done with the frames ReadBatchLent lent; a port without shared memory does
-// nothing.
-func (s *StreamPort) ReleaseLent() {
-	if len(s.rxLent) == 0 {
+func (l *shmLink) releaseLent() {
+	r := &l.recv
+	if len(r.lent) == 0 {
 		return
 	}
-	a := s.shmRx
-	prod := s.rxProd
-	for _, idx := range s.rxLent {
+	a := r.area
+	prod := r.prod
+	for _, idx := range r.lent {
 		a.freed(prod).Store(idx)
 		prod++
 	}
 	// The count goes last: the peer reads no entry before it sees it.
 	a.freedProd().Store(prod)
-	s.rxProd = prod
-	s.rxLent = s.rxLent[:0]
+	r.prod = prod
+	r.lent = r.lent[:0]
 	a.release()
-}
-
-// isDesc reports whether a record read from the stream is a shared-memory descriptor.
-func (s *StreamPort) isDesc(rec []byte) bool {
-	return s.shmRx != nil && len(rec) == s.hdrLen+ShmDescLen
-}
-
-// setShm adopts the two rings of a connection.
-func (s *StreamPort) setShm(tx, rx *shmArea) {
-	s.shmTx, s.shmRx = tx, rx
-	s.txLent = make([]bool, tx.slots)
-	s.txBatch = make([]uint32, tx.slots)
-	s.txFree = make([]uint32, 0, tx.slots)
-	for i := tx.slots - 1; i >= 0; i-- {
-		s.txFree = append(s.txFree, uint32(i))
-	}
-	s.rxLent = make([]uint32, 0, rx.slots)
-}
-
-// releaseShm drops the port's own references on Close.
-func (s *StreamPort) releaseShm() {
-	if s.shmTx != nil {
-		s.shmTx.release()
-	}
-	if s.shmRx != nil {
-		s.shmRx.release()
-	}
 }

@@ -174,7 +174,7 @@ func TestShmRingFull(t *testing.T) {
 		t.Fatalf("ShmRingFull = %d, want 1", a.Stats().ShmRingFull.Load())
 	}
 	// The peer hands back slot 5 twice and a slot that does not exist: one comes back.
-	r := a.shmTx
+	r := a.shm.send.area
 	r.freed(0).Store(5)
 	r.freed(1).Store(5)
 	r.freed(2).Store(shmSlots + 9)
@@ -278,7 +278,7 @@ func TestShmCloseWhileInUse(t *testing.T) {
 	}
 	a.TxDone()
 	b.ReleaseLent()
-	if a.shmTx.mem != nil || b.shmRx.mem != nil || a.shmRx.mem != nil || b.shmTx.mem != nil {
+	if a.shm.send.area.mem != nil || b.shm.recv.area.mem != nil || a.shm.recv.area.mem != nil || b.shm.send.area.mem != nil {
 		t.Fatal("a ring is still mapped after the last user let go")
 	}
 	// And a closed port hands out no slots.

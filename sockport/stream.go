@@ -65,25 +65,15 @@ type StreamPort struct {
 	waiter *writeWaiter
 	room   *sockRoom
 
-	// vnet-hdr=on (vnetstream.go): the header length every record carries (0 for QEMU
-	// framing), the record lengths accepted, what the peer said it accepts, and what this
-	// end told the peer it accepts (so what the peer may send).
-	hdrLen  int
-	lo, hi  int
-	accepts vnethdr.Offloads
-	emits   vnethdr.Offloads
+	// lo and hi bound the record lengths accepted (frame plus any vnet header).
+	lo, hi int
 
-	// Shared-memory rings (shm.go), nil unless both ends of a vnet-hdr=on stream over
-	// AF_UNIX agreed on them. shmTx and the tx fields belong to the writing goroutine,
-	// shmRx and the rx fields to the reading one.
-	shmTx, shmRx *shmArea
-	txFree       []uint32 // free slots, the most recently freed last
-	txLent       []bool   // per slot: lent to the peer
-	txBatch      []uint32 // the slots the last TxSlots handed out
-	txN          int      // how many
-	txCons       uint32   // completions taken from the peer
-	rxLent       []uint32 // slots lent to our caller since the last ReleaseLent
-	rxProd       uint32   // completions handed back to the peer
+	// vnet-hdr=on (vnetstream.go): zero for QEMU framing.
+	vnetFraming
+
+	// Shared-memory rings (shm.go): nil unless both ends of a vnet-hdr=on stream over
+	// AF_UNIX agreed on them.
+	shm *shmLink
 }
 
 var (
@@ -113,13 +103,13 @@ func newStreamPort(c net.Conn, st *port.Stats, hdrLen int) (*StreamPort, error) 
 	}
 	setBuffers(c)
 	s := &StreamPort{
-		Base:   port.NewBase(c, PeerString(c), st),
-		conn:   c,
-		rc:     rc,
-		df:     NewDeframer(streamBufSize, port.MinFrame+hdrLen, port.MaxFrame+hdrLen),
-		hdrLen: hdrLen,
-		lo:     port.MinFrame + hdrLen,
-		hi:     port.MaxFrame + hdrLen,
+		Base:        port.NewBase(c, PeerString(c), st),
+		conn:        c,
+		rc:          rc,
+		df:          NewDeframer(streamBufSize, port.MinFrame+hdrLen, port.MaxFrame+hdrLen),
+		vnetFraming: vnetFraming{hdrLen: hdrLen},
+		lo:          port.MinFrame + hdrLen,
+		hi:          port.MaxFrame + hdrLen,
 	}
 	s.writeFn = s.writev
 	s.waiter = newWriteWaiter()
@@ -146,7 +136,7 @@ func (s *StreamPort) Accepts() vnethdr.Offloads { return s.accepts }
 // Frames complete before such a condition are returned first, with a nil error. After an
 // error the caller must Close the port: the stream has lost sync or ended.
 func (s *StreamPort) ReadBatch(bufs [][]byte, sizes []int) (int, error) {
-	return s.ReadBatchLent(bufs, sizes, nil)
+	return s.readBatch(bufs, sizes, nil)
 }
 
 // ReadBatchLent is ReadBatch for a caller that can take frames in place instead of
@@ -159,6 +149,21 @@ func (s *StreamPort) ReadBatch(bufs [][]byte, sizes []int) (int, error) {
 // which the caller must call once it is done with them and before the next
 // ReadBatchLent. With lent nil, nothing is lent.
 func (s *StreamPort) ReadBatchLent(bufs [][]byte, sizes []int, lent [][]byte) (int, error) {
+	return s.readBatch(bufs, sizes, lent)
+}
+
+// recKind is what one record on the stream is.
+type recKind uint8
+
+const (
+	recFrame recKind = iota + 1 // a frame (vnet header first on a vnet-hdr=on stream)
+	recDesc                     // a shared-memory descriptor naming a slot of the peer's ring
+)
+
+// readBatch is the reader: one record step (record) per frame, each taken by the copy
+// path (copyOut) or, for a caller that takes frames in place (lent non-nil), the lend
+// path (lendOut); a read(2) only when no complete record is buffered.
+func (s *StreamPort) readBatch(bufs [][]byte, sizes []int, lent [][]byte) (int, error) {
 	want := min(len(bufs), len(sizes))
 	if lent != nil {
 		want = min(want, len(lent))
@@ -170,59 +175,23 @@ func (s *StreamPort) ReadBatchLent(bufs [][]byte, sizes []int, lent [][]byte) (i
 		n, bytes := 0, 0
 		var ferr error
 		for n < want {
-			f, err := s.df.Peek()
+			rec, kind, err := s.record()
+			if err != nil || kind == 0 {
+				ferr = err
+				break
+			}
+			var size, b int
+			if lent != nil {
+				size, b, err = s.lendOut(rec, kind, bufs, lent, n)
+			} else {
+				size, b, err = s.copyOut(rec, kind, bufs, n)
+			}
 			if err != nil {
 				ferr = err
 				break
 			}
-			if f == nil {
-				break
-			}
-			if s.isDesc(f) {
-				sl, fl, err := s.lend(f)
-				if err != nil {
-					ferr = err
-					break
-				}
-				s.df.Discard()
-				bytes += s.hdrLen + fl
-				if lent != nil {
-					lent[n], sizes[n] = sl, s.hdrLen+fl
-				} else {
-					// Copied out, so the slot goes back at once.
-					sizes[n] = copy(bufs[n], sl[port.ShmHeadroom-s.hdrLen:port.ShmHeadroom+fl])
-					s.ReleaseLent()
-				}
-				n++
-				continue
-			}
-			if s.shmRx != nil && len(f) < port.MinFrame+s.hdrLen {
-				// The deframer lets descriptors through; nothing else this short is a record.
-				ferr = &port.FrameError{Length: uint64(len(f)), Limit: port.MinFrame + s.hdrLen}
-				break
-			}
-			if lent != nil && s.hdrLen > 0 {
-				// Lent in place from the read buffer, which stays as it is until the
-				// next call: the record's own vnet header is the room for the caller's,
-				// and port.ShmHeadroom bytes before the frame are always inside the buffer.
-				rec := s.df.r + PrefixLen
-				lent[n], sizes[n] = s.df.buf[rec+s.hdrLen-port.ShmHeadroom:rec+len(f)], len(f)
-				bytes += len(f)
-				s.df.Discard()
-				n++
-				continue
-			}
-			if len(bufs[n]) < len(f) {
-				ferr = fmt.Errorf("sockport: read buffer %d holds %d bytes, frame is %d: %w",
-					n, len(bufs[n]), len(f), io.ErrShortBuffer)
-				break
-			}
-			if lent != nil {
-				lent[n] = nil
-			}
-			sizes[n] = copy(bufs[n], f)
-			bytes += len(f)
-			s.df.Discard()
+			sizes[n] = size
+			bytes += b
 			n++
 		}
 		if n > 0 {
@@ -253,6 +222,77 @@ func (s *StreamPort) ReadBatchLent(bufs [][]byte, sizes []int, lent [][]byte) (i
 		}
 		return 0, s.Fail(s.readErr(err))
 	}
+}
+
+// record is the reader's one record step: the next complete record in the read buffer,
+// not yet consumed, and what it is; kind 0 when none is complete. A bad length prefix
+// is the deframer's sticky *port.FrameError. With shared memory the deframer lets
+// records as short as a descriptor through, so anything else that short is refused here.
+func (s *StreamPort) record() ([]byte, recKind, error) {
+	f, err := s.df.Peek()
+	if err != nil || f == nil {
+		return nil, 0, err
+	}
+	if s.shm != nil {
+		if s.shm.isDesc(f) {
+			return f, recDesc, nil
+		}
+		if len(f) < port.MinFrame+s.hdrLen {
+			return nil, 0, &port.FrameError{Length: uint64(len(f)), Limit: port.MinFrame + s.hdrLen}
+		}
+	}
+	return f, recFrame, nil
+}
+
+// copyOut is the copy path: record rec goes into bufs[i] and is consumed. A descriptor's
+// slot is copied from and handed back to the peer at once. It returns the size put in
+// bufs[i] and the bytes counted in Stats.BytesIn.
+func (s *StreamPort) copyOut(rec []byte, kind recKind, bufs [][]byte, i int) (size, bytes int, err error) {
+	if kind == recDesc {
+		sl, fl, err := s.shm.lend(rec)
+		if err != nil {
+			return 0, 0, err
+		}
+		s.df.Discard()
+		size = copy(bufs[i], sl[port.ShmHeadroom-s.hdrLen:port.ShmHeadroom+fl])
+		s.shm.releaseLent()
+		return size, s.hdrLen + fl, nil
+	}
+	if len(bufs[i]) < len(rec) {
+		return 0, 0, fmt.Errorf("sockport: read buffer %d holds %d bytes, frame is %d: %w",
+			i, len(bufs[i]), len(rec), io.ErrShortBuffer)
+	}
+	size = copy(bufs[i], rec)
+	s.df.Discard()
+	return size, size, nil
+}
+
+// lendOut is the lend path: record rec is lent in lent[i] and consumed, its record
+// starting at port.ShmHeadroom-VnetHdrLen(). A descriptor lends the peer's slot (held
+// until ReleaseLent); on a vnet-hdr=on stream a frame is lent in place from the read
+// buffer, which stays as it is until the next call: the record's own vnet header is
+// the room for the caller's, and port.ShmHeadroom bytes before the frame are always
+// inside the buffer (the length prefix and the record's header). On a QEMU-framed
+// stream there is no room in front of the frame, so it takes the copy path
+// (lent[i] = nil).
+func (s *StreamPort) lendOut(rec []byte, kind recKind, bufs, lent [][]byte, i int) (size, bytes int, err error) {
+	switch {
+	case kind == recDesc:
+		sl, fl, err := s.shm.lend(rec)
+		if err != nil {
+			return 0, 0, err
+		}
+		s.df.Discard()
+		lent[i] = sl
+		return s.hdrLen + fl, s.hdrLen + fl, nil
+	case s.hdrLen > 0:
+		start := s.df.r + PrefixLen
+		lent[i] = s.df.buf[start+s.hdrLen-port.ShmHeadroom : start+len(rec)]
+		s.df.Discard()
+		return len(rec), len(rec), nil
+	}
+	lent[i] = nil
+	return s.copyOut(rec, kind, bufs, i)
 }
 
 // SetReadDeadline implements Port.
@@ -338,7 +378,7 @@ func (s *StreamPort) write(frames [][]byte, try bool) (int, error) {
 		k, bytes := 0, 0
 		var bad error
 		for _, f := range chunk {
-			if s.shmTx == nil || len(f) != s.hdrLen+ShmDescLen {
+			if s.shm == nil || len(f) != s.hdrLen+ShmDescLen {
 				if bad = port.CheckFrameLen(uint64(len(f)), s.lo, s.hi); bad != nil {
 					break
 				}

@@ -58,6 +58,15 @@ const (
 	HelloTimeout = 5 * time.Second
 )
 
+// vnetFraming is what the vnet-hdr=on extension adds to a StreamPort: the header length
+// every record carries, what the peer said it accepts, and what this end told the peer
+// it accepts (so what the peer may send). All zero on a QEMU-framed stream.
+type vnetFraming struct {
+	hdrLen  int
+	accepts vnethdr.Offloads
+	emits   vnethdr.Offloads
+}
+
 // HelloShm is the hello flag offering shared-memory rings. Only an AF_UNIX stream can
 // pass the memfd, so only such a stream offers it.
 const HelloShm = 1 << 0
@@ -210,11 +219,11 @@ func NewVnetStreamPort(c net.Conn, st *port.Stats, accepts vnethdr.Offloads, shm
 	}
 	s.accepts, s.emits = pa, accepts
 	if tx != nil {
-		s.setShm(tx, rx)
+		s.shm = newShmLink(tx, rx, s.hdrLen, s.Stats())
 		// Descriptors are shorter than any frame record (shm.go): the deframer lets
-		// them through and ReadBatchLent tells the two apart.
+		// them through and the reader tells the two apart (StreamPort.record).
 		s.df.lo = s.hdrLen + ShmDescLen
-		s.SetRelease(s.releaseShm)
+		s.SetRelease(s.shm.close)
 		s.Stats().ShmConnects.Add(1)
 	}
 	return s, nil
