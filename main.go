@@ -6,7 +6,7 @@
 //
 // The root package is the process: flags and environment, logging, privilege drop and
 // signals, the control socket, metrics and health over the engine's Snapshot, and run(),
-// which wires TAP → engine (package datapath) → endpoint (package netmapio). It is the
+// which wires TAP → engine (package datapath) → endpoint (package netdev). It is the
 // only package that imports logrus or Prometheus.
 package main
 

@@ -28,7 +28,7 @@ import (
 // TAP netdev counts one received packet of the full length per frame.
 //
 // The test is the peer itself: it speaks the vnet-hdr=on hello over tapgro's UNIX
-// socket with netmapio, as another tapgro would.
+// socket with sockport, as another tapgro would.
 func TestPeerCraftedHeadersKillNothing(t *testing.T) {
 	netnstest.RequirePriv(t)
 	ns := netnstest.New(t, "peerhdr")
