@@ -14,7 +14,7 @@ import (
 
 	"github.com/sirupsen/logrus"
 
-	"tapgro/netmapio"
+	"tapgro/netdev"
 	"tapgro/pcapio"
 	"tapgro/rxpool"
 	"tapgro/vnethdr"
@@ -24,7 +24,7 @@ import (
 // fills every field, so the datapath never guesses.
 type options struct {
 	tap         string
-	netdev      netmapio.Spec
+	netdev      netdev.Spec
 	addrs       []netip.Prefix
 	mtu         int
 	txQueueLen  int
@@ -52,7 +52,7 @@ type options struct {
 	healthStall time.Duration // --health-stall: /healthz fails after this long stalled
 
 	// --allow-unsafe-dir: create socket paths even in a directory others may write that
-	// has no sticky bit (netmapio.Options.AllowUnsafeDir).
+	// has no sticky bit (netdev.Options.AllowUnsafeDir).
 	allowUnsafeDir bool
 
 	// Runtime control (ctl.go).
@@ -139,9 +139,9 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	}
 	o := &options{}
 	var addrs prefixList
-	var netdev, gro, udpGRO, offload, logLevel string
+	var netdevArg, gro, udpGRO, offload, logLevel string
 	fs.StringVar(&o.tap, "tap", "", "TAP device to create or attach to (required)")
-	fs.StringVar(&netdev, "netdev", "", "QEMU-side port, see SPEC above (required)")
+	fs.StringVar(&netdevArg, "netdev", "", "QEMU-side port, see SPEC above (required)")
 	fs.Var(&addrs, "addr", "address with prefix for the TAP, e.g. 198.18.0.1/24 (repeatable; IPv4 and IPv6)")
 	fs.IntVar(&o.mtu, "mtu", 0, "TAP MTU, 68..65521; the guest's MTU must match (0 leaves it as it is)")
 	fs.IntVar(&o.txQueueLen, "txqueuelen", 0, "TAP transmit queue length in packets (0 leaves the kernel default)")
@@ -201,10 +201,10 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 		return nil, err
 	}
 	o.ctlSocket, o.ctlSocketDefault = ctlSock, ctlDefault
-	if netdev == "" {
+	if netdevArg == "" {
 		return nil, errors.New("--netdev is required")
 	}
-	spec, err := netmapio.ParseSpec(netdev)
+	spec, err := netdev.ParseSpec(netdevArg)
 	if err != nil {
 		return nil, err
 	}
@@ -256,7 +256,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	}
 	if !o.allowRemote {
 		for _, a := range exposedAddrs(o) {
-			return nil, fmt.Errorf("--netdev %q: tapgro would accept frames on %s, which is not a loopback address; add --allow-remote to listen beyond this host", netdev, a)
+			return nil, fmt.Errorf("--netdev %q: tapgro would accept frames on %s, which is not a loopback address; add --allow-remote to listen beyond this host", netdevArg, a)
 		}
 	}
 	if o.socketMode, err = parseSocketMode(socketMode); err != nil {

@@ -16,7 +16,7 @@ import (
 
 	"github.com/sirupsen/logrus"
 
-	"tapgro/netmapio"
+	"tapgro/netdev"
 	"tapgro/ops"
 )
 
@@ -38,7 +38,7 @@ func startCtl(o *options, s *ops.CtlServer, log *logrus.Logger) (func(), error) 
 	if path == "" {
 		return func() {}, nil
 	}
-	opt := netmapio.Options{SocketMode: 0o600, AllowUnsafeDir: o.allowUnsafeDir}
+	opt := netdev.Options{SocketMode: 0o600, AllowUnsafeDir: o.allowUnsafeDir}
 	if o.user != nil {
 		// 0600 keeps meaning "root and the user tapgro runs as".
 		opt.SocketUID, opt.SocketGID = o.user.uid, o.user.gid
@@ -63,14 +63,14 @@ func startCtl(o *options, s *ops.CtlServer, log *logrus.Logger) (func(), error) 
 
 // listenCtl creates path's directory if it is missing (0700: the socket is root's
 // business) and listens on path.
-func listenCtl(path string, opt netmapio.Options) (*net.UnixListener, func(), error) {
+func listenCtl(path string, opt netdev.Options) (*net.UnixListener, func(), error) {
 	dir := filepath.Dir(path)
 	if _, err := os.Stat(dir); errors.Is(err, fs.ErrNotExist) {
 		if err := os.MkdirAll(dir, 0o700); err != nil {
 			return nil, nil, err
 		}
 	}
-	return netmapio.ListenUnix(path, opt)
+	return netdev.ListenUnix(path, opt)
 }
 
 const ctlUsageText = `Usage:

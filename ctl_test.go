@@ -20,7 +20,7 @@ import (
 
 	"tapgro/datapath"
 	"tapgro/datapath/datapathtest"
-	"tapgro/netmapio"
+	"tapgro/netdev"
 	"tapgro/ops"
 	"tapgro/tapdev/taptest"
 	"tapgro/vnethdr"
@@ -177,7 +177,7 @@ func TestCtlSocketPath(t *testing.T) {
 		t.Errorf("status on the replaced socket: %d %q", code, errOut)
 	}
 	// Live: a second server on the same path is refused; as the default path it warns.
-	if _, err := startCtl(&options{ctlSocket: stale}, s, logrus.New()); !errors.Is(err, netmapio.ErrAddrInUse) {
+	if _, err := startCtl(&options{ctlSocket: stale}, s, logrus.New()); !errors.Is(err, netdev.ErrAddrInUse) {
 		t.Errorf("second server on a live socket: %v, want ErrAddrInUse", err)
 	}
 	if stop2, err := startCtl(&options{ctlSocket: stale, ctlSocketDefault: true}, s, logrus.New()); err != nil {

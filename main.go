@@ -6,7 +6,7 @@
 //
 // The root package is the process: flags and environment, logging, privilege drop and
 // signals, the control socket, metrics and health over the engine's Snapshot, and run(),
-// which wires TAP → engine (package datapath) → endpoint (package netmapio). It is the
+// which wires TAP → engine (package datapath) → endpoint (package netdev). It is the
 // only package that imports logrus or Prometheus.
 package main
 
@@ -24,6 +24,7 @@ import (
 
 	"tapgro/coalescer"
 	"tapgro/datapath"
+	"tapgro/netdev"
 	"tapgro/netmapio"
 	"tapgro/ops"
 	"tapgro/port"
@@ -135,23 +136,23 @@ func run(ctx context.Context, o *options, log *logrus.Logger) error {
 	hupReopeners.add("pcap capture", eng.ReopenCapture)
 
 	// Sockets systemd passed (socket activation) are used instead of binding (inherit.go).
-	listenFDs, err := netmapio.ListenFDs()
+	listenFDs, err := netdev.ListenFDs()
 	if err != nil {
 		return err
 	}
-	ep, err := netmapio.OpenWith(o.netdev, supervisorEvents(log), socketOptions(o, listenFDs))
+	ep, err := netdev.OpenWith(o.netdev, supervisorEvents(log), socketOptions(o, listenFDs))
 	if err != nil {
 		return err
 	}
 	defer ep.Close()
-	spec := netmapio.SpecOf(ep, o.netdev) // inherited sockets resolved to their address
+	spec := netdev.SpecOf(ep, o.netdev) // inherited sockets resolved to their address
 
 	h := ops.NewHealthMonitor(eng, o.healthStall)
 	go h.Run(ctx)
 	var metricsDone func()
 	if o.metricsAddr != "" {
 		var nm *netmapio.NetmapStats
-		if s, ok := ep.(netmapio.NetmapStatser); ok {
+		if s, ok := ep.(netdev.NetmapStatser); ok {
 			nm = s.NetmapStats()
 		}
 		metrics := ops.NewMetrics(eng, ep.Stats(), nm, h, version)
@@ -212,7 +213,7 @@ func run(ctx context.Context, o *options, log *logrus.Logger) error {
 	log.WithFields(fields).Info("tapgro ready; " + qemuHint(spec))
 
 	err = eng.Serve(ctx, endpointAdapter{ep})
-	if errors.Is(err, netmapio.ErrInheritedClosed) {
+	if errors.Is(err, netdev.ErrInheritedClosed) {
 		// fd=N: the supervisor owns the connection; without it there is nothing to
 		// serve, and a clean exit tells the supervisor so.
 		log.WithField("port", ep.Addr()).Info("the inherited connection has ended; exiting")
@@ -222,19 +223,19 @@ func run(ctx context.Context, o *options, log *logrus.Logger) error {
 	return err
 }
 
-// endpointAdapter gives the engine a netmapio.Endpoint as the port contract's Endpoint.
-type endpointAdapter struct{ ep netmapio.Endpoint }
+// endpointAdapter gives the engine a netdev.Endpoint as the port contract's Endpoint.
+type endpointAdapter struct{ ep netdev.Endpoint }
 
 func (a endpointAdapter) Next(ctx context.Context) (port.Port, error) { return a.ep.Next(ctx) }
 func (a endpointAdapter) Addr() string                                { return a.ep.Addr() }
 
 // qemuHint is the passt-style line that tells the user what to give QEMU.
-func qemuHint(spec netmapio.Spec) string {
-	if spec.Backend == netmapio.BackendStream && spec.VnetHdr {
+func qemuHint(spec netdev.Spec) string {
+	if spec.Backend == netdev.BackendStream && spec.VnetHdr {
 		return "vnet-hdr=on: the peer must be another tapgro with vnet-hdr=on (QEMU cannot speak it)"
 	}
 	opt := spec.QEMUOption("n0")
-	if spec.Remote.Type == netmapio.AddrFD {
+	if spec.Remote.Type == netdev.AddrFD {
 		return "the port is the inherited connection " + spec.Remote.String() + "; its peer is already attached"
 	}
 	if opt == "" {
@@ -243,8 +244,8 @@ func qemuHint(spec netmapio.Spec) string {
 	return "give QEMU: -netdev " + opt + " -device virtio-net-pci,netdev=n0"
 }
 
-func supervisorEvents(log *logrus.Logger) netmapio.Events {
-	return netmapio.Events{
+func supervisorEvents(log *logrus.Logger) netdev.Events {
+	return netdev.Events{
 		OnReject: func(peer, why string) {
 			log.WithFields(logrus.Fields{"peer": peer, "why": why}).Warn("refused a second client: one peer at a time")
 		},
@@ -287,7 +288,7 @@ func onOffString(b bool) string {
 }
 
 // logSummary prints the counters once at exit, from one Snapshot.
-func logSummary(s datapath.Snapshot, ps *netmapio.Stats, log *logrus.Logger) {
+func logSummary(s datapath.Snapshot, ps *port.Stats, log *logrus.Logger) {
 	t2p, p2t := &s.TapToPort, &s.PortToTap
 	f := logrus.Fields{
 		"tap_to_port_reads":  t2p.Reads,

@@ -12,14 +12,15 @@ import (
 	"tapgro/datapath/datapathtest"
 	"tapgro/netmapio"
 	"tapgro/ops"
+	"tapgro/port"
 )
 
-type stubEndpoint struct{ st netmapio.Stats }
+type stubEndpoint struct{ st port.Stats }
 
-func (e *stubEndpoint) Next(context.Context) (netmapio.Port, error) { return nil, netmapio.ErrClosed }
-func (e *stubEndpoint) Close() error                                { return nil }
-func (e *stubEndpoint) Addr() string                                { return "stub" }
-func (e *stubEndpoint) Stats() *netmapio.Stats                      { return &e.st }
+func (e *stubEndpoint) Next(context.Context) (port.Port, error) { return nil, port.ErrClosed }
+func (e *stubEndpoint) Close() error                            { return nil }
+func (e *stubEndpoint) Addr() string                            { return "stub" }
+func (e *stubEndpoint) Stats() *port.Stats                      { return &e.st }
 
 // Every metric tapgro exports must be documented in the README, one line each, and the
 // collector must be valid for Prometheus (consistent label sets, no duplicates).
@@ -28,7 +29,7 @@ func TestMetricsDocumented(t *testing.T) {
 	e.Snap.TapToPort.Frames = 3
 	reg := prometheus.NewRegistry()
 	health := ops.NewHealthMonitor(e, time.Second)
-	if err := reg.Register(newPromCollector(ops.NewMetrics(e, new(netmapio.Stats), new(netmapio.NetmapStats), health, version))); err != nil {
+	if err := reg.Register(newPromCollector(ops.NewMetrics(e, new(port.Stats), new(netmapio.NetmapStats), health, version))); err != nil {
 		t.Fatal(err)
 	}
 	fams, err := reg.Gather()

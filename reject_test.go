@@ -11,7 +11,7 @@ import (
 	logtest "github.com/sirupsen/logrus/hooks/test"
 
 	"tapgro/datapath/datapathtest"
-	"tapgro/netmapio"
+	"tapgro/netdev"
 	"tapgro/ops"
 )
 
@@ -22,11 +22,11 @@ import (
 func TestRejectedClientsRateLimited(t *testing.T) {
 	log, hook := logtest.NewNullLogger()
 	log.SetLevel(logrus.TraceLevel)
-	sp, err := netmapio.ParseSpec("stream,server=on,addr.type=inet,addr.host=127.0.0.1,addr.port=0")
+	sp, err := netdev.ParseSpec("stream,server=on,addr.type=inet,addr.host=127.0.0.1,addr.port=0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	ep, err := netmapio.Open(sp, supervisorEvents(log))
+	ep, err := netdev.Open(sp, supervisorEvents(log))
 	if err != nil {
 		t.Fatal(err)
 	}

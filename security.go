@@ -12,7 +12,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"tapgro/netmapio"
+	"tapgro/netdev"
 )
 
 // Whoever can write to tapgro's port can put frames into a guest, so every way in is
@@ -25,11 +25,11 @@ import (
 // frames from any sender, so it is as exposed as a listener).
 func exposedAddrs(o *options) []string {
 	sp := o.netdev
-	if sp.Role != netmapio.RoleServer && sp.Role != netmapio.RoleDatagram {
+	if sp.Role != netdev.RoleServer && sp.Role != netdev.RoleDatagram {
 		return nil
 	}
 	a := sp.Local
-	if a.Type != netmapio.AddrInet {
+	if a.Type != netdev.AddrInet {
 		return nil
 	}
 	if a.Host == "localhost" {
@@ -121,8 +121,8 @@ func parseAccount(userName, groupName string) (*account, error) {
 
 // socketOptions are the endpoint settings the security flags decide. Socket paths are
 // owned by the --user account, so "0600" keeps meaning "only the user tapgro runs as".
-func socketOptions(o *options, listenFDs []int) netmapio.Options {
-	opt := netmapio.Options{SocketMode: o.socketMode, SocketGID: o.socketGroup, ListenFDs: listenFDs,
+func socketOptions(o *options, listenFDs []int) netdev.Options {
+	opt := netdev.Options{SocketMode: o.socketMode, SocketGID: o.socketGroup, ListenFDs: listenFDs,
 		AllowUnsafeDir: o.allowUnsafeDir}
 	if o.user != nil {
 		opt.SocketUID = o.user.uid

@@ -13,10 +13,10 @@ import (
 	"golang.org/x/sys/unix"
 
 	"tapgro/coalescer"
-	"tapgro/netmapio"
 	"tapgro/pcapio"
 	"tapgro/port"
 	"tapgro/rxpool"
+	"tapgro/sockport"
 	"tapgro/tapdev"
 	"tapgro/vnethdr"
 )
@@ -31,7 +31,7 @@ import (
 // reading and discards (counted), as QEMU itself discards while its link is down
 // (QEMU net/net.c qemu_deliver_packet_iov returns the size unsent for a link-down peer). The port→TAP goroutine lives as long as one connection.
 //
-// Towards another tapgro on the same host (vnet-hdr=on over UNIX, netmapio/shm.go) the
+// Towards another tapgro on the same host (vnet-hdr=on over UNIX, sockport/shm.go) the
 // TAP is read straight into the port's shared ring slots and only a descriptor is
 // staged for a large frame; on the far side the frame is written to the TAP from the
 // slot it arrived in, so neither pipeline copies it.
@@ -190,7 +190,7 @@ type tapToPort struct {
 	bufs  [][]byte // the pipeline's own read buffers
 	sizes []int
 
-	// With a shared-memory port (netmapio/shm.go) the TAP is read straight into free
+	// With a shared-memory port (sockport/shm.go) the TAP is read straight into free
 	// slots of the port's ring: rd is this batch's read buffers, slots first, then bufs;
 	// frame i < nShm is in slot i that shmRef's TxSlots handed out.
 	cur    [][]byte // what the current batch was read into: bufs or rd
@@ -303,7 +303,7 @@ func (p *tapToPort) process(n int) {
 			if p.hdr.IsGSO() {
 				st.GSOPassthrough.Add(1)
 			}
-			if i < p.nShm && p.ref == p.shmRef && len(frame) >= netmapio.ShmMinFrame {
+			if i < p.nShm && p.ref == p.shmRef && len(frame) >= sockport.ShmMinFrame {
 				p.stageShm(len(frame), i)
 			} else {
 				p.stage(frame)
@@ -358,16 +358,16 @@ func (p *tapToPort) stage(frame []byte) {
 }
 
 // stageShm stages, instead of the frame of n bytes read into the batch's ring slot i,
-// the descriptor record that names it (netmapio/shm.go): the frame itself is not copied.
+// the descriptor record that names it (sockport/shm.go): the frame itself is not copied.
 func (p *tapToPort) stageShm(n int, i int) {
-	buf, ok := p.reserveRecord(p.hl + netmapio.ShmDescLen)
+	buf, ok := p.reserveRecord(p.hl + sockport.ShmDescLen)
 	if !ok {
 		return
 	}
 	p.portHeader(n)
 	_ = p.outHdr.Encode(buf, p.hl)
 	p.shmRef.shm.PutShmDesc(buf[p.hl:], i, n)
-	p.pool.Commit(p.hl + netmapio.ShmDescLen)
+	p.pool.Commit(p.hl + sockport.ShmDescLen)
 	if p.pool.PerFrame() {
 		p.flush(rxpool.ReasonFrame)
 	}
@@ -561,7 +561,7 @@ type portToTap struct {
 	hdr   vnethdr.Hdr
 
 	// A port that lends frames in place (from its peer's shared-memory ring, or its own
-	// read buffer; netmapio/shm.go): lent[i] is set for such a frame, and cur[i] is the
+	// read buffer; sockport/shm.go): lent[i] is set for such a frame, and cur[i] is the
 	// buffer frame i of the batch is in, laid out like bufs[i] (frame at head), whichever
 	// it came in.
 	lender port.Lender

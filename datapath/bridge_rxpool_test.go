@@ -6,18 +6,18 @@ import (
 	"testing"
 	"time"
 
-	"tapgro/netmapio"
 	"tapgro/port"
 	"tapgro/port/porttest"
 	"tapgro/rxpool"
+	"tapgro/sockport"
 	"tapgro/tapdev/taptest"
 )
 
 // statPair is porttest.StreamPair with counters on the near end, so tests can count
 // writev calls.
-func statPair(t testing.TB) (near, far *netmapio.StreamPort, st *netmapio.Stats) {
+func statPair(t testing.TB) (near, far *sockport.StreamPort, st *port.Stats) {
 	t.Helper()
-	st = new(netmapio.Stats)
+	st = new(port.Stats)
 	near, far = porttest.StreamPairStats(t, st, nil)
 	return near, far, st
 }
@@ -43,7 +43,7 @@ func fillMixed(p *tapToPort) {
 func drain(far port.Port, seqs chan<- [2]uint32) {
 	bufs := make([][]byte, 64)
 	for i := range bufs {
-		bufs[i] = make([]byte, port.MaxFrame+netmapio.VnetStreamHdrLen)
+		bufs[i] = make([]byte, port.MaxFrame+sockport.VnetStreamHdrLen)
 	}
 	sizes := make([]int, 64)
 	for {

@@ -13,9 +13,9 @@ import (
 	"golang.org/x/sys/unix"
 
 	"tapgro/integration/netnstest"
-	"tapgro/netmapio"
 	"tapgro/port"
 	"tapgro/port/porttest"
+	"tapgro/sockport"
 	"tapgro/tapdev"
 	"tapgro/tapdev/taptest"
 	"tapgro/vnethdr"
@@ -26,7 +26,7 @@ func readRecords(t testing.TB, p port.Port, n int) [][]byte {
 	t.Helper()
 	bufs := make([][]byte, 64)
 	for i := range bufs {
-		bufs[i] = make([]byte, port.MaxFrame+netmapio.VnetStreamHdrLen)
+		bufs[i] = make([]byte, port.MaxFrame+sockport.VnetStreamHdrLen)
 	}
 	sizes := make([]int, 64)
 	var out [][]byte

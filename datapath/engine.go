@@ -140,7 +140,7 @@ func New(cfg Config, tap TAP, log Logger) (*Engine, error) {
 	return e, nil
 }
 
-// Endpoint is where connections come from (netmapio's endpoints): Next blocks until the
+// Endpoint is where connections come from (package netdev's endpoints): Next blocks until the
 // next peer is connected.
 type Endpoint interface {
 	Next(ctx context.Context) (port.Port, error)

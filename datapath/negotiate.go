@@ -4,8 +4,9 @@ import (
 	"fmt"
 	"strings"
 
-	"tapgro/netmapio"
+	"tapgro/netdev"
 	"tapgro/port"
+	"tapgro/sockport"
 	"tapgro/tapdev"
 	"tapgro/vnethdr"
 )
@@ -51,14 +52,14 @@ func capsOf(p port.Port) PortCaps {
 }
 
 // capsOfSpec is what a spec's ports will be able to do, before any peer connected.
-func CapsOfSpec(s netmapio.Spec) PortCaps {
+func CapsOfSpec(s netdev.Spec) PortCaps {
 	kind := s.Backend.String()
 	switch {
-	case s.Backend == netmapio.BackendStream && s.VnetHdr:
-		a := netmapio.VnetStreamAccepts
-		return PortCaps{State: fmt.Sprintf("%s(vnet-hdr %d, accepts %s; until the peer's hello)", kind, netmapio.VnetStreamHdrLen, a),
-			HdrLen: netmapio.VnetStreamHdrLen, Accepts: a, Emits: a}
-	case s.Backend == netmapio.BackendNetmap && s.HdrLen > 0:
+	case s.Backend == netdev.BackendStream && s.VnetHdr:
+		a := sockport.VnetStreamAccepts
+		return PortCaps{State: fmt.Sprintf("%s(vnet-hdr %d, accepts %s; until the peer's hello)", kind, sockport.VnetStreamHdrLen, a),
+			HdrLen: sockport.VnetStreamHdrLen, Accepts: a, Emits: a}
+	case s.Backend == netdev.BackendNetmap && s.HdrLen > 0:
 		// What NetmapPort.Accepts reports for a VALE port with a header.
 		a := vnethdr.OffloadCSUM | vnethdr.OffloadTSO4 | vnethdr.OffloadTSO6 | vnethdr.OffloadTSOECN | vnethdr.OffloadUFO
 		return PortCaps{State: fmt.Sprintf("%s(vnet-hdr %d, accepts %s)", kind, s.HdrLen, a), HdrLen: s.HdrLen, Accepts: a, Emits: a}

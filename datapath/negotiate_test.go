@@ -3,7 +3,8 @@ package datapath
 import (
 	"testing"
 
-	"tapgro/netmapio"
+	"tapgro/netdev"
+	"tapgro/sockport"
 	"tapgro/vnethdr"
 )
 
@@ -27,8 +28,8 @@ func TestNegotiate(t *testing.T) {
 	auto := vnethdr.Choice{Auto: true}
 
 	plain := PortCaps{State: "stream(plain)"}
-	vnet := PortCaps{State: "stream(vnet)", HdrLen: 12, Accepts: netmapio.VnetStreamAccepts, Emits: netmapio.VnetStreamAccepts}
-	vnetCsum := PortCaps{State: "stream(vnet)", HdrLen: 12, Accepts: oCSUM, Emits: netmapio.VnetStreamAccepts}
+	vnet := PortCaps{State: "stream(vnet)", HdrLen: 12, Accepts: sockport.VnetStreamAccepts, Emits: sockport.VnetStreamAccepts}
+	vnetCsum := PortCaps{State: "stream(vnet)", HdrLen: 12, Accepts: oCSUM, Emits: sockport.VnetStreamAccepts}
 	vale10 := PortCaps{State: "netmap", HdrLen: 10, Accepts: oCSUM | oTSO4 | oTSO6 | oECN | oUFO, Emits: oCSUM | oTSO4 | oTSO6 | oECN | oUFO}
 	noECN := PortCaps{State: "noecn", HdrLen: 10, Accepts: oCSUM | oTSO4 | oTSO6, Emits: oCSUM | oTSO4 | oTSO6}
 
@@ -116,7 +117,7 @@ func TestCapsOfSpec(t *testing.T) {
 		{"stream,server=on,addr.type=unix,addr.path=/x,vnet-hdr=on", 12},
 		{"dgram,local.type=unix,local.path=/a,remote.type=unix,remote.path=/b", 0},
 	} {
-		sp, err := netmapio.ParseSpec(c.spec)
+		sp, err := netdev.ParseSpec(c.spec)
 		if err != nil {
 			t.Fatal(err)
 		}

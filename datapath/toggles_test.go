@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"tapgro/netmapio"
+	"tapgro/port"
 	"tapgro/port/porttest"
 	"tapgro/tapdev/taptest"
 	"tapgro/vnethdr"
@@ -38,7 +38,7 @@ func TestTogglesMidStream(t *testing.T) {
 	go func() {
 		bufs := make([][]byte, 64)
 		for i := range bufs {
-			bufs[i] = make([]byte, netmapio.MaxFrame)
+			bufs[i] = make([]byte, port.MaxFrame)
 		}
 		sizes := make([]int, 64)
 		total := 0
@@ -114,7 +114,7 @@ func TestTogglesMidStream(t *testing.T) {
 		t.Fatalf("the port got %d payload bytes from the TAP, want %d", n, tsoFrames*tsoPayload)
 	}
 	far.Close()
-	if err := <-p2tDone; !errors.Is(err, netmapio.ErrClosed) {
+	if err := <-p2tDone; !errors.Is(err, port.ErrClosed) {
 		t.Errorf("runPortToTap ended with %v", err)
 	}
 	tap.Close()

@@ -16,7 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"tapgro/integration/netnstest"
-	"tapgro/netmapio"
+	"tapgro/sockport"
 	"tapgro/vnethdr"
 )
 
@@ -28,7 +28,7 @@ import (
 // TAP netdev counts one received packet of the full length per frame.
 //
 // The test is the peer itself: it speaks the vnet-hdr=on hello over tapgro's UNIX
-// socket with netmapio, as another tapgro would.
+// socket with sockport, as another tapgro would.
 func TestPeerCraftedHeadersKillNothing(t *testing.T) {
 	netnstest.RequirePriv(t)
 	ns := netnstest.New(t, "peerhdr")
@@ -103,7 +103,7 @@ func TestPeerCraftedHeadersKillNothing(t *testing.T) {
 		if _, err := c2.WriteBatch([][]byte{r}); err != nil {
 			t.Fatal(err)
 		}
-		frameBytes += float64(len(r) - netmapio.VnetStreamHdrLen)
+		frameBytes += float64(len(r) - sockport.VnetStreamHdrLen)
 	}
 	wantPass := mid[passthrough] + float64(len(valid))
 	deadline = time.Now().Add(10 * time.Second)
@@ -144,13 +144,13 @@ func kernelTakesUSO(t *testing.T, p *proc) bool {
 
 // phConnect connects to tapgro's vnet-hdr=on socket as a peer tapgro (hello, no shared
 // memory) and waits until tapgro has logged its n-th connection.
-func phConnect(t *testing.T, p *proc, sock string, n int) *netmapio.StreamPort {
+func phConnect(t *testing.T, p *proc, sock string, n int) *sockport.StreamPort {
 	t.Helper()
 	c, err := net.DialTimeout("unix", sock, 5*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
-	port, err := netmapio.NewVnetStreamPort(c, nil, netmapio.VnetStreamAccepts, false, 5*time.Second)
+	port, err := sockport.NewVnetStreamPort(c, nil, sockport.VnetStreamAccepts, false, 5*time.Second)
 	if err != nil {
 		c.Close()
 		t.Fatalf("vnet-hdr=on hello: %v", err)
@@ -196,7 +196,7 @@ func phGSO(v6, udp bool, payload, mss int) []byte {
 	if udp {
 		l4Len, proto, csumOff, gsoType = 8, unix.IPPROTO_UDP, 6, vnethdr.GSOUDPL4
 	}
-	const hl, l3 = netmapio.VnetStreamHdrLen, 14
+	const hl, l3 = sockport.VnetStreamHdrLen, 14
 	l4 := l3 + l3Len
 	rec := make([]byte, hl+l4+l4Len+payload)
 	h := vnethdr.Hdr{Flags: vnethdr.FlagNeedsCsum, GSOType: gsoType, HdrLen: uint16(l4 + l4Len),
@@ -257,9 +257,9 @@ func phCraftedRecords() [][]byte {
 		} {
 			r := bytes.Clone(phGSO(k.v6, k.udp, 5000, 1400))
 			var h vnethdr.Hdr
-			h.Decode(r, netmapio.VnetStreamHdrLen)
-			mod(&h, len(r)-netmapio.VnetStreamHdrLen)
-			h.Encode(r, netmapio.VnetStreamHdrLen)
+			h.Decode(r, sockport.VnetStreamHdrLen)
+			mod(&h, len(r)-sockport.VnetStreamHdrLen)
+			h.Encode(r, sockport.VnetStreamHdrLen)
 			out = append(out, r)
 		}
 	}

@@ -10,12 +10,14 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"tapgro/port"
 )
 
 // netmap API v14 request interface (NETMAP_API, NIOCCTRL, struct nmreq_header and
 // nmreq_register in netmap sys/net/netmap.h).
 const (
-	nmDevice = nmDevicePath
+	nmDevice = DevicePath
 	nmAPI    = 14
 
 	nmIoctlCtrl   = 0xc0586997 // NIOCCTRL = _IOWR('i', 151, struct nmreq_header)
@@ -116,12 +118,20 @@ func (d nmFd) setHdrLen(name string, n int) error {
 	return nil
 }
 
-// openNetmap registers the port of spec, maps its rings and sets the VALE header length.
-func openNetmap(spec Spec, st *Stats, nst *NetmapStats) (*NetmapPort, error) {
+// Open registers the netmap port ifname (an ifname= value: netmap:IFNAME[^|*], valeX:Y or a
+// pipe; see ParseName), maps its rings and, on a VALE port, sets the virtio-net header
+// length to hdrLen (0, 10 or 12). st and nst may be nil for private counters.
+func Open(ifname string, hdrLen int, st *port.Stats, nst *NetmapStats) (*NetmapPort, error) {
+	if st == nil {
+		st = new(port.Stats)
+	}
+	if nst == nil {
+		nst = new(NetmapStats)
+	}
 	if unsafe.Sizeof(nmreqHeader{}) != 88 || unsafe.Sizeof(nmreqRegister{}) != 56 {
 		return nil, errors.New("netmapio: netmap needs a 64-bit platform (struct nmreq_header is 88 bytes there)")
 	}
-	name, err := parseNetmapName(spec.IfName)
+	name, err := ParseName(ifname)
 	if err != nil {
 		return nil, err
 	}
@@ -186,10 +196,10 @@ func openNetmap(spec Spec, st *Stats, nst *NetmapStats) (*NetmapPort, error) {
 	if name.vale {
 		// The port exists now (registered above), so its length can be set (ENXIO
 		// before). Frames VALE delivered before this carry the old length: drop them.
-		if err := d.setHdrLen(name.kernel, spec.HdrLen); err != nil {
+		if err := d.setHdrLen(name.kernel, hdrLen); err != nil {
 			return nil, err
 		}
-		core.hdrLen = spec.HdrLen
+		core.hdrLen = hdrLen
 		if err := core.drain(); err != nil {
 			return nil, fmt.Errorf("netmap: %s: %w", name.kernel, err)
 		}

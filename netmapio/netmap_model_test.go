@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"tapgro/port"
 	"testing"
 )
 
@@ -300,9 +301,9 @@ type modelSync struct{ m *nmModel }
 func (s modelSync) txsync() error { return s.m.txsync() }
 func (s modelSync) rxsync() error { return s.m.rxsync() }
 
-func (m *nmModel) core(t testing.TB, hdrLen int) (*nmCore, *Stats, *NetmapStats) {
+func (m *nmModel) core(t testing.TB, hdrLen int) (*nmCore, *port.Stats, *NetmapStats) {
 	t.Helper()
-	st, nst := new(Stats), new(NetmapStats)
+	st, nst := new(port.Stats), new(NetmapStats)
 	c, err := newCore([]*nmRing{m.tx}, []*nmRing{m.rx}, hdrLen, modelSync{m}, st, nst)
 	if err != nil {
 		t.Fatal(err)
@@ -324,7 +325,7 @@ func gsoFrame(hdrLen, n int, tag byte) []byte {
 
 func readAll(t testing.TB, c *nmCore, want int) [][]byte {
 	t.Helper()
-	bufs, sizes := makeBufs(16, MaxFrame+12)
+	bufs, sizes := makeBufs(16, port.MaxFrame+12)
 	var got [][]byte
 	for tries := 0; len(got) < want; tries++ {
 		if tries > 10*want+10 {
@@ -459,7 +460,7 @@ func TestNetmapValePair(t *testing.T) {
 			link(a, b)
 			ca, _, nsa := a.core(t, hl)
 			cb, stb, nsb := b.core(t, hl)
-			sizes := []int{MinFrame, 60, 1514, 2048 - hl, 2048 - hl + 1, 4096, 9000, 65536, MaxFrame}
+			sizes := []int{port.MinFrame, 60, 1514, 2048 - hl, 2048 - hl + 1, 4096, 9000, 65536, port.MaxFrame}
 			var frames [][]byte
 			for i, n := range sizes {
 				frames = append(frames, gsoFrame(hl, n, byte(i)))
@@ -508,7 +509,7 @@ func TestNetmapWrapAround(t *testing.T) {
 	link(a, b)
 	ca, _, _ := a.core(t, 12)
 	cb, _, _ := b.core(t, 12)
-	bufs, sizes := makeBufs(4, MaxFrame+12)
+	bufs, sizes := makeBufs(4, port.MaxFrame+12)
 	for i := 0; i < 300; i++ {
 		f := gsoFrame(12, 50+(i*97)%(5*256-12-50), byte(i))
 		n, err := ca.write([][]byte{f})
@@ -591,10 +592,10 @@ func TestNetmapTxRejects(t *testing.T) {
 	if nst.TxTooBig.Load() != 1 || st.FramesOut.Load() != 1 || len(m.out) != 1 {
 		t.Fatalf("TxTooBig %d FramesOut %d sent %d", nst.TxTooBig.Load(), st.FramesOut.Load(), len(m.out))
 	}
-	// Below the minimum (header + Ethernet header) or above the maximum: FrameError.
-	for _, f := range [][]byte{make([]byte, 10+MinFrame-1), make([]byte, 10+MaxFrame+1)} {
+	// Below the minimum (header + Ethernet header) or above the maximum: port.FrameError.
+	for _, f := range [][]byte{make([]byte, 10+port.MinFrame-1), make([]byte, 10+port.MaxFrame+1)} {
 		n, err := c.write([][]byte{ok, f, ok})
-		var fe *FrameError
+		var fe *port.FrameError
 		if n != 1 || !errors.As(err, &fe) {
 			t.Fatalf("write of %d-byte frame = %d, %v", len(f), n, err)
 		}
@@ -614,7 +615,7 @@ func TestNetmapIncompleteChain(t *testing.T) {
 	big := gsoFrame(12, 9000, 2) // 5 slots
 	m.inject(small)
 	m.inject(big)
-	bufs, sizes := makeBufs(8, MaxFrame+12)
+	bufs, sizes := makeBufs(8, port.MaxFrame+12)
 	n, err := c.read(bufs, sizes) // sees small + 1 of big's 5 slots
 	if n != 1 || err != nil || !bytes.Equal(bufs[0][:sizes[0]], small) {
 		t.Fatalf("read = %d, %v", n, err)
@@ -650,7 +651,7 @@ func TestNetmapPending(t *testing.T) {
 		want = append(want, frame(3000, byte(i)))
 		m.inject(want[i])
 	}
-	bufs, sizes := makeBufs(2, MaxFrame)
+	bufs, sizes := makeBufs(2, port.MaxFrame)
 	var got [][]byte
 	n, _ := c.read(bufs, sizes)
 	for i := 0; i < n; i++ {
@@ -703,7 +704,7 @@ func TestNetmapBogusRX(t *testing.T) {
 			}
 			return append(s, modelSlot{frame(100, 99), 0})
 		}(), nil, func(s *NetmapStats) uint64 { return s.BadChain.Load() }},
-		{"frame over MaxFrame", func() []modelSlot {
+		{"frame over port.MaxFrame", func() []modelSlot {
 			var s []modelSlot
 			for i := 0; i < 34; i++ {
 				s = append(s, modelSlot{frame(2048, byte(i)), nsMoreFrag})
@@ -746,7 +747,7 @@ func TestNetmapBogusIndices(t *testing.T) {
 		m := newModel(t, modelConfig{slots: 16})
 		c, _, nst := m.core(t, 0)
 		m.corrupt = func(m *nmModel, dir int) { m.rx.storeTail(16) }
-		bufs, sizes := makeBufs(4, MaxFrame)
+		bufs, sizes := makeBufs(4, port.MaxFrame)
 		_, err := c.read(bufs, sizes)
 		var re *RingError
 		if !errors.As(err, &re) || nst.BadRing.Load() != 1 {
@@ -758,7 +759,7 @@ func TestNetmapBogusIndices(t *testing.T) {
 		m := newModel(t, modelConfig{slots: 16, rxChunk: 1})
 		c, _, nst := m.core(t, 0)
 		m.inject(frame(3000, 1)) // 2 slots: the first read sees 1 and waits
-		bufs, sizes := makeBufs(4, MaxFrame)
+		bufs, sizes := makeBufs(4, port.MaxFrame)
 		if n, err := c.read(bufs, sizes); n != 0 || err != nil {
 			t.Fatalf("first read = %d, %v", n, err)
 		}
@@ -856,7 +857,7 @@ func TestNetmapAllocs(t *testing.T) {
 	m := newModel(t, modelConfig{slots: 256, loopback: true})
 	c, _, _ := m.core(t, 12)
 	frames := [][]byte{gsoFrame(12, 1500, 1), gsoFrame(12, 65000, 2), gsoFrame(12, 60, 3)}
-	bufs, sizes := makeBufs(8, MaxFrame+12)
+	bufs, sizes := makeBufs(8, port.MaxFrame+12)
 	loopRound(t, c, frames, bufs, sizes)
 	if allocs := testing.AllocsPerRun(100, func() { loopRound(t, c, frames, bufs, sizes) }); allocs != 0 {
 		t.Fatalf("%.1f allocations per write+read round, want 0", allocs)
@@ -871,7 +872,7 @@ func BenchmarkNetmapCore(b *testing.B) {
 			c, _, _ := m.core(b, 12)
 			f := gsoFrame(12, sz, 1)
 			frames := [][]byte{f, f, f, f, f, f, f, f}
-			bufs, sizes := makeBufs(8, MaxFrame+12)
+			bufs, sizes := makeBufs(8, port.MaxFrame+12)
 			b.ReportAllocs()
 			b.SetBytes(int64(len(f) * len(frames)))
 			b.ResetTimer()
@@ -902,14 +903,14 @@ func FuzzNetmapRX(f *testing.F) {
 				m.rx.storeTail(tail)
 			}
 		}
-		bufs, sizes := makeBufs(4, MaxFrame+12)
+		bufs, sizes := makeBufs(4, port.MaxFrame+12)
 		for i := 0; i < 4; i++ {
 			k, err := c.read(bufs, sizes)
 			if err != nil {
 				return
 			}
 			for j := 0; j < k; j++ {
-				if sizes[j] < MinFrame+12 || sizes[j] > MaxFrame+12 {
+				if sizes[j] < port.MinFrame+12 || sizes[j] > port.MaxFrame+12 {
 					t.Fatalf("frame of %d bytes delivered", sizes[j])
 				}
 			}
@@ -934,7 +935,7 @@ func FuzzNetmapLayout(f *testing.F) {
 		if err != nil {
 			return
 		}
-		bufs, sizes := makeBufs(2, MaxFrame+12)
+		bufs, sizes := makeBufs(2, port.MaxFrame+12)
 		c.read(bufs, sizes)
 		c.write([][]byte{make([]byte, 100)})
 	})

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"os"
 	"sync"
+	"tapgro/port"
 	"testing"
 	"time"
 
@@ -17,7 +18,7 @@ import (
 // modelPort builds a NetmapPort over the model. The only stand-in is the file the port
 // polls: an eventfd that the model writes whenever the real kernel would wake a netmap
 // poller (packets for the port, TX slots freed). Everything else is the port's own code.
-func modelPort(t testing.TB, m *nmModel, hdrLen int) (*NetmapPort, *Stats, *NetmapStats) {
+func modelPort(t testing.TB, m *nmModel, hdrLen int) (*NetmapPort, *port.Stats, *NetmapStats) {
 	t.Helper()
 	efd, err := unix.Eventfd(0, unix.EFD_NONBLOCK|unix.EFD_CLOEXEC)
 	if err != nil {
@@ -93,7 +94,7 @@ func TestNetmapPortBlockingRead(t *testing.T) {
 	checkLeaks(t)
 	m := newModel(t, modelConfig{slots: 64})
 	p, _, _ := modelPort(t, m, 0)
-	bufs, sizes := makeBufs(4, MaxFrame)
+	bufs, sizes := makeBufs(4, port.MaxFrame)
 
 	// A deadline ends a wait without ending the port.
 	p.SetReadDeadline(time.Now().Add(-time.Second))
@@ -118,16 +119,16 @@ func TestNetmapPortBlockingRead(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	// Close unblocks a waiting reader with ErrClosed.
+	// Close unblocks a waiting reader with port.ErrClosed.
 	go func() {
 		_, err := p.ReadBatch(bufs, sizes)
 		done <- err
 	}()
 	p.Close()
-	if err := <-done; err != ErrClosed {
+	if err := <-done; err != port.ErrClosed {
 		t.Fatalf("ReadBatch after Close = %v", err)
 	}
-	if _, err := p.TryWriteBatch([][]byte{frame(60, 1)}); err != ErrClosed {
+	if _, err := p.TryWriteBatch([][]byte{frame(60, 1)}); err != port.ErrClosed {
 		t.Fatalf("TryWriteBatch after Close = %v", err)
 	}
 	m.checkClean(t)
@@ -142,8 +143,8 @@ func TestNetmapPortTxFull(t *testing.T) {
 		frames = append(frames, gsoFrame(12, 4000, byte(i))) // 2 slots each
 	}
 	n, err := p.TryWriteBatch(frames)
-	if n != 7 || err != ErrWouldBlock {
-		t.Fatalf("TryWriteBatch = %d, %v; want 7, ErrWouldBlock", n, err)
+	if n != 7 || err != port.ErrWouldBlock {
+		t.Fatalf("TryWriteBatch = %d, %v; want 7, port.ErrWouldBlock", n, err)
 	}
 	if free, size := p.Room(); free != 2048 || size != 15*2048 {
 		t.Fatalf("Room = %d of %d", free, size)
@@ -213,7 +214,7 @@ func TestNetmapPortAllocs(t *testing.T) {
 	m := newModel(t, modelConfig{slots: 256, loopback: true})
 	p, _, _ := modelPort(t, m, 12)
 	frames := [][]byte{gsoFrame(12, 1500, 1), gsoFrame(12, 65000, 2), gsoFrame(12, 60, 3)}
-	bufs, sizes := makeBufs(8, MaxFrame+12)
+	bufs, sizes := makeBufs(8, port.MaxFrame+12)
 	round := func() {
 		if n, err := p.WriteBatch(frames); n != 3 || err != nil {
 			t.Fatalf("WriteBatch = %d, %v", n, err)
@@ -237,7 +238,7 @@ func BenchmarkNetmapPort(b *testing.B) {
 	p, _, _ := modelPort(b, m, 12)
 	f := gsoFrame(12, 65536, 1)
 	frames := [][]byte{f, f, f, f, f, f, f, f}
-	bufs, sizes := makeBufs(8, MaxFrame+12)
+	bufs, sizes := makeBufs(8, port.MaxFrame+12)
 	b.ReportAllocs()
 	b.SetBytes(int64(len(f) * len(frames)))
 	b.ResetTimer()

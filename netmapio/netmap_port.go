@@ -8,6 +8,7 @@ import (
 	"syscall"
 	"time"
 
+	"tapgro/port"
 	"tapgro/vnethdr"
 )
 
@@ -24,7 +25,7 @@ import (
 // hold a reference on the file, so Close (which waits for those references to drop)
 // can unmap the region safely.
 type NetmapPort struct {
-	portBase
+	port.Base
 	f      *os.File
 	rc     syscall.RawConn
 	core   *nmCore
@@ -54,8 +55,8 @@ type NetmapPort struct {
 }
 
 var (
-	_ Port        = (*NetmapPort)(nil)
-	_ BatchSender = (*NetmapPort)(nil)
+	_ port.Port        = (*NetmapPort)(nil)
+	_ port.BatchSender = (*NetmapPort)(nil)
 )
 
 // nmCloser closes the file (waiting for every RawConn callback to return) and then
@@ -78,14 +79,14 @@ func (c nmCloser) Close() error {
 // newNetmapPort wraps a registered port. f is the pollable file whose readiness follows
 // the rings (the /dev/netmap fd; the model's eventfd in tests), release unmaps the region
 // after f is closed.
-func newNetmapPort(f *os.File, core *nmCore, peer string, vale bool, release func() error, st *Stats) (*NetmapPort, error) {
+func newNetmapPort(f *os.File, core *nmCore, peer string, vale bool, release func() error, st *port.Stats) (*NetmapPort, error) {
 	rc, err := f.SyscallConn()
 	if err != nil {
 		return nil, err
 	}
 	p := &NetmapPort{f: f, rc: rc, core: core, hdrLen: core.hdrLen, vale: vale, nst: core.nst}
-	p.portBase = newPortBase(nmCloser{f, release}, peer, st)
-	core.st = p.stats
+	p.Base = port.NewBase(nmCloser{f, release}, peer, st)
+	core.st = p.Stats()
 	p.readFn = p.readOnce
 	p.tryFn = p.tryOnce
 	p.waitFn = p.waitOnce
@@ -130,13 +131,13 @@ func (p *NetmapPort) HasUSO() bool { return false }
 // in flight would be read with the wrong header.
 func (p *NetmapPort) SetVnetHdrLen(n int) error {
 	if !p.HasVnetHdrLen(n) {
-		return fmt.Errorf("netmap: %s cannot carry a %d-byte vnet header (want 0, 10 or 12 on a VALE port)", p.peer, n)
+		return fmt.Errorf("netmap: %s cannot carry a %d-byte vnet header (want 0, 10 or 12 on a VALE port)", p.Peer(), n)
 	}
 	if n == p.hdrLen {
 		return nil
 	}
 	if p.started.Load() || p.setHdr == nil {
-		return fmt.Errorf("netmap: %s: the header length can only change before the first read or write", p.peer)
+		return fmt.Errorf("netmap: %s: the header length can only change before the first read or write", p.Peer())
 	}
 	var err error
 	if cerr := p.rc.Control(func(uintptr) {
@@ -192,8 +193,8 @@ func (p *NetmapPort) WriteBatch(frames [][]byte) (int, error) {
 	for done < len(frames) {
 		n, err := p.TryWriteBatch(frames[done:])
 		done += n
-		if err == ErrWouldBlock {
-			p.stats.WriteWaits.Add(1)
+		if err == port.ErrWouldBlock {
+			p.Stats().WriteWaits.Add(1)
 			if err = p.WaitWritable(time.Time{}); err == nil {
 				continue
 			}
@@ -206,7 +207,7 @@ func (p *NetmapPort) WriteBatch(frames [][]byte) (int, error) {
 }
 
 // TryWriteBatch implements BatchSender: frames go out whole until the TX ring has no
-// room for the next one, then it returns ErrWouldBlock. A frame is never written in part.
+// room for the next one, then it returns port.ErrWouldBlock. A frame is never written in part.
 func (p *NetmapPort) TryWriteBatch(frames [][]byte) (int, error) {
 	if len(frames) == 0 {
 		return 0, nil
@@ -222,8 +223,8 @@ func (p *NetmapPort) TryWriteBatch(frames [][]byte) (int, error) {
 	case err == nil:
 		return p.wn, nil
 	case err == errNoRoom:
-		return p.wn, ErrWouldBlock
-	case errors.As(err, new(*FrameError)):
+		return p.wn, port.ErrWouldBlock
+	case errors.As(err, new(*port.FrameError)):
 		return p.wn, err
 	default:
 		return p.wn, p.ioErr("send", err)
@@ -261,14 +262,14 @@ func (p *NetmapPort) waitOnce(uintptr) bool {
 // capacity, as of the last sync.
 func (p *NetmapPort) Room() (free, size int) { return p.core.room() }
 
-// ioErr maps errors after Close to ErrClosed and leaves deadlines alone; anything else
+// ioErr maps errors after Close to port.ErrClosed and leaves deadlines alone; anything else
 // ends the port.
 func (p *NetmapPort) ioErr(op string, err error) error {
 	switch {
-	case p.closed.Load() || errors.Is(err, os.ErrClosed):
-		return ErrClosed
+	case p.Closed() || errors.Is(err, os.ErrClosed):
+		return port.ErrClosed
 	case errors.Is(err, os.ErrDeadlineExceeded):
 		return err
 	}
-	return p.fail(fmt.Errorf("netmapio: %s on %s: %w", op, p.peer, err))
+	return p.Fail(fmt.Errorf("netmapio: %s on %s: %w", op, p.Peer(), err))
 }

@@ -1,7 +1,8 @@
 package netmapio
 
 import (
-	"context"
+	"tapgro/port"
+
 	"fmt"
 	"os"
 	"testing"
@@ -18,34 +19,24 @@ const netmapSkip = "netmap module not loaded (/dev/netmap missing); the netmap p
 // frames). VALE port names allow only letters, digits and '_', so the switch is
 // vale_tapgro0.
 func TestNetmapReal(t *testing.T) {
-	if _, err := os.Stat(nmDevicePath); err != nil {
+	if _, err := os.Stat(DevicePath); err != nil {
 		t.Skip(netmapSkip)
 	}
 	if os.Geteuid() != 0 {
 		if os.Getenv("TAPGRO_REQUIRE_PRIV") == "1" {
-			t.Fatalf("%s exists but the test is not root, and TAPGRO_REQUIRE_PRIV=1 forbids skipping", nmDevicePath)
+			t.Fatalf("%s exists but the test is not root, and TAPGRO_REQUIRE_PRIV=1 forbids skipping", DevicePath)
 		}
-		t.Skipf("%s needs root", nmDevicePath)
+		t.Skipf("%s needs root", DevicePath)
 	}
 	checkLeaks(t)
 	for _, hl := range []int{0, 12} {
 		t.Run(fmt.Sprintf("hdr%d", hl), func(t *testing.T) {
-			open := func(port string) Port {
-				sp, err := ParseSpec(fmt.Sprintf("netmap,ifname=vale_tapgro0:%s,vnet-hdr=%d", port, hl))
+			open := func(name string) port.Port {
+				p, err := Open("vale_tapgro0:"+name, hl, nil, nil)
 				if err != nil {
 					t.Fatal(err)
 				}
-				ep, err := Open(sp, Events{})
-				if err != nil {
-					t.Fatal(err)
-				}
-				t.Cleanup(func() { ep.Close() })
-				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-				defer cancel()
-				p, err := ep.Next(ctx)
-				if err != nil {
-					t.Fatal(err)
-				}
+				t.Cleanup(func() { p.Close() })
 				return p
 			}
 			a, b := open("1"), open("2")
@@ -69,7 +60,7 @@ func TestNetmapReal(t *testing.T) {
 				}
 				frames = append(frames, f)
 			}
-			for _, dir := range [][2]Port{{a, b}, {b, a}} {
+			for _, dir := range [][2]port.Port{{a, b}, {b, a}} {
 				if n, err := dir[0].WriteBatch(frames); n != len(frames) || err != nil {
 					t.Fatalf("WriteBatch = %d, %v", n, err)
 				}

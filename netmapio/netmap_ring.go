@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"sync/atomic"
+	"tapgro/port"
 )
 
 // Ring protocol constants (netmap sys/net/netmap.h).
@@ -24,8 +25,8 @@ type NetmapStats struct {
 
 	BadSlot    atomic.Uint64 // RX frames dropped for a slot whose buf_idx or len lay outside the region or buffer
 	BadChain   atomic.Uint64 // RX chains longer than 64 slots or filling the whole ring, dropped
-	ShortFrame atomic.Uint64 // RX frames shorter than the vnet header + MinFrame, dropped
-	LongFrame  atomic.Uint64 // RX frames longer than MaxFrame + vnet header or the caller's buffer, dropped
+	ShortFrame atomic.Uint64 // RX frames shorter than the vnet header + port.MinFrame, dropped
+	LongFrame  atomic.Uint64 // RX frames longer than port.MaxFrame + vnet header or the caller's buffer, dropped
 	TxTooBig   atomic.Uint64 // frames needing more slots than one packet may span on this ring, dropped
 	BadRing    atomic.Uint64 // ring indices out of range or moving backwards, or a bad TX buf_idx; each ends the port
 	Stale      atomic.Uint64 // frames discarded at registration: they arrived before the header length was set
@@ -79,7 +80,7 @@ type txRing struct {
 type nmCore struct {
 	sync   nmSyncer
 	hdrLen int
-	st     *Stats
+	st     *port.Stats
 	nst    *NetmapStats
 
 	rx      []rxRing
@@ -90,12 +91,12 @@ type nmCore struct {
 	txNeed int // slots the frame that did not fit needs
 }
 
-func newCore(tx, rx []*nmRing, hdrLen int, sync nmSyncer, st *Stats, nst *NetmapStats) (*nmCore, error) {
+func newCore(tx, rx []*nmRing, hdrLen int, sync nmSyncer, st *port.Stats, nst *NetmapStats) (*nmCore, error) {
 	if len(tx) == 0 || len(rx) == 0 {
 		return nil, fmt.Errorf("netmap: port has %d TX and %d RX rings, need at least one of each", len(tx), len(rx))
 	}
 	if st == nil {
-		st = new(Stats)
+		st = new(port.Stats)
 	}
 	if nst == nil {
 		nst = new(NetmapStats)
@@ -310,9 +311,9 @@ func (c *nmCore) gather(s *rxRing, i uint32, dst []byte) (end uint32, size int, 
 	switch {
 	case bad:
 		c.nst.BadSlot.Add(1)
-	case total < MinFrame+c.hdrLen:
+	case total < port.MinFrame+c.hdrLen:
 		c.nst.ShortFrame.Add(1)
-	case total > MaxFrame+c.hdrLen || total > len(dst):
+	case total > port.MaxFrame+c.hdrLen || total > len(dst):
 		c.nst.LongFrame.Add(1)
 	default:
 		if frags > 1 {
@@ -400,7 +401,7 @@ func (c *nmCore) write(frames [][]byte) (int, error) {
 	var err error
 	for n < len(frames) {
 		f := frames[n]
-		if err = checkFrameLen(uint64(len(f)), MinFrame+c.hdrLen, MaxFrame+c.hdrLen); err != nil {
+		if err = port.CheckFrameLen(uint64(len(f)), port.MinFrame+c.hdrLen, port.MaxFrame+c.hdrLen); err != nil {
 			break
 		}
 		need := slotsFor(len(f), r)

@@ -6,6 +6,7 @@ import (
 
 	"tapgro/datapath"
 	"tapgro/netmapio"
+	"tapgro/port"
 )
 
 // The metric catalogue: every series tapgro exports, each a name, help text, labels and
@@ -43,7 +44,7 @@ type Sample struct {
 // Source is what one scrape reads: the engine's Snapshot and the port's counters.
 type Source struct {
 	Snap   *datapath.Snapshot
-	Port   *netmapio.Stats
+	Port   *port.Stats
 	Netmap *netmapio.NetmapStats // nil unless the port is netmap
 }
 
@@ -57,7 +58,7 @@ type series struct {
 // Metrics is the catalogue for one running tapgro.
 type Metrics struct {
 	eng    Snapshotter
-	port   *netmapio.Stats
+	port   *port.Stats
 	netmap *netmapio.NetmapStats
 	series []series
 	custom []func(*Source) *Sample // series that are not a single value, or may be absent
@@ -112,8 +113,8 @@ func b2f(v bool) float64 {
 
 // NewMetrics is the catalogue for eng and its port endpoint's counters (nm: the netmap
 // counters, or nil); health adds the stall gauges (nil: none). version is tapgro's.
-func NewMetrics(eng Snapshotter, port *netmapio.Stats, nm *netmapio.NetmapStats, health *HealthMonitor, version string) *Metrics {
-	m := &Metrics{eng: eng, port: port, netmap: nm}
+func NewMetrics(eng Snapshotter, ps *port.Stats, nm *netmapio.NetmapStats, health *HealthMonitor, version string) *Metrics {
+	m := &Metrics{eng: eng, port: ps, netmap: nm}
 	m.addDatapath()
 	m.addCoalescer()
 	m.addDevice(eng)

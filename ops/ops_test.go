@@ -12,13 +12,13 @@ import (
 
 	"tapgro/datapath"
 	"tapgro/datapath/datapathtest"
-	"tapgro/netmapio"
+	"tapgro/port"
 	"tapgro/rxpool"
 )
 
 // stubPort is a connected port for the health monitor: a peer name and a receive queue.
 type stubPort struct {
-	netmapio.Port
+	port.Port
 	inq int
 }
 

@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"tapgro/datapath"
-	"tapgro/netmapio"
+	"tapgro/port"
 	"tapgro/rxpool"
 )
 
@@ -96,7 +96,7 @@ func ReportProblems(ctx context.Context, every time.Duration, read func() map[st
 const ProblemInterval = 10 * time.Second
 
 // PortProblems reads the port's per-frame error counters.
-func PortProblems(ps *netmapio.Stats) PortProblemStats {
+func PortProblems(ps *port.Stats) PortProblemStats {
 	return func() map[string]uint64 {
 		return map[string]uint64{
 			"bad_length":        ps.BadLength.Load(),

@@ -1,8 +1,9 @@
 // Package port is the contract between tapgro's engine and the transports that carry
 // frames to and from a peer: a QEMU socket-family netdev, another tapgro, a netmap port.
-// It holds only interfaces, limits and the errors both sides test for, so that the
-// engine, the TAP→port receive pool (package rxpool) and every transport can depend on
-// it without depending on each other.
+// It holds the interfaces, limits and the errors both sides test for, and the
+// bookkeeping every transport shares (Stats, Base, FrameError), so that the engine, the
+// TAP→port receive pool (package rxpool), the endpoint code (package netdev) and every
+// transport (sockport, netmapio) can depend on it without depending on each other.
 //
 // # Theory of operation
 //

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"tapgro/netmapio"
+	"tapgro/port"
 	"tapgro/port/porttest"
 )
 
@@ -30,7 +30,7 @@ func TestSlowConsumer(t *testing.T) {
 		stall     = 2 * time.Second
 		batch     = 64
 	)
-	wst := new(netmapio.Stats)
+	wst := new(port.Stats)
 	w, r := porttest.StreamPairStats(t, wst, nil)
 	st := new(Stats)
 	p, err := New(Config{}, st)
@@ -66,7 +66,7 @@ func TestSlowConsumer(t *testing.T) {
 
 	bufs := make([][]byte, 64)
 	for i := range bufs {
-		bufs[i] = make([]byte, netmapio.MaxFrame)
+		bufs[i] = make([]byte, port.MaxFrame)
 	}
 	sizes := make([]int, 64)
 	next := uint64(0)

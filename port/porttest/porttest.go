@@ -1,11 +1,11 @@
 // Package porttest is a connected pair of real ports for tests of code that drives a
-// port.Port: the datapath engine, the TAP→port receive pool. Both ends are netmapio
+// port.Port: the datapath engine, the TAP→port receive pool. Both ends are sockport
 // stream ports over a UNIX stream socketpair registered with the Go netpoller, so reads,
 // writes, backpressure and deadlines behave as they do against QEMU or another tapgro,
 // without root, files or addresses. Every pair is closed when the test ends.
 //
 // The port package itself stays a leaf: this double lives beside it and is the one
-// place that imports the transport (netmapio) for the tests above it.
+// place that imports a transport (sockport) for the tests above it.
 package porttest
 
 import (
@@ -14,9 +14,10 @@ import (
 	"testing"
 	"time"
 
-	"golang.org/x/sys/unix"
+	"tapgro/port"
+	"tapgro/sockport"
 
-	"tapgro/netmapio"
+	"golang.org/x/sys/unix"
 )
 
 // ConnPair is a connected UNIX stream socketpair, both ends registered with the Go
@@ -41,20 +42,20 @@ func ConnPair(t testing.TB) (net.Conn, net.Conn) {
 
 // StreamPair is two QEMU-stream ports (plain frames behind a 4-byte length) joined by a
 // socketpair, with private counters.
-func StreamPair(t testing.TB) (a, b *netmapio.StreamPort) {
+func StreamPair(t testing.TB) (a, b *sockport.StreamPort) {
 	t.Helper()
 	return StreamPairStats(t, nil, nil)
 }
 
 // StreamPairStats is StreamPair counting into ast and bst (either may be nil).
-func StreamPairStats(t testing.TB, ast, bst *netmapio.Stats) (a, b *netmapio.StreamPort) {
+func StreamPairStats(t testing.TB, ast, bst *port.Stats) (a, b *sockport.StreamPort) {
 	t.Helper()
 	ca, cb := ConnPair(t)
-	a, err := netmapio.NewStreamPort(ca, ast)
+	a, err := sockport.NewStreamPort(ca, ast)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if b, err = netmapio.NewStreamPort(cb, bst); err != nil {
+	if b, err = sockport.NewStreamPort(cb, bst); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { a.Close(); b.Close() })
@@ -64,16 +65,16 @@ func StreamPairStats(t testing.TB, ast, bst *netmapio.Stats) (a, b *netmapio.Str
 // VnetPair is StreamPair for the tapgro-to-tapgro vnet-hdr=on stream: both ends ran the
 // hello, accepting every offload the stream carries, and with shm set up shared-memory
 // rings (it fails the test if they did not come up as asked).
-func VnetPair(t testing.TB, shm bool) (a, b *netmapio.StreamPort) {
+func VnetPair(t testing.TB, shm bool) (a, b *sockport.StreamPort) {
 	t.Helper()
 	ca, cb := ConnPair(t)
 	errc := make(chan error, 1)
 	go func() {
 		var err error
-		b, err = netmapio.NewVnetStreamPort(cb, nil, netmapio.VnetStreamAccepts, shm, time.Second)
+		b, err = sockport.NewVnetStreamPort(cb, nil, sockport.VnetStreamAccepts, shm, time.Second)
 		errc <- err
 	}()
-	a, err := netmapio.NewVnetStreamPort(ca, nil, netmapio.VnetStreamAccepts, shm, time.Second)
+	a, err := sockport.NewVnetStreamPort(ca, nil, sockport.VnetStreamAccepts, shm, time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}

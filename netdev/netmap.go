@@ -1,0 +1,59 @@
+package netdev
+
+import (
+	"context"
+
+	"tapgro/netmapio"
+	"tapgro/port"
+)
+
+// attach is netmap's role: Open registers the port now, so a missing module, a bad name
+// or a busy port is reported at start rather than at the first Next; Next returns it at
+// once, and after it is closed registers the port afresh: closing the descriptor
+// unregisters it, and a new registration gets fresh rings (the recovery from a ring the
+// kernel or a peer left inconsistent) and has its header length set again.
+type attach struct {
+	*core
+	gate  gate
+	first *netmapio.NetmapPort // under core.mu: registered by Open, not yet handed out
+}
+
+func openAttach(c *core) (*attach, error) {
+	p, err := netmapio.Open(c.spec.IfName, c.spec.HdrLen, &c.stats, &c.nmStats)
+	if err != nil {
+		return nil, err
+	}
+	c.addr = c.spec.IfName
+	return &attach{core: c, gate: newGate(), first: p}, nil
+}
+
+func (a *attach) Close() error {
+	a.shutdown(func() {
+		a.mu.Lock()
+		first := a.first
+		a.first = nil
+		a.mu.Unlock()
+		if first != nil {
+			first.Close()
+		}
+	})
+	return nil
+}
+
+func (a *attach) Next(ctx context.Context) (port.Port, error) {
+	if err := a.gate.acquire(ctx, a.ctx); err != nil {
+		return nil, err
+	}
+	a.mu.Lock()
+	p := a.first
+	a.first = nil
+	a.mu.Unlock()
+	if p == nil {
+		var err error
+		if p, err = netmapio.Open(a.spec.IfName, a.spec.HdrLen, &a.stats, &a.nmStats); err != nil {
+			a.gate.release()
+			return nil, err
+		}
+	}
+	return a.adopt(p, &p.Base, a.gate.release)
+}

@@ -1,0 +1,189 @@
+package netdev
+
+import (
+	"strings"
+	"tapgro/sockport"
+	"testing"
+)
+
+func TestParseSpecGood(t *testing.T) {
+	tests := []struct {
+		in   string
+		want Spec
+		str  string // canonical form
+		qemu string // QEMUOption("n0")
+	}{
+		{
+			in:   "stream,server=on,addr.type=unix,addr.path=/run/gro.sock",
+			want: Spec{Backend: BackendStream, Role: RoleServer, Local: Addr{Type: "unix", Path: "/run/gro.sock"}},
+			str:  "stream,server=on,addr.type=unix,addr.path=/run/gro.sock",
+			qemu: "stream,id=n0,server=off,addr.type=unix,addr.path=/run/gro.sock",
+		},
+		{
+			in:   "stream,id=x,addr.type=unix,addr.path=/run/q.sock",
+			want: Spec{Backend: BackendStream, Role: RoleClient, Remote: Addr{Type: "unix", Path: "/run/q.sock"}},
+			str:  "stream,server=off,addr.type=unix,addr.path=/run/q.sock",
+			qemu: "stream,id=n0,server=on,addr.type=unix,addr.path=/run/q.sock",
+		},
+		{
+			in:   "stream,server=off,addr.type=inet,addr.host=127.0.0.1,addr.port=5555,vnet-hdr=off",
+			want: Spec{Backend: BackendStream, Role: RoleClient, Remote: Addr{Type: "inet", Host: "127.0.0.1", Port: 5555}},
+			str:  "stream,server=off,addr.type=inet,addr.host=127.0.0.1,addr.port=5555",
+			qemu: "stream,id=n0,server=on,addr.type=inet,addr.host=127.0.0.1,addr.port=5555",
+		},
+		{
+			in:   "stream,server=yes,addr.type=inet,addr.host=::1,addr.port=5555,vnet-hdr=on",
+			want: Spec{Backend: BackendStream, Role: RoleServer, Local: Addr{Type: "inet", Host: "::1", Port: 5555}, VnetHdr: true},
+			str:  "stream,server=on,addr.type=inet,addr.host=::1,addr.port=5555,vnet-hdr=on",
+			qemu: "stream,id=n0,server=off,addr.type=inet,addr.host=::1,addr.port=5555",
+		},
+		{
+			in:   "stream,server=on,addr.type=unix,addr.path=/p,vnet-hdr=on,shm=off",
+			want: Spec{Backend: BackendStream, Role: RoleServer, Local: Addr{Type: "unix", Path: "/p"}, VnetHdr: true, NoShm: true},
+			str:  "stream,server=on,addr.type=unix,addr.path=/p,vnet-hdr=on,shm=off",
+			qemu: "stream,id=n0,server=off,addr.type=unix,addr.path=/p",
+		},
+		{
+			in:   "stream,server=on,addr.type=unix,addr.path=/p,vnet-hdr=on,shm=on",
+			want: Spec{Backend: BackendStream, Role: RoleServer, Local: Addr{Type: "unix", Path: "/p"}, VnetHdr: true},
+			str:  "stream,server=on,addr.type=unix,addr.path=/p,vnet-hdr=on",
+			qemu: "stream,id=n0,server=off,addr.type=unix,addr.path=/p",
+		},
+		{
+			in:   "stream,server=on,addr.type=inet,addr.host=0.0.0.0,addr.port=5555",
+			want: Spec{Backend: BackendStream, Role: RoleServer, Local: Addr{Type: "inet", Host: "0.0.0.0", Port: 5555}},
+			str:  "stream,server=on,addr.type=inet,addr.host=0.0.0.0,addr.port=5555",
+			qemu: "stream,id=n0,server=off,addr.type=inet,addr.host=127.0.0.1,addr.port=5555",
+		},
+		{
+			in:   "stream,server=on,addr.type=unix,addr.path=/tmp/a,,b",
+			want: Spec{Backend: BackendStream, Role: RoleServer, Local: Addr{Type: "unix", Path: "/tmp/a,b"}},
+			str:  "stream,server=on,addr.type=unix,addr.path=/tmp/a,,b",
+			qemu: "stream,id=n0,server=off,addr.type=unix,addr.path=/tmp/a,,b",
+		},
+		{
+			in:   "socket,listen=127.0.0.1:5555",
+			want: Spec{Backend: BackendSocket, Role: RoleServer, Local: Addr{Type: "inet", Host: "127.0.0.1", Port: 5555}},
+			str:  "socket,listen=127.0.0.1:5555",
+			qemu: "socket,id=n0,connect=127.0.0.1:5555",
+		},
+		{
+			in:   "socket,id=n1,listen=:5555",
+			want: Spec{Backend: BackendSocket, Role: RoleServer, Local: Addr{Type: "inet", Host: "127.0.0.1", Port: 5555}},
+			str:  "socket,listen=127.0.0.1:5555",
+			qemu: "socket,id=n0,connect=127.0.0.1:5555",
+		},
+		{
+			in:   "socket,connect=localhost:5555",
+			want: Spec{Backend: BackendSocket, Role: RoleClient, Remote: Addr{Type: "inet", Host: "localhost", Port: 5555}},
+			str:  "socket,connect=localhost:5555",
+			qemu: "socket,id=n0,listen=localhost:5555",
+		},
+		{
+			in:   "socket,udp=127.0.0.1:6000,localaddr=127.0.0.1:6001",
+			want: Spec{Backend: BackendSocket, Role: RoleDatagram, Remote: Addr{Type: "inet", Host: "127.0.0.1", Port: 6000}, Local: Addr{Type: "inet", Host: "127.0.0.1", Port: 6001}},
+			str:  "socket,udp=127.0.0.1:6000,localaddr=127.0.0.1:6001",
+			qemu: "socket,id=n0,udp=127.0.0.1:6001,localaddr=127.0.0.1:6000",
+		},
+		{
+			in: "dgram,local.type=inet,local.host=127.0.0.1,local.port=6000,remote.type=inet,remote.host=127.0.0.1,remote.port=6001",
+			want: Spec{Backend: BackendDgram, Role: RoleDatagram,
+				Local: Addr{Type: "inet", Host: "127.0.0.1", Port: 6000}, Remote: Addr{Type: "inet", Host: "127.0.0.1", Port: 6001}},
+			str:  "dgram,local.type=inet,local.host=127.0.0.1,local.port=6000,remote.type=inet,remote.host=127.0.0.1,remote.port=6001",
+			qemu: "dgram,id=n0,local.type=inet,local.host=127.0.0.1,local.port=6001,remote.type=inet,remote.host=127.0.0.1,remote.port=6000",
+		},
+		{
+			in: "dgram,remote.type=unix,remote.path=/run/qemu.dg,local.type=unix,local.path=/run/gro.dg",
+			want: Spec{Backend: BackendDgram, Role: RoleDatagram,
+				Local: Addr{Type: "unix", Path: "/run/gro.dg"}, Remote: Addr{Type: "unix", Path: "/run/qemu.dg"}},
+			str:  "dgram,local.type=unix,local.path=/run/gro.dg,remote.type=unix,remote.path=/run/qemu.dg",
+			qemu: "dgram,id=n0,local.type=unix,local.path=/run/qemu.dg,remote.type=unix,remote.path=/run/gro.dg",
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.in, func(t *testing.T) {
+			got, err := ParseSpec(tt.in)
+			if err != nil {
+				t.Fatalf("ParseSpec: %v", err)
+			}
+			if got != tt.want {
+				t.Errorf("ParseSpec =\n %+v\nwant\n %+v", got, tt.want)
+			}
+			if s := got.String(); s != tt.str {
+				t.Errorf("String = %q, want %q", s, tt.str)
+			}
+			if q := got.QEMUOption("n0"); q != tt.qemu {
+				t.Errorf("QEMUOption = %q, want %q", q, tt.qemu)
+			}
+			again, err := ParseSpec(got.String())
+			if err != nil || again != got {
+				t.Errorf("ParseSpec(String()) = %+v, %v; want %+v", again, err, got)
+			}
+		})
+	}
+}
+
+func TestParseSpecBad(t *testing.T) {
+	long := "/" + strings.Repeat("x", sockport.MaxUnixPath)
+	tests := []struct {
+		in      string
+		wantErr string // substring
+	}{
+		{"", "empty spec"},
+		{"tap,ifname=x", `unknown backend "tap"`},
+		{"stream,adr.type=unix", `unknown key "adr.type" for stream`},
+		{"stream,server=on,addr.type=unix,addr.path=/p,reconnect=2", `unknown key "reconnect" for stream`},
+		{"stream,server", `"server" is not key=value`},
+		{"stream,server=maybe,addr.type=unix,addr.path=/p", `bad value "maybe" for key "server"`},
+		{"stream,vnet-hdr=2,addr.type=unix,addr.path=/p", `bad value "2" for key "vnet-hdr"`},
+		{"stream,shm=off,addr.type=unix,addr.path=/p", `shm=off needs vnet-hdr=on`},
+		{"stream,vnet-hdr=on,shm=x,addr.type=unix,addr.path=/p", `bad value "x" for key "shm"`},
+		{"stream,server=on", `needs key "addr.type"`},
+		{"stream,addr.type=fd,addr.str=1", `want a file descriptor number >= 3`},
+		{"stream,addr.type=fd", `addr.type=fd needs key "addr.str"`},
+		{"stream,addr.type=vsock", `bad value "vsock" for key "addr.type"`},
+		{"stream,addr.type=unix", `needs key "addr.path"`},
+		{"stream,addr.type=unix,addr.path=", `bad value "" for key "addr.path"`},
+		{"stream,addr.type=unix,addr.path=" + long, `key "addr.path": path is 108 bytes`},
+		{"stream,addr.type=unix,addr.path=/p,addr.port=1", `key "addr.port" does not go with addr.type=unix`},
+		{"stream,addr.type=inet,addr.port=1", `needs key "addr.host"`},
+		{"stream,addr.type=inet,addr.host=h", `needs key "addr.port"`},
+		{"stream,addr.type=inet,addr.host=h,addr.port=70000", `bad value "70000" for key "addr.port"`},
+		{"stream,addr.type=inet,addr.host=h,addr.port=0", `bad value "0" for key "addr.port"`},
+		{"stream,addr.type=inet,addr.host=h,addr.port=x", `bad value "x" for key "addr.port"`},
+		{"stream,addr.type=inet,addr.host=,addr.port=1", `bad value "" for key "addr.host"`},
+		{"stream,addr.type=inet,addr.host=h,addr.port=1,addr.path=/p", `key "addr.path" does not go with addr.type=inet`},
+		{"stream,server=on,server=off,addr.type=unix,addr.path=/p", `key "server" given twice`},
+		{"socket", "needs one of listen=, connect=, udp= or fd="},
+		{"socket,listen=:1,connect=h:1", "only one of"},
+		{"socket,mcast=230.0.0.1:1234", `unknown key "mcast" for socket`},
+		{"socket,fd=-3", `want a file descriptor number >= 3`},
+		{"socket,listen=5555", `bad value "5555" for key "listen"`},
+		{"socket,connect=:5555", `bad value ":5555" for key "connect": host is required`},
+		{"socket,connect=h:0", `bad value "0" for key "connect"`},
+		{"socket,listen=[::1]:5555", "IPv4 only"},
+		{"socket,listen=:1,localaddr=:2", `"localaddr" only goes with udp=`},
+		{"socket,udp=127.0.0.1:1", `needs key "localaddr"`},
+		{"socket,udp=127.0.0.1:1,localaddr=x", `bad value "x" for key "localaddr"`},
+		{"dgram,local.type=inet,local.host=h,local.port=1", `needs key "remote.type"`},
+		{"dgram,remote.type=inet,remote.host=h,remote.port=1", `needs key "local.type"`},
+		{"dgram,local.type=inet,local.host=h,local.port=1,remote.type=unix,remote.path=/p", "differ"},
+		{"dgram,local.type=fd,local.str=3", `unknown key "local.str" for dgram`},
+		{"dgram,local.type=inet,local.host=h,local.port=1,remote.type=inet,remote.host=230.0.0.1,remote.port=1", "multicast"},
+		{"dgram,local.type=inet,local.host=h,local.port=1,remote.type=inet,remote.host=h,remote.port=0", `bad value "0" for key "remote.port"`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.in, func(t *testing.T) {
+			got, err := ParseSpec(tt.in)
+			if err == nil {
+				t.Fatalf("ParseSpec(%q) = %+v, want error containing %q", tt.in, got, tt.wantErr)
+			}
+			if !strings.Contains(err.Error(), tt.wantErr) {
+				t.Errorf("error %q does not contain %q", err, tt.wantErr)
+			}
+			if !strings.HasPrefix(err.Error(), "netdev: ") {
+				t.Errorf("error %q does not start with \"netdev: \"", err)
+			}
+		})
+	}
+}

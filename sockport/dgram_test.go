@@ -1,0 +1,209 @@
+package sockport
+
+import (
+	"errors"
+	"net"
+	"path/filepath"
+	"tapgro/port"
+	"testing"
+)
+
+// dgramPorts returns two DgramPorts that send to each other.
+func dgramPorts(t testing.TB, kind string) (a, b *DgramPort) {
+	t.Helper()
+	var ca, cb net.Conn
+	if kind == "udp" {
+		ua, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ub, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ca, cb = ua, ub
+	} else {
+		dir := t.TempDir()
+		ua, err := net.ListenUnixgram("unixgram", &net.UnixAddr{Net: "unixgram", Name: filepath.Join(dir, "a")})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ub, err := net.ListenUnixgram("unixgram", &net.UnixAddr{Net: "unixgram", Name: filepath.Join(dir, "b")})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ca, cb = ua, ub
+	}
+	a, err := NewDgramPort(ca, cb.LocalAddr(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err = NewDgramPort(cb, ca.LocalAddr(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { a.Close(); b.Close() })
+	return a, b
+}
+
+func TestDgramRoundTrip(t *testing.T) {
+	for _, kind := range []string{"udp", "unixgram"} {
+		t.Run(kind, func(t *testing.T) {
+			checkLeaks(t)
+			a, b := dgramPorts(t, kind)
+			// 100 small frames in one batch, then the size classes one at a time. The
+			// writer runs concurrently: an AF_UNIX datagram queue holds only
+			// net.unix.max_dgram_qlen (default 10) datagrams, so the sender must wait
+			// for the reader (and be woken by it) rather than drop.
+			var frames [][]byte
+			for i := 0; i < 100; i++ {
+				frames = append(frames, frame(60+i, byte(i)))
+			}
+			errc := make(chan error, 1)
+			go func() {
+				n, err := a.WriteBatch(frames)
+				if err == nil && n != len(frames) {
+					err = errors.New("short WriteBatch")
+				}
+				errc <- err
+			}()
+			readFrames(t, b, frames)
+			if err := <-errc; err != nil {
+				t.Fatal(err)
+			}
+			if d := a.Stats().SendDrops.Load(); d != 0 {
+				t.Errorf("SendDrops = %d, want 0", d)
+			}
+			// Batching, deterministically: datagrams already queued (fewer than a unixgram
+			// queue's 10) all come back from one recvmmsg.
+			queued := frames[:8]
+			if _, err := a.WriteBatch(queued); err != nil {
+				t.Fatal(err)
+			}
+			calls := b.Stats().ReadCalls.Load()
+			bufs, bsizes := makeBufs(64, port.MaxFrame)
+			if n, err := b.ReadBatch(bufs, bsizes); err != nil || n != len(queued) {
+				t.Errorf("ReadBatch of %d queued datagrams = %d, %v: not batching", len(queued), n, err)
+			}
+			if c := b.Stats().ReadCalls.Load() - calls; c != 1 {
+				t.Errorf("%d recvmmsg calls for %d queued datagrams, want 1", c, len(queued))
+			}
+			sizes := []int{14, 1514, 9014, 65507} // 65507: the largest UDP/IPv4 payload
+			if kind == "unixgram" {
+				sizes = append(sizes, 65535+14, port.MaxFrame)
+			}
+			for i, n := range sizes {
+				f := [][]byte{frame(n, byte(i))}
+				if n, err := b.WriteBatch(f); n != 1 || err != nil {
+					t.Fatalf("WriteBatch(%d bytes) = %d, %v", len(f[0]), n, err)
+				}
+				readFrames(t, a, f)
+			}
+		})
+	}
+}
+
+// Datagrams outside [port.MinFrame, port.MaxFrame] are dropped and counted; good ones around them
+// arrive packed at the front of bufs.
+func TestDgramBadSizes(t *testing.T) {
+	for _, kind := range []string{"udp", "unixgram"} {
+		t.Run(kind, func(t *testing.T) {
+			a, b := dgramPorts(t, kind)
+			raw := a.conn.(interface {
+				WriteTo([]byte, net.Addr) (int, error)
+			})
+			dst := b.conn.LocalAddr()
+			good1, good2 := frame(60, 1), frame(70, 2)
+			send := func(p []byte) {
+				if _, err := raw.WriteTo(p, dst); err != nil {
+					t.Fatal(err)
+				}
+			}
+			send(frame(13, 9))
+			send(good1)
+			send(nil)
+			wantOver := uint64(0)
+			if kind == "unixgram" {
+				send(frame(port.MaxFrame+1, 9))
+				wantOver = 1
+			}
+			send(good2)
+			readFrames(t, b, [][]byte{good1, good2})
+			if got := b.Stats().ShortDatagram.Load(); got != 2 {
+				t.Errorf("ShortDatagram = %d, want 2", got)
+			}
+			if got := b.Stats().OversizeDatagram.Load(); got != wantOver {
+				t.Errorf("OversizeDatagram = %d, want %d", got, wantOver)
+			}
+			n, err := a.WriteBatch([][]byte{good1, frame(5, 1)})
+			var fe *port.FrameError
+			if n != 1 || !errors.As(err, &fe) {
+				t.Errorf("WriteBatch with a 5-byte frame = %d, %v; want 1 and a port.FrameError", n, err)
+			}
+		})
+	}
+}
+
+// Sending to a UNIX path nobody has bound yet drops and counts, and does not fail.
+func TestDgramRemoteMissing(t *testing.T) {
+	dir := t.TempDir()
+	c, err := net.ListenUnixgram("unixgram", &net.UnixAddr{Net: "unixgram", Name: filepath.Join(dir, "l")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := NewDgramPort(c, &net.UnixAddr{Net: "unixgram", Name: filepath.Join(dir, "nobody")}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	frames := [][]byte{frame(60, 1), frame(60, 2), frame(60, 3)}
+	if n, err := p.WriteBatch(frames); n != 3 || err != nil {
+		t.Fatalf("WriteBatch = %d, %v; want 3, nil", n, err)
+	}
+	if got := p.Stats().SendDrops.Load(); got != 3 {
+		t.Errorf("SendDrops = %d, want 3", got)
+	}
+}
+
+func TestDgramCloseUnblocksRead(t *testing.T) {
+	checkLeaks(t)
+	a, _ := dgramPorts(t, "udp")
+	errc := make(chan error)
+	go func() {
+		bufs, sizes := makeBufs(4, port.MaxFrame)
+		_, err := a.ReadBatch(bufs, sizes)
+		errc <- err
+	}()
+	a.Close()
+	if err := <-errc; !errors.Is(err, port.ErrClosed) {
+		t.Errorf("ReadBatch after Close: %v, want port.ErrClosed", err)
+	}
+}
+
+func TestDgramZeroAllocs(t *testing.T) {
+	for _, kind := range []string{"udp", "unixgram"} {
+		t.Run(kind, func(t *testing.T) {
+			a, b := dgramPorts(t, kind)
+			frames := make([][]byte, 8) // below net.unix.max_dgram_qlen
+			for i := range frames {
+				frames[i] = frame(1514, byte(i))
+			}
+			bufs, sizes := makeBufs(64, port.MaxFrame)
+			allocs := testing.AllocsPerRun(100, func() {
+				if n, err := a.WriteBatch(frames); n != len(frames) || err != nil {
+					t.Fatalf("WriteBatch = %d, %v", n, err)
+				}
+				for got := 0; got < len(frames); {
+					n, err := b.ReadBatch(bufs, sizes)
+					if err != nil {
+						t.Fatal(err)
+					}
+					got += n
+				}
+			})
+			if allocs != 0 {
+				t.Errorf("%v allocations per batch round trip, want 0", allocs)
+			}
+		})
+	}
+}

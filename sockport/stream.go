@@ -1,0 +1,511 @@
+package sockport
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"syscall"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+
+	"tapgro/port"
+	"tapgro/vnethdr"
+)
+
+const (
+	// streamBufSize is the receive buffer of one stream connection: room for several
+	// 64 KiB frames per read syscall, allocated once per connection.
+	streamBufSize = 256 << 10
+
+	// maxIov is IOV_MAX (UIO_MAXIOV) on Linux: writev refuses more iovecs with EINVAL.
+	maxIov = 1024
+
+	// maxStreamBatch is how many frames one writev carries: a prefix and a frame each.
+	maxStreamBatch = maxIov / 2
+)
+
+// StreamPort is a port.Port over a connected stream socket (*net.UnixConn or *net.TCPConn)
+// speaking QEMU's stream framing: a 4-byte big-endian length, then the Ethernet frame
+// (QEMU net/stream.c, net/net.c net_fill_rstate). It carries no vnet header.
+//
+// Reads fill a 256 KiB buffer with one read syscall and return every complete frame in it;
+// writes send up to 512 length-prefixed frames per writev. Neither allocates in steady
+// state. One goroutine may call ReadBatch while another calls WriteBatch.
+type StreamPort struct {
+	port.Base
+	conn net.Conn
+	rc   syscall.RawConn
+
+	// Reader state, owned by the ReadBatch goroutine.
+	df      *Deframer
+	badSeen bool
+
+	// Writer state, owned by the WriteBatch goroutine. writev is called from inside
+	// rc.Write with the bound method value writeFn, so that the netpoller, not a busy
+	// loop, waits when the socket buffer is full, and no closure is allocated per batch.
+	prefix     [maxStreamBatch][PrefixLen]byte
+	iov        [maxIov]unix.Iovec
+	wIdx, wEnd int   // iov[wIdx:wEnd] is still to be written
+	wErr       error // errno that ended the current writev loop
+	wTry       bool  // TryWriteBatch: stop on EAGAIN instead of waiting
+	wBlocked   bool  // the writev loop stopped on EAGAIN (TryWriteBatch)
+	writeFn    func(fd uintptr) bool
+
+	// A record TryWriteBatch left partly written: the next write must start with the
+	// same frame (same memory, same length) and resumes pendOff bytes into its record.
+	pendBase *byte
+	pendLen  int
+	pendOff  int
+
+	waiter *writeWaiter
+	room   *sockRoom
+
+	// lo and hi bound the record lengths accepted (frame plus any vnet header).
+	lo, hi int
+
+	// vnet-hdr=on (vnetstream.go): zero for QEMU framing.
+	vnetFraming
+
+	// Shared-memory rings (shm.go): nil unless both ends of a vnet-hdr=on stream over
+	// AF_UNIX agreed on them.
+	shm *shmLink
+}
+
+var (
+	_ port.Port        = (*StreamPort)(nil)
+	_ port.BatchSender = (*StreamPort)(nil)
+)
+
+// NewStreamPort wraps a connected stream socket. It sets TCP_NODELAY on TCP (as QEMU does
+// on its TCP sockets) and asks for 4 MiB socket buffers. st may be nil for private
+// counters. The port.Port owns c from now on: Close closes it.
+func NewStreamPort(c net.Conn, st *port.Stats) (*StreamPort, error) { return newStreamPort(c, st, 0) }
+
+// newStreamPort is NewStreamPort for records carrying a hdrLen-byte vnet header in front
+// of each frame (0: QEMU framing); a record is then at most port.MaxFrame+hdrLen bytes.
+func newStreamPort(c net.Conn, st *port.Stats, hdrLen int) (*StreamPort, error) {
+	switch c.(type) {
+	case *net.UnixConn, *net.TCPConn:
+	default:
+		return nil, fmt.Errorf("sockport: stream port needs a *net.UnixConn or *net.TCPConn, got %T", c)
+	}
+	rc, err := rawConn(c)
+	if err != nil {
+		return nil, err
+	}
+	if tc, ok := c.(*net.TCPConn); ok {
+		_ = tc.SetNoDelay(true) // Go's default already; stated because frames must not wait
+	}
+	setBuffers(c)
+	s := &StreamPort{
+		Base:        port.NewBase(c, PeerString(c), st),
+		conn:        c,
+		rc:          rc,
+		df:          NewDeframer(streamBufSize, port.MinFrame+hdrLen, port.MaxFrame+hdrLen),
+		vnetFraming: vnetFraming{hdrLen: hdrLen},
+		lo:          port.MinFrame + hdrLen,
+		hi:          port.MaxFrame + hdrLen,
+	}
+	s.writeFn = s.writev
+	s.waiter = newWriteWaiter()
+	s.room = newSockRoom()
+	return s, nil
+}
+
+// VnetHdrLen is 0 for QEMU framing: QEMU's stream backend never carries a
+// virtio_net_hdr (net/stream.c has no has_vnet_hdr). On a vnet-hdr=on stream it is
+// VnetStreamHdrLen.
+func (s *StreamPort) VnetHdrLen() int { return s.hdrLen }
+
+// Accepts is empty for QEMU framing: frames must be plain, fully checksummed and no
+// larger than the MTU. On a vnet-hdr=on stream it is what the peer's hello advertised.
+func (s *StreamPort) Accepts() vnethdr.Offloads { return s.accepts }
+
+// ReadBatch returns every complete frame already buffered (up to len(bufs)), reading from
+// the socket, and blocking in the netpoller, only when none is complete.
+//
+// A bad length prefix returns a *port.FrameError and a clean EOF returns an error wrapping
+// port.ErrClosed and io.EOF; a reset by the peer wraps port.ErrClosed and syscall.ECONNRESET. A
+// connection that ends (EOF or reset) inside a record, its length prefix included, also
+// wraps io.ErrUnexpectedEOF and is counted in Stats.Truncated.
+// Frames complete before such a condition are returned first, with a nil error. After an
+// error the caller must Close the port: the stream has lost sync or ended.
+func (s *StreamPort) ReadBatch(bufs [][]byte, sizes []int) (int, error) {
+	return s.readBatch(bufs, sizes, nil)
+}
+
+// ReadBatchLent is ReadBatch for a caller that can take frames in place instead of
+// having them copied: from the peer's shared-memory ring (shm.go), or, on a vnet-hdr=on
+// stream, from the port's own read buffer. With lent non-nil, frame i is either copied
+// into bufs[i] as by ReadBatch, with lent[i] set to nil, or lent: the record (vnet
+// header, then frame, sizes[i] bytes in all) then starts at
+// lent[i][port.ShmHeadroom-VnetHdrLen()], and the port.ShmHeadroom bytes before the frame may be
+// overwritten (with the TAP's own header). Lent frames stay valid until ReleaseLent,
+// which the caller must call once it is done with them and before the next
+// ReadBatchLent. With lent nil, nothing is lent.
+func (s *StreamPort) ReadBatchLent(bufs [][]byte, sizes []int, lent [][]byte) (int, error) {
+	return s.readBatch(bufs, sizes, lent)
+}
+
+// recKind is what one record on the stream is.
+type recKind uint8
+
+const (
+	recFrame recKind = iota + 1 // a frame (vnet header first on a vnet-hdr=on stream)
+	recDesc                     // a shared-memory descriptor naming a slot of the peer's ring
+)
+
+// readBatch is the reader: one record step (record) per frame, each taken by the copy
+// path (copyOut) or, for a caller that takes frames in place (lent non-nil), the lend
+// path (lendOut); a read(2) only when no complete record is buffered.
+func (s *StreamPort) readBatch(bufs [][]byte, sizes []int, lent [][]byte) (int, error) {
+	want := min(len(bufs), len(sizes))
+	if lent != nil {
+		want = min(want, len(lent))
+	}
+	if want == 0 {
+		return 0, nil
+	}
+	for {
+		n, bytes := 0, 0
+		var ferr error
+		for n < want {
+			rec, kind, err := s.record()
+			if err != nil || kind == 0 {
+				ferr = err
+				break
+			}
+			var size, b int
+			if lent != nil {
+				size, b, err = s.lendOut(rec, kind, bufs, lent, n)
+			} else {
+				size, b, err = s.copyOut(rec, kind, bufs, n)
+			}
+			if err != nil {
+				ferr = err
+				break
+			}
+			sizes[n] = size
+			bytes += b
+			n++
+		}
+		if n > 0 {
+			s.Stats().FramesIn.Add(uint64(n))
+			s.Stats().BytesIn.Add(uint64(bytes))
+			return n, nil // any error is sticky and comes back on the next call
+		}
+		if ferr != nil {
+			var fe *port.FrameError
+			if (errors.As(ferr, &fe) || errors.Is(ferr, errBadDesc)) && !s.badSeen {
+				s.badSeen = true
+				s.Stats().BadLength.Add(1)
+			}
+			return 0, s.Fail(ferr)
+		}
+
+		m, err := s.conn.Read(s.df.Space())
+		s.Stats().ReadCalls.Add(1)
+		if m > 0 {
+			s.df.Commit(m)
+			continue // a read error, if any, is reported again by the next Read
+		}
+		if err == nil {
+			continue
+		}
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			return 0, err // the caller's timer, not a broken stream
+		}
+		return 0, s.Fail(s.readErr(err))
+	}
+}
+
+// record is the reader's one record step: the next complete record in the read buffer,
+// not yet consumed, and what it is; kind 0 when none is complete. A bad length prefix
+// is the deframer's sticky *port.FrameError. With shared memory the deframer lets
+// records as short as a descriptor through, so anything else that short is refused here.
+func (s *StreamPort) record() ([]byte, recKind, error) {
+	f, err := s.df.Peek()
+	if err != nil || f == nil {
+		return nil, 0, err
+	}
+	if s.shm != nil {
+		if s.shm.isDesc(f) {
+			return f, recDesc, nil
+		}
+		if len(f) < port.MinFrame+s.hdrLen {
+			return nil, 0, &port.FrameError{Length: uint64(len(f)), Limit: port.MinFrame + s.hdrLen}
+		}
+	}
+	return f, recFrame, nil
+}
+
+// copyOut is the copy path: record rec goes into bufs[i] and is consumed. A descriptor's
+// slot is copied from and handed back to the peer at once. It returns the size put in
+// bufs[i] and the bytes counted in Stats.BytesIn.
+func (s *StreamPort) copyOut(rec []byte, kind recKind, bufs [][]byte, i int) (size, bytes int, err error) {
+	if kind == recDesc {
+		sl, fl, err := s.shm.lend(rec)
+		if err != nil {
+			return 0, 0, err
+		}
+		s.df.Discard()
+		size = copy(bufs[i], sl[port.ShmHeadroom-s.hdrLen:port.ShmHeadroom+fl])
+		s.shm.releaseLent()
+		return size, s.hdrLen + fl, nil
+	}
+	if len(bufs[i]) < len(rec) {
+		return 0, 0, fmt.Errorf("sockport: read buffer %d holds %d bytes, frame is %d: %w",
+			i, len(bufs[i]), len(rec), io.ErrShortBuffer)
+	}
+	size = copy(bufs[i], rec)
+	s.df.Discard()
+	return size, size, nil
+}
+
+// lendOut is the lend path: record rec is lent in lent[i] and consumed, its record
+// starting at port.ShmHeadroom-VnetHdrLen(). A descriptor lends the peer's slot (held
+// until ReleaseLent); on a vnet-hdr=on stream a frame is lent in place from the read
+// buffer, which stays as it is until the next call: the record's own vnet header is
+// the room for the caller's, and port.ShmHeadroom bytes before the frame are always
+// inside the buffer (the length prefix and the record's header). On a QEMU-framed
+// stream there is no room in front of the frame, so it takes the copy path
+// (lent[i] = nil).
+func (s *StreamPort) lendOut(rec []byte, kind recKind, bufs, lent [][]byte, i int) (size, bytes int, err error) {
+	switch {
+	case kind == recDesc:
+		sl, fl, err := s.shm.lend(rec)
+		if err != nil {
+			return 0, 0, err
+		}
+		s.df.Discard()
+		lent[i] = sl
+		return s.hdrLen + fl, s.hdrLen + fl, nil
+	case s.hdrLen > 0:
+		start := s.df.r + PrefixLen
+		lent[i] = s.df.buf[start+s.hdrLen-port.ShmHeadroom : start+len(rec)]
+		s.df.Discard()
+		return len(rec), len(rec), nil
+	}
+	lent[i] = nil
+	return s.copyOut(rec, kind, bufs, i)
+}
+
+// SetReadDeadline implements Port.
+func (s *StreamPort) SetReadDeadline(t time.Time) error { return s.conn.SetReadDeadline(t) }
+
+// Pending implements Port: a complete frame (or a framing error to report) is buffered.
+func (s *StreamPort) Pending() bool {
+	f, err := s.df.Peek()
+	return f != nil || err != nil
+}
+
+// readErr maps the error that ended a read. The peer going away is port.ErrClosed whether it
+// closed cleanly (EOF) or the kernel reset the connection (ECONNRESET): Linux resets
+// instead of sending EOF when the peer closes with data of ours still unread in its
+// receive queue (tcp_close sends an RST, RFC 2525 section 2.17; unix_release_sock sets
+// ECONNRESET on an AF_UNIX peer), which a QEMU that quits under load does. Either way
+// the reader first gets every byte the peer sent, so anything still buffered — part of a
+// length prefix or part of a frame — is a truncated record, counted once per connection.
+func (s *StreamPort) readErr(err error) error {
+	reset := errors.Is(err, syscall.ECONNRESET)
+	switch {
+	case errors.Is(err, net.ErrClosed):
+		return port.ErrClosed
+	case !reset && !errors.Is(err, io.EOF):
+		return fmt.Errorf("sockport: read from %s: %w", s.Peer(), err)
+	}
+	how := "closed"
+	if reset {
+		how = "reset"
+	} else {
+		err = io.EOF // a bare EOF, not the *net.OpError around it
+	}
+	if n := s.df.Buffered(); n > 0 {
+		s.Stats().Truncated.Add(1)
+		where := "frame"
+		if n < PrefixLen {
+			where = "length prefix"
+		}
+		if reset {
+			return fmt.Errorf("%w: %s reset the connection inside a %s (%d of %d bytes received): %w: %w",
+				port.ErrClosed, s.Peer(), where, n, s.df.Want(), io.ErrUnexpectedEOF, err)
+		}
+		return fmt.Errorf("%w: %s closed the connection inside a %s (%d of %d bytes received): %w",
+			port.ErrClosed, s.Peer(), where, n, s.df.Want(), io.ErrUnexpectedEOF)
+	}
+	return fmt.Errorf("%w: %s %s the connection: %w", port.ErrClosed, s.Peer(), how, err)
+}
+
+// WriteBatch sends the frames in order, up to 512 per writev. A frame shorter than
+// port.MinFrame or longer than port.MaxFrame is not sent (QEMU would drop the connection over it):
+// WriteBatch returns the frames before it and a *port.FrameError, and the connection stays
+// usable. Otherwise it returns only when every frame is in the socket or the connection
+// failed; a partial frame is left behind only on a broken connection.
+func (s *StreamPort) WriteBatch(frames [][]byte) (int, error) { return s.write(frames, false) }
+
+// TryWriteBatch implements port.BatchSender: WriteBatch that returns port.ErrWouldBlock, with the
+// count of whole frames sent, as soon as the socket is full. It never waits. When the
+// kernel took part of a record, the port remembers how much: the next TryWriteBatch or
+// WriteBatch must begin with that same frame (the same memory, as rxpool guarantees by
+// keeping it staged) and resumes inside its record, so the peer sees one contiguous
+// stream. Beginning with any other frame would corrupt the stream: the call fails with
+// ErrPartialRecord instead and the connection must be closed.
+func (s *StreamPort) TryWriteBatch(frames [][]byte) (int, error) { return s.write(frames, true) }
+
+// ErrPartialRecord is returned when a write after a TryWriteBatch that left a record
+// partly written does not begin with that record's frame.
+var ErrPartialRecord = errors.New("sockport: a partly written record was not resumed with the same frame")
+
+// WaitWritable implements port.BatchSender.
+func (s *StreamPort) WaitWritable(deadline time.Time) error {
+	return s.waiter.wait(s.conn, s.rc, deadline)
+}
+
+// Room implements port.BatchSender. For AF_UNIX the bytes stay charged to our buffer until the
+// peer reads them, so Room grows exactly as the peer consumes; for TCP it grows as data is
+// acknowledged, which a peer that stopped reading stops doing once its window closes.
+func (s *StreamPort) Room() (free, size int) { return s.room.room(s.rc) }
+
+func (s *StreamPort) write(frames [][]byte, try bool) (int, error) {
+	done := 0
+	for done < len(frames) {
+		chunk := frames[done:min(len(frames), done+maxStreamBatch)]
+		k, bytes := 0, 0
+		var bad error
+		for _, f := range chunk {
+			if s.shm == nil || len(f) != s.hdrLen+ShmDescLen {
+				if bad = port.CheckFrameLen(uint64(len(f)), s.lo, s.hi); bad != nil {
+					break
+				}
+			}
+			binary.BigEndian.PutUint32(s.prefix[k][:], uint32(len(f)))
+			s.iov[2*k] = unix.Iovec{Base: &s.prefix[k][0], Len: PrefixLen}
+			s.iov[2*k+1] = unix.Iovec{Base: &f[0], Len: uint64(len(f))}
+			bytes += len(f)
+			k++
+		}
+		if k > 0 {
+			s.wIdx, s.wEnd, s.wErr, s.wTry, s.wBlocked = 0, 2*k, nil, try, false
+			if s.pendOff > 0 {
+				if &chunk[0][0] != s.pendBase || len(chunk[0]) != s.pendLen {
+					clear(s.iov[:2*k])
+					return done, s.Fail(fmt.Errorf("%w: %d of a %d-byte frame sent, next frame is %d bytes",
+						ErrPartialRecord, s.pendOff, s.pendLen, len(chunk[0])))
+				}
+				s.advance(uint64(s.pendOff))
+				s.pendBase, s.pendLen, s.pendOff = nil, 0, 0
+			}
+			err := s.rc.Write(s.writeFn)
+			sent := s.wIdx / 2 // iov pairs fully written
+			if s.wBlocked && err == nil && s.wErr == nil {
+				s.notePartial(chunk)
+			}
+			clear(s.iov[:2*k]) // do not pin the caller's buffers
+			if err == nil {
+				err = s.wErr
+			}
+			if sent == k {
+				s.Stats().FramesOut.Add(uint64(k))
+				s.Stats().BytesOut.Add(uint64(bytes))
+			} else {
+				s.countSent(chunk[:sent])
+			}
+			done += sent
+			if err != nil {
+				return done, s.Fail(s.writeErr(err))
+			}
+			if s.wBlocked {
+				return done, port.ErrWouldBlock
+			}
+		}
+		if bad != nil {
+			return done, bad
+		}
+	}
+	return done, nil
+}
+
+func (s *StreamPort) countSent(frames [][]byte) {
+	b := 0
+	for _, f := range frames {
+		b += len(f)
+	}
+	s.Stats().FramesOut.Add(uint64(len(frames)))
+	s.Stats().BytesOut.Add(uint64(b))
+}
+
+func (s *StreamPort) writeErr(err error) error {
+	if errors.Is(err, net.ErrClosed) {
+		return port.ErrClosed
+	}
+	return fmt.Errorf("sockport: write to %s: %w", s.Peer(), err)
+}
+
+// writev runs inside rc.Write. It returns false to make the netpoller wait for
+// writability (EAGAIN; ENOBUFS is treated the same, as backpressure: gvproxy exiting on
+// ENOBUFS under load was containers/gvisor-tap-vsock#367), and true when iov[wIdx:wEnd] is
+// all written or a hard error is in s.wErr. unix.Writev is not used because it builds a
+// fresh []Iovec (an allocation above 8 iovecs) on every call; the iovecs here live in the
+// port.
+func (s *StreamPort) writev(fd uintptr) bool {
+	for s.wIdx < s.wEnd {
+		n, _, errno := unix.Syscall(unix.SYS_WRITEV, fd,
+			uintptr(unsafe.Pointer(&s.iov[s.wIdx])), uintptr(s.wEnd-s.wIdx))
+		s.Stats().WriteCalls.Add(1)
+		switch errno {
+		case 0:
+			s.advance(uint64(n))
+		case unix.EINTR:
+		case unix.EAGAIN, unix.ENOBUFS:
+			if s.wTry {
+				s.wBlocked = true
+				return true
+			}
+			s.Stats().WriteWaits.Add(1)
+			return false
+		default:
+			s.wErr = errno
+			return true
+		}
+	}
+	return true
+}
+
+// notePartial records how far into its record the writev loop stopped, if it stopped
+// inside one (iov[wIdx] is a trimmed prefix or a frame).
+func (s *StreamPort) notePartial(chunk [][]byte) {
+	r := s.wIdx / 2
+	if s.wIdx >= s.wEnd {
+		return
+	}
+	written := 0
+	if s.wIdx%2 == 0 {
+		written = PrefixLen - int(s.iov[s.wIdx].Len)
+	} else {
+		written = PrefixLen + len(chunk[r]) - int(s.iov[s.wIdx].Len)
+	}
+	if written > 0 {
+		s.pendBase, s.pendLen, s.pendOff = &chunk[r][0], len(chunk[r]), written
+	}
+}
+
+// advance consumes n written bytes from iov[wIdx:], trimming a partly written iovec so the
+// next writev resumes mid-frame (the peer sees one contiguous byte stream, as with QEMU's
+// own short writes, net/stream.c net_stream_receive).
+func (s *StreamPort) advance(n uint64) {
+	for n > 0 && s.wIdx < s.wEnd {
+		v := &s.iov[s.wIdx]
+		if n < v.Len {
+			v.Base = (*byte)(unsafe.Add(unsafe.Pointer(v.Base), n))
+			v.Len -= n
+			return
+		}
+		n -= v.Len
+		s.wIdx++
+	}
+}
