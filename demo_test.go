@@ -94,6 +94,18 @@ func TestDemoEchoInNamespace(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%s: %v", addr, err)
 		}
+		// The kernel publishes a new IPv6 address's local route from its addrconf work
+		// queue even with nodad, which a loaded machine runs late: wait for the first
+		// reply as the demo's own ping loop does, then every echo must be answered.
+		var err0 error
+		for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); {
+			if _, err0 = e.ping(time.Second); err0 == nil {
+				break
+			}
+		}
+		if err0 != nil {
+			t.Errorf("no first echo reply from %s: %v", addr, err0)
+		}
 		for i := 0; i < 3; i++ {
 			if _, err := e.ping(time.Second); err != nil {
 				t.Errorf("echo %d to %s: %v", i, addr, err)
