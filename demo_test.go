@@ -94,8 +94,9 @@ func TestDemoEchoInNamespace(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%s: %v", addr, err)
 		}
-		// The kernel publishes a new IPv6 address's local route from its addrconf work
-		// queue even with nodad, which a loaded machine runs late: wait for the first
+		// Under the full race run the first echo to a just-added IPv6 address once went
+		// unanswered for a second (likely the address's setup, which Linux finishes from
+		// its addrconf work queue, running late on a loaded machine): wait for the first
 		// reply as the demo's own ping loop does, then every echo must be answered.
 		var err0 error
 		for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); {
