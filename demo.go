@@ -5,7 +5,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -23,6 +22,7 @@ import (
 
 	"github.com/vishvananda/netns"
 
+	"tapgro/iperfns"
 	"tapgro/vnethdr"
 )
 
@@ -439,70 +439,19 @@ func indent(s, prefix string) string {
 // installed, else with tapgro's own sender and receiver.
 func (d *demo) throughput(self string, secs int, reverse bool) (float64, string, error) {
 	if d.tools.iperf3 {
-		srv := exec.Command("ip", "netns", "exec", d.ns("b"), "iperf3", "-s", "-1", "-B", "198.18.0.2")
-		srvOut := &syncBuffer{}
-		srv.Stdout, srv.Stderr = srvOut, srvOut
-		if err := srv.Start(); err != nil {
-			return 0, "", fmt.Errorf("start the iperf3 server: %w", err)
+		args := []string{"-t", strconv.Itoa(secs)}
+		if reverse {
+			args = append(args, "-R")
 		}
-		// The result comes from the client. A one-off server (-1) has been seen to stay
-		// up after a reverse (-R) test now and then, and an unbounded Wait then hung the
-		// demo for good; give it a moment to exit and kill it otherwise.
-		srvDone := make(chan struct{})
-		go func() { srv.Wait(); close(srvDone) }()
-		defer func() {
-			select {
-			case <-srvDone:
-			case <-time.After(3 * time.Second):
-				srv.Process.Kill()
-				<-srvDone
-			}
-		}()
-		// The server may not be listening yet: retry while it refuses. With -J, iperf3
-		// reports its errors inside the JSON, and some versions (Debian 12's 3.12) exit 0
-		// after "unable to connect", so the JSON's error field decides, not the exit code.
-		var out []byte
-		var err error
-		var e struct {
-			Error string `json:"error"`
-		}
-		for try := 0; try < 50; try++ {
-			args := []string{"netns", "exec", d.ns("a"), "iperf3", "-c", "198.18.0.2", "-t", strconv.Itoa(secs), "-J"}
-			if reverse {
-				args = append(args, "-R")
-			}
-			out, err = exec.Command("ip", args...).Output()
-			e.Error = ""
-			if json.Unmarshal(out, &e) == nil && e.Error != "" && err == nil {
-				err = errors.New("iperf3 reported an error")
-			}
-			if err == nil || !bytes.Contains(out, []byte("Connection refused")) {
-				break
-			}
-			time.Sleep(100 * time.Millisecond)
-		}
+		out, err := iperfns.Run(d.ns("b"), d.ns("a"), "198.18.0.2", args...)
 		if err != nil {
-			srv.Process.Kill()
-			<-srvDone // so srvOut is complete
-			// Show iperf3's own error line, not the whole JSON document.
-			msg := strings.TrimSpace(string(out))
-			if e.Error != "" {
-				msg = e.Error
-			}
-			return 0, "", fmt.Errorf("iperf3 client in %s: %v: %s\n  iperf3 server in %s said:\n%s",
-				d.ns("a"), err, msg, d.ns("b"), indent(tailLines(srvOut.String(), 5), "    "))
+			return 0, "", err
 		}
-		var r struct {
-			End struct {
-				SumReceived struct {
-					BitsPerSecond float64 `json:"bits_per_second"`
-				} `json:"sum_received"`
-			} `json:"end"`
+		bps, err := iperfns.ReceivedBitsPerSecond(out)
+		if err != nil {
+			return 0, "", err
 		}
-		if err := json.Unmarshal(out, &r); err != nil {
-			return 0, "", fmt.Errorf("iperf3 output: %w", err)
-		}
-		return r.End.SumReceived.BitsPerSecond / 1e9, "iperf3", nil
+		return bps / 1e9, "iperf3", nil
 	}
 	recvNS, sendNS, addr := d.ns("b"), d.ns("a"), "198.18.0.2:5201"
 	if reverse {

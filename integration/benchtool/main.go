@@ -36,6 +36,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"tapgro/iperfns"
 )
 
 type relayKind int
@@ -374,38 +376,7 @@ func (b *bench) cpu() map[string]float64 {
 }
 
 func (b *bench) iperf(d direction, args ...string) ([]byte, error) {
-	srv := exec.Command("ip", "netns", "exec", d.server, "iperf3", "-s", "-1", "-B", d.dst)
-	if err := srv.Start(); err != nil {
-		return nil, err
-	}
-	// iperf3 -s -1 does not always exit after a multi-stream test: give it a moment,
-	// then end it, so one row never stalls the run.
-	defer func() {
-		done := make(chan struct{})
-		go func() { srv.Wait(); close(done) }()
-		select {
-		case <-done:
-		case <-time.After(3 * time.Second):
-			srv.Process.Kill()
-			<-done
-		}
-	}()
-	var out []byte
-	var err error
-	for try := 0; try < 50; try++ {
-		out, err = exec.Command("ip", append([]string{"netns", "exec", d.client, "iperf3", "-c", d.dst, "-J"}, args...)...).Output()
-		// iperf3 -J may exit 0 with {"error": "...Connection refused"} when the server
-		// is not listening yet: retry on the text, not the exit status.
-		if !bytes.Contains(out, []byte("refused")) {
-			break
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	if err != nil {
-		srv.Process.Kill()
-		return nil, fmt.Errorf("iperf3 %v: %v: %s", args, err, out)
-	}
-	return out, nil
+	return iperfns.Run(d.server, d.client, d.dst, args...)
 }
 
 func (b *bench) iperfTCP(d direction, streams int) (float64, error) {
