@@ -132,6 +132,9 @@ func TestWritevErrors(t *testing.T) {
 }
 
 func TestVectoredAllocs(t *testing.T) {
+	if raceEnabled {
+		t.Skip("sync.Pool drops items under -race")
+	}
 	_, d, mac := upTAP(t, "vecallocs", Config{Name: "tgtap0"}, 1500)
 	req := echoRequest(10, mac, 9, 9, make([]byte, 56))
 	wsegs := splitAt(req, 4, 20)
