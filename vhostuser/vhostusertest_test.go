@@ -113,3 +113,45 @@ func TestFrontendDouble(t *testing.T) {
 		})
 	}
 }
+
+// TestWaitMore: with chains available but too few, WaitMore sleeps until the driver
+// adds one and kicks (with EVENT_IDX it asks for that kick through avail_event).
+func TestWaitMore(t *testing.T) {
+	e := &echo{rx: make(chan *vhostuser.Vring, 1), tx: make(chan *vhostuser.Vring, 1)}
+	b, err := vhostuser.NewBackend(vhostuser.Config{
+		Features:   1<<vhostuser.FeatureVersion1 | 1<<vhostuser.FeatureNetMrgRxbuf | 1<<vhostuser.FeatureEventIdx,
+		QueuePairs: 1, Handler: e})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := vhostusertest.Start(t, b.Serve, vhostusertest.Options{})
+	rxv := <-e.rx
+	<-e.tx
+	rx := s.RX(0)
+	rx.PostRX(2, 1024, 1)
+	rxv.Begin()
+	if _, _, err := rxv.ReserveRX(4096, make([][]byte, 0, 8)); !errors.Is(err, vhostuser.ErrEmpty) {
+		t.Fatalf("ReserveRX = %v, want ErrEmpty", err)
+	}
+	rxv.End()
+	done := make(chan error, 1)
+	go func() { done <- rxv.WaitMore() }()
+	select {
+	case err := <-done:
+		t.Fatalf("WaitMore returned %v before new buffers", err)
+	case <-time.After(50 * time.Millisecond):
+	}
+	if ev := rx.AvailEvent(); ev != 2 {
+		t.Fatalf("avail_event %d, want 2 (the next index the driver fills)", ev)
+	}
+	rx.PostRX(2, 1024, 1)
+	rx.KickNow()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("WaitMore did not wake")
+	}
+}
