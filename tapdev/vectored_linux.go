@@ -50,6 +50,8 @@ type vecIO struct {
 	readFn  func(fd uintptr) bool
 	writeFn func(fd uintptr) bool
 	waitFn  func(fd uintptr) bool
+	pollFn  func(fd uintptr)
+	pfd     [1]unix.PollFd
 }
 
 var vecPool = sync.Pool{New: func() any {
@@ -57,6 +59,7 @@ var vecPool = sync.Pool{New: func() any {
 	v.readFn = v.readv
 	v.writeFn = v.writev
 	v.waitFn = v.wait
+	v.pollFn = v.poll
 	return v
 }}
 
@@ -289,3 +292,29 @@ func (d *Device) WaitWritable() error {
 // SetWriteDeadline makes a parked Writev or WaitWritable return
 // os.ErrDeadlineExceeded at t; the zero time clears it.
 func (d *Device) SetWriteDeadline(t time.Time) error { return d.file.SetWriteDeadline(t) }
+
+// Readable reports whether a frame is queued now (poll(2) with no timeout). It does
+// not consume the poller's readiness, and allocates nothing.
+func (d *Device) Readable() (bool, error) {
+	v := getVec(d)
+	defer putVec(v)
+	if err := d.rc.Control(v.pollFn); err != nil {
+		return false, d.ioErr(err, "poll")
+	}
+	if v.err != nil {
+		return false, d.ioErr(v.err, "poll")
+	}
+	return v.n > 0 && v.pfd[0].Revents&unix.POLLIN != 0, nil
+}
+
+func (v *vecIO) poll(fd uintptr) {
+	v.pfd[0] = unix.PollFd{Fd: int32(fd), Events: unix.POLLIN}
+	for {
+		n, err := unix.Poll(v.pfd[:], 0)
+		if err == unix.EINTR {
+			continue
+		}
+		v.n, v.err = n, err
+		return
+	}
+}

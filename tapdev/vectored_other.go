@@ -37,3 +37,6 @@ func (d *Device) WaitWritable() error { return ErrUnsupported }
 
 // SetWriteDeadline returns ErrUnsupported.
 func (d *Device) SetWriteDeadline(t time.Time) error { return ErrUnsupported }
+
+// Readable returns ErrUnsupported.
+func (d *Device) Readable() (bool, error) { return false, ErrUnsupported }

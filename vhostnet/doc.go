@@ -50,16 +50,17 @@
 //
 // # Receive (TAP → guest)
 //
-// One goroutine per RX ring: Wait until the guest has posted buffers; Begin; then up to
+// One goroutine per RX ring: Begin; then up to
 // 64 frames: ReserveRX for the worst case (header + 65593 with MRG_RXBUF, the largest
 // frame tun_put_user produces; one chain without), TryReadv the TAP straight into the
 // reserved segments, CommitRX with the length read (it writes num_buffers and hands
 // unused chains back); End (one used->idx store, at most one call). The batch ends when
 // the TAP is empty (then the worker waits for the TAP to become readable, outside the
 // batch: the control plane must never wait for a packet), when the budget is spent, or
-// when the ring cannot hold another frame: then it stops reading the TAP — the
-// kernel's queue holds up to txqueuelen frames and drops the rest — counts a stall, and
-// sleeps in Vring.WaitMore until the guest posts more buffers and kicks. Readv's private
+// when the ring cannot hold another frame: then, if a frame is waiting in the TAP
+// (poll), it stops reading the TAP — the kernel's queue holds up to txqueuelen frames
+// and drops the rest — counts a stall, and sleeps in Vring.WaitMore until the guest
+// posts more buffers and kicks; if none is waiting it waits for the TAP instead. Readv's private
 // sink byte tells a frame that overflowed a chain (dropped, counted) from one that
 // fitted exactly. Each header read is checked against the acks: with TUNSETOFFLOAD ⊆
 // acks a frame kind the guest cannot take cannot appear, except for frames queued

@@ -17,7 +17,7 @@ const rxBudget = 64
 const (
 	rxGo      = iota // budget spent: go on
 	rxIdle           // the TAP has nothing: wait for it
-	rxStalled        // the ring has too few buffers: wait for the guest
+	rxStalled        // the ring has too few buffers: wait for the guest if a frame waits
 	rxStop
 )
 
@@ -30,9 +30,6 @@ func (n *Net) rxLoop(w *worker) {
 	iov := make([][]byte, 0, tapdev.MaxIov-1)
 	var hdr [vnethdr.LenMrgRxbuf]byte
 	for !w.stop.Load() {
-		if err := v.Wait(); err != nil {
-			return
-		}
 		if !v.Enabled() {
 			// Started but disabled: no RX (vhost-user.rst "Ring states"). Enabling comes
 			// with no kick, so look again shortly.
@@ -94,15 +91,25 @@ func (n *Net) rxLoop(w *worker) {
 		clear(iov[:cap(iov)]) // do not keep guest memory referenced past End
 		v.End()
 		n.mu.RUnlock()
-		switch state {
-		case rxStalled:
-			// The guest's buffers ran out: leave the frames in the TAP's queue (the
-			// kernel holds up to txqueuelen, then drops) until the guest posts more and
-			// kicks.
-			n.stats.RXStalls.Add(1)
-			if err := v.WaitMore(); err != nil {
+		if state == rxStalled {
+			// Too few buffers for a frame. If a frame is waiting, that is a stall:
+			// leave it in the TAP's queue (the kernel holds up to txqueuelen, then
+			// drops) until the guest posts more buffers and kicks. If not, wait for
+			// the TAP first.
+			ready, err := n.tap.Readable()
+			if err != nil && isClosed(err) {
 				return
 			}
+			state = rxIdle
+			if ready {
+				n.stats.RXStalls.Add(1)
+				if err := v.WaitMore(); err != nil {
+					return
+				}
+				continue
+			}
+		}
+		switch state {
 		case rxIdle:
 			if err := n.tap.WaitReadable(); err != nil {
 				if w.stop.Load() {
