@@ -214,6 +214,13 @@ func TXOffloads(f vhostuser.Features) vnethdr.Offloads {
 // Backend is the vhost-user back-end (for ServeConn-style use and its Stats).
 func (n *Net) Backend() *vhostuser.Backend { return n.backend }
 
+// HdrLen is the TAP's (and the guest's) virtio-net header length in effect.
+func (n *Net) HdrLen() int {
+	n.mu.RLock()
+	defer n.mu.RUnlock()
+	return n.tapHdr
+}
+
 // Stats are the datapath counters.
 func (n *Net) Stats() *Stats { return n.stats }
 

@@ -29,8 +29,8 @@ func splitsFor(hl int) [][]int {
 
 func TestTXSizesAndSplits(t *testing.T) {
 	e := newEnv(t, vhostusertest.Options{})
-	if e.n.tapHdr != 12 {
-		t.Fatalf("TAP header %d, want the guest's 12", e.n.tapHdr)
+	if e.n.HdrLen() != 12 {
+		t.Fatalf("TAP header %d, want the guest's 12", e.n.HdrLen())
 	}
 	buf := make([]byte, 1<<17)
 	seq := uint32(0)
@@ -69,8 +69,8 @@ func TestRXSizes(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			e := newEnv(t, vhostusertest.Options{AckMask: tc.mask})
-			if e.n.tapHdr != e.s.HdrLen() {
-				t.Fatalf("TAP header %d, guest %d", e.n.tapHdr, e.s.HdrLen())
+			if e.n.HdrLen() != e.s.HdrLen() {
+				t.Fatalf("TAP header %d, guest %d", e.n.HdrLen(), e.s.HdrLen())
 			}
 			rx := e.s.RX(0)
 			rx.PostRX(rx.Free()/tc.pieces, tc.bufLen, tc.pieces)
