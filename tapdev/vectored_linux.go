@@ -52,6 +52,7 @@ type vecIO struct {
 	waitFn  func(fd uintptr) bool
 	pollFn  func(fd uintptr)
 	pfd     [1]unix.PollFd
+	events  int16 // what poll waits for: POLLIN or POLLOUT
 }
 
 var vecPool = sync.Pool{New: func() any {
@@ -65,6 +66,7 @@ var vecPool = sync.Pool{New: func() any {
 
 func getVec(d *Device) *vecIO {
 	v := vecPool.Get().(*vecIO)
+	v.events = unix.POLLIN
 	v.d, v.n, v.err, v.niov, v.total, v.waited = d, 0, nil, 0, 0, false
 	return v
 }
@@ -160,14 +162,18 @@ func (v *vecIO) writev(fd uintptr) bool {
 	}
 }
 
-// wait is the callback of WaitReadable/WaitWritable: the first call asks the poller to
-// wait, the second reports readiness.
-func (v *vecIO) wait(uintptr) bool {
+// wait is the callback of WaitReadable/WaitWritable. RawConn.Read/Write reset the
+// poller's readiness before the first call (internal/poll prepareRead), so a frame that
+// arrived after the caller's EAGAIN and before this wait would be forgotten: the first
+// call therefore polls the fd itself and asks the poller to wait only if it is not
+// ready; the second call (after the poller woke us) reports readiness.
+func (v *vecIO) wait(fd uintptr) bool {
 	if v.waited {
 		return true
 	}
 	v.waited = true
-	return false
+	v.poll(fd)
+	return v.err == nil && v.n > 0 && v.pfd[0].Revents != 0
 }
 
 // Readv reads one frame, [vnet header][Ethernet frame], into the concatenation of iov
@@ -218,10 +224,8 @@ func (d *Device) readvMode(iov [][]byte, park bool) (int, error) {
 	return n, nil
 }
 
-// WaitReadable parks until the TAP signals readability. Call it only after TryReadv
-// returned ErrWouldBlock: the poller is edge-triggered, so frames that were already
-// queued when the last wait ended do not wake it again. A read deadline (or Close)
-// ends the wait with os.ErrDeadlineExceeded (os.ErrClosed).
+// WaitReadable returns at once if a frame is queued, else parks until one is. A read
+// deadline (or Close) ends the wait with os.ErrDeadlineExceeded (os.ErrClosed).
 func (d *Device) WaitReadable() error {
 	v := getVec(d)
 	defer putVec(v)
@@ -278,11 +282,12 @@ func (d *Device) writevMode(iov [][]byte, park bool) (int, error) {
 	return n, nil
 }
 
-// WaitWritable parks until the TAP is writable; call it after TryWritev returned
-// ErrWouldBlock. A write deadline ends it with os.ErrDeadlineExceeded.
+// WaitWritable returns at once if the TAP is writable, else parks until it is. A write
+// deadline ends it with os.ErrDeadlineExceeded.
 func (d *Device) WaitWritable() error {
 	v := getVec(d)
 	defer putVec(v)
+	v.events = unix.POLLOUT
 	if err := d.rc.Write(v.waitFn); err != nil {
 		return d.ioErr(err, "wait")
 	}
@@ -308,7 +313,7 @@ func (d *Device) Readable() (bool, error) {
 }
 
 func (v *vecIO) poll(fd uintptr) {
-	v.pfd[0] = unix.PollFd{Fd: int32(fd), Events: unix.POLLIN}
+	v.pfd[0] = unix.PollFd{Fd: int32(fd), Events: v.events}
 	for {
 		n, err := unix.Poll(v.pfd[:], 0)
 		if err == unix.EINTR {

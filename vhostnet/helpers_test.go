@@ -3,6 +3,8 @@
 package vhostnet
 
 import (
+	"fmt"
+	"bytes"
 	"encoding/binary"
 	"errors"
 	"net"
@@ -59,6 +61,18 @@ func newEnv(t testing.TB, o vhostusertest.Options) *env {
 	if err := e.tap.ConfigureLink(tapdev.LinkConfig{MTU: tapdev.MaxMTU, TxQueueLen: 1000,
 		Addrs: []netip.Prefix{tapPfx}, Up: true}); err != nil {
 		t.Fatal(err)
+	}
+	// Until linkwatch attaches the real qdisc (asynchronously, after carrier), frames
+	// sent through the TAP go to noop_qdisc and are dropped: wait for it.
+	for deadline := time.Now().Add(5 * time.Second); ; {
+		out := ns.MustRun(t, "ip", "link", "show", "dev", tapName)
+		if !bytes.Contains(out, []byte("qdisc noop")) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s keeps noop qdisc: %s", tapName, out)
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
 	if err := ns.Do(func() error {
 		ifc, err := net.InterfaceByName(tapName)
@@ -182,16 +196,20 @@ func (e *env) recvGuest(want int, bufLen, pieces int, timeout time.Duration) [][
 	rx := e.s.RX(0)
 	mrg := e.s.Has(vhostuser.FeatureNetMrgRxbuf)
 	var out [][]byte
+	var other []string
 	deadline := time.Now().Add(timeout)
 	for len(out) < want {
 		if time.Now().After(deadline) {
-			e.t.Fatalf("guest received %d of %d frames (stats %+v)", len(out), want, e.stats())
+			e.t.Fatalf("guest received %d of %d frames (stats %+v, other frames %v, used idx %d, outstanding %d, free %d, drops %v)",
+				len(out), want, e.stats(), other, rx.UsedIdx(), rx.Outstanding(), rx.Free(), e.n.BackendStats().Rejected[vhostuser.RejectIovFull].Load())
 		}
 		rx.WaitCall(10 * time.Millisecond)
 		fr := rx.ReapRX(e.s.HdrLen(), mrg)
 		for _, f := range fr {
 			if len(f.Frame) >= 14 && binary.BigEndian.Uint16(f.Frame[12:]) == etherTest {
 				out = append(out, f.Frame)
+			} else if len(f.Frame) >= 14 {
+				other = append(other, fmt.Sprintf("%#x/%d", binary.BigEndian.Uint16(f.Frame[12:]), len(f.Frame)))
 			}
 		}
 		if n := len(fr); n > 0 || rx.Free() >= pieces {

@@ -4,11 +4,12 @@ package vhostuser
 
 import "time"
 
-// WaitMore blocks until the driver makes a chain available beyond those available now:
+// WaitMore blocks until the driver makes a chain available beyond those the last Pop
+// saw (returning at once if it already has):
 // for a receive worker whose ReserveRX found chains, but too few to hold a frame. Wait
 // would return at once then (the ring is not empty), and with EVENT_IDX the driver
 // would not kick again, since End asked for a kick at last_avail_idx, already passed.
-// So WaitMore asks for a kick at the current avail->idx (with EVENT_IDX, avail_event =
+// So WaitMore asks for a kick at that avail->idx (with EVENT_IDX, avail_event =
 // avail->idx; without it NO_NOTIFY cleared), issues the full barrier, re-reads
 // avail->idx and sleeps on the kick only if it has not moved (the protocol of Wait,
 // QEMU virtio_queue_split_set_notification). Call it outside a batch. It returns
@@ -23,7 +24,9 @@ func (v *Vring) WaitMore() error {
 		v.mu.Unlock()
 		return err
 	}
-	target := uint16(load32(v.avail, 0) >> 16)
+	// The avail idx the last Pop saw: after a ReserveRX that ran out, every chain up to
+	// it was looked at. Chains the driver added since count as "more" already.
+	target := v.availCache
 	v.mu.Unlock()
 	for {
 		v.mu.Lock()
