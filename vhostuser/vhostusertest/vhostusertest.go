@@ -366,6 +366,9 @@ func (r *Ring) Called() bool { return readEventfd(r.Call) }
 func (r *Ring) WaitCall(d time.Duration) bool {
 	fds := []unix.PollFd{{Fd: int32(r.Call), Events: unix.POLLIN}}
 	n, err := unix.Poll(fds, int(d/time.Millisecond))
+	if err == unix.EINTR {
+		n, err = unix.Poll(fds, 0)
+	}
 	if err != nil || n == 0 {
 		return false
 	}
@@ -533,7 +536,11 @@ func (f *Frontend) Send(req, flags uint32, payload []byte, fds ...int) {
 	if len(fds) > 0 {
 		oob = unix.UnixRights(fds...)
 	}
-	if err := unix.Sendmsg(f.FD, b, oob, nil, 0); err != nil {
+	err := unix.Sendmsg(f.FD, b, oob, nil, 0)
+	for err == unix.EINTR {
+		err = unix.Sendmsg(f.FD, b, oob, nil, 0)
+	}
+	if err != nil {
 		f.tb.Fatalf("sendmsg %d: %v", req, err)
 	}
 }
@@ -560,6 +567,9 @@ func (f *Frontend) Reply(req uint32, size int) []byte {
 func (f *Frontend) readFull(b []byte) {
 	for got := 0; got < len(b); {
 		n, err := unix.Read(f.FD, b[got:])
+		if err == unix.EINTR {
+			continue // Go's signals (preemption, the race detector's) interrupt it
+		}
 		if err != nil || n == 0 {
 			f.tb.Fatalf("read reply: n=%d err=%v", n, err)
 		}
