@@ -93,7 +93,11 @@ func newEnv(t testing.TB, o vhostusertest.Options) *env {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { unix.Close(e.ps) })
+	t.Cleanup(func() {
+		if e.ps >= 0 {
+			unix.Close(e.ps)
+		}
+	})
 	n, err := New(Config{TAP: e.tap, Logf: t.Logf})
 	if err != nil {
 		t.Fatal(err)

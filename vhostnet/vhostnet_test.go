@@ -4,10 +4,13 @@ package vhostnet
 
 import (
 	"bytes"
+	"context"
 	"crypto/sha256"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"math/rand/v2"
+	"net"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -355,5 +358,52 @@ func TestReconnect(t *testing.T) {
 		if err != nil || !bytes.Equal(got, f) {
 			t.Fatalf("session %d: %v", i, err)
 		}
+	}
+}
+
+// TestServe: Serve takes one QEMU at a time on a listener, each connection a fresh
+// session, and returns ctx.Err() once cancelled, ending the running session.
+func TestServe(t *testing.T) {
+	e := newEnv(t, vhostusertest.Options{})
+	if err := e.s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	path := t.TempDir() + "/vhost.sock"
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- e.n.Serve(ctx, ln) }()
+	buf := make([]byte, 1<<17)
+	sessions := e.n.BackendStats().Sessions.Load()
+	for i := range 2 {
+		s := vhostusertest.Dial(t, path, vhostusertest.Options{})
+		f := testFrame(e.mac, gMAC, 300, uint32(i), 9)
+		h := s.HdrLen()
+		s.TX(0).SendFrame(append(make([]byte, h), f...), nil, false)
+		s.TX(0).KickNow()
+		got, err := e.recvTAP(buf)
+		if err != nil || !bytes.Equal(got, f) {
+			t.Fatalf("session %d over the listener: %v", i, err)
+		}
+		if i == 0 {
+			s.Close()
+		} else {
+			cancel()
+		}
+	}
+	select {
+	case err := <-done:
+		if !errors.Is(err, context.Canceled) {
+			t.Fatalf("Serve = %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Serve did not return")
+	}
+	if got := e.n.BackendStats().Sessions.Load() - sessions; got != 2 {
+		t.Fatalf("%d sessions, want 2", got)
 	}
 }

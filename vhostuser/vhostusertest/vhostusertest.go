@@ -172,6 +172,8 @@ type Ring struct {
 	free                 []uint16
 	chains               [][]uint16 // by head: the chain's descriptors; nil when not outstanding
 	segScratch           []Seg
+	ev                   [8]byte
+	pfd                  [1]unix.PollFd
 }
 
 // NewRing lays out ring idx of num entries and, if slotSize > 0, num buffer slots of
@@ -356,35 +358,43 @@ func (r *Ring) DrainUsed() int {
 	return n
 }
 
-// KickNow signals the kick eventfd.
-func (r *Ring) KickNow() { signal(r.Kick) }
+// KickNow signals the kick eventfd. It allocates nothing.
+func (r *Ring) KickNow() {
+	binary.LittleEndian.PutUint64(r.ev[:], 1)
+	unix.Write(r.Kick, r.ev[:])
+}
 
 // Called reads and clears the call eventfd; it reports whether it was signalled.
-func (r *Ring) Called() bool { return readEventfd(r.Call) }
+func (r *Ring) Called() bool {
+	n, err := unix.Read(r.Call, r.ev[:])
+	return err == nil && n == 8
+}
 
-// WaitCall waits up to d for the call eventfd and clears it.
+// WaitCall waits up to d for the call eventfd and clears it. It allocates nothing.
 func (r *Ring) WaitCall(d time.Duration) bool {
-	fds := []unix.PollFd{{Fd: int32(r.Call), Events: unix.POLLIN}}
-	n, err := unix.Poll(fds, int(d/time.Millisecond))
+	r.pfd[0] = unix.PollFd{Fd: int32(r.Call), Events: unix.POLLIN}
+	n, err := unix.Poll(r.pfd[:], int(d/time.Millisecond))
 	if err == unix.EINTR {
-		n, err = unix.Poll(fds, 0)
+		n, err = unix.Poll(r.pfd[:], 0)
 	}
 	if err != nil || n == 0 {
 		return false
 	}
-	return readEventfd(r.Call)
+	return r.Called()
 }
 
-func readEventfd(fd int) bool {
-	var b [8]byte
-	n, err := unix.Read(fd, b[:])
-	return err == nil && n == 8
-}
-
-func signal(fd int) {
-	var b [8]byte
-	binary.LittleEndian.PutUint64(b[:], 1)
-	unix.Write(fd, b[:])
+// WaitUsed waits up to d until used->idx reaches idx, asking for a call at it
+// (used_event, EVENT_IDX) and sleeping on the call eventfd. It allocates nothing.
+func (r *Ring) WaitUsed(idx uint16, d time.Duration) bool {
+	deadline := time.Now().Add(d)
+	r.SetUsedEvent(idx - 1)
+	for r.UsedIdx() != idx {
+		if time.Now().After(deadline) {
+			return false
+		}
+		r.WaitCall(time.Millisecond)
+	}
+	return true
 }
 
 // gap separates the pieces of a chain in its slot, so that nothing can pass for
@@ -653,6 +663,39 @@ type Session struct {
 // once it returns every Handler.RingStarted has returned.
 func Start(tb testing.TB, serve func(*net.UnixConn) error, o Options) *Session {
 	tb.Helper()
+	sp, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	file := os.NewFile(uintptr(sp[1]), "backend")
+	c, err := net.FileConn(file)
+	file.Close()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- serve(c.(*net.UnixConn)) }()
+	return run(tb, sp[0], done, o)
+}
+
+// Dial connects to a back-end listening on the UNIX socket path (QEMU as the client,
+// -chardev socket,path=…) and runs Start's sequence. Close then reports nil.
+func Dial(tb testing.TB, path string, o Options) *Session {
+	tb.Helper()
+	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	if err := unix.Connect(fd, &unix.SockaddrUnix{Name: path}); err != nil {
+		unix.Close(fd)
+		tb.Fatalf("connect %s: %v", path, err)
+	}
+	done := make(chan error, 1)
+	done <- nil
+	return run(tb, fd, done, o)
+}
+
+func run(tb testing.TB, fd int, done chan error, o Options) *Session {
 	if o.Pairs == 0 {
 		o.Pairs = 1
 	}
@@ -671,20 +714,9 @@ func Start(tb testing.TB, serve func(*net.UnixConn) error, o Options) *Session {
 	if o.MTU == 0 {
 		o.MTU = 1500
 	}
-	sp, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
-	if err != nil {
-		tb.Fatal(err)
-	}
 	tv := unix.Timeval{Sec: 20}
-	unix.SetsockoptTimeval(sp[0], unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv)
-	file := os.NewFile(uintptr(sp[1]), "backend")
-	c, err := net.FileConn(file)
-	file.Close()
-	if err != nil {
-		tb.Fatal(err)
-	}
-	s := &Session{tb: tb, FE: &Frontend{tb, sp[0]}, done: make(chan error, 1)}
-	go func() { s.done <- serve(c.(*net.UnixConn)) }()
+	unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv)
+	s := &Session{tb: tb, FE: &Frontend{tb, fd}, done: done}
 	tb.Cleanup(func() {
 		if !s.closed {
 			s.Close()
