@@ -1,0 +1,5 @@
+//go:build !race
+
+package tapdev
+
+const raceEnabled = false

@@ -1,0 +1,88 @@
+// Package vhostnet is the datapath between one TAP (tapdev) and one vhost-user-net
+// device (vhostuser): QEMU hands over the guest's memory and rings, and frames move
+// between the rings and the TAP with one readv(2) or writev(2) per frame, straight
+// from and into guest memory.
+//
+// # Wiring
+//
+// New(Config{TAP}) probes the TAP's read offloads and builds a vhostuser.Backend whose
+// Handler is the Net; Serve(ctx, listener) accepts one QEMU at a time (QEMU is the
+// client: -chardev socket,path=P,reconnect=1 -netdev vhost-user,chardev=…). Each
+// connection is a fresh session; when it ends its rings are stopped, the workers joined
+// and guest memory unmapped before the next is accepted, so a reconnecting QEMU needs
+// no saved state (it recovers ring positions from used->idx, QEMU hw/virtio/virtio.c
+// virtio_queue_split_restore_last_avail_idx).
+//
+// # Features and the TAP
+//
+// Offer lists VERSION_1, MRG_RXBUF, EVENT_IDX, INDIRECT_DESC; CSUM and HOST_TSO4/6/ECN
+// (the TAP accepts partial checksums and TCP GSO on write whatever TUNSETOFFLOAD says,
+// drivers/net/tun.c tun_get_user → virtio_net_hdr_to_skb); and GUEST_CSUM/TSO4/TSO6/ECN
+// as far as the TAP probed them. At SET_FEATURES (Handler.FeaturesAcked) Net takes its
+// lock exclusively — every ring batch holds it shared — and sets TUNSETVNETHDRSZ to the
+// guest's header length (12 with VERSION_1 or MRG_RXBUF, else 10), which makes the TAP's
+// header byte for byte the guest's, and TUNSETOFFLOAD to what the guest can receive:
+// CSUM only with GUEST_CSUM, TSO4/TSO6/TSO_ECN only with GUEST_TSO4/TSO6/ECN (virtio
+// spec "Processing of Incoming Packets"), within what the TAP probed. Guest offload
+// changes over the control queue never reach a vhost-user back-end in QEMU 7.2
+// (net/vhost-user.c has no set_offload), so the acked set holds until the next
+// SET_FEATURES.
+//
+// # Transmit (guest → TAP)
+//
+// One goroutine per TX ring: Wait for a kick, Begin, then up to 64 chains: Pop, gather
+// the header by byte offset into a private copy (the driver may split it across
+// descriptors and start the frame inside the header's descriptor: virtio spec "Message
+// Framing"; the guest may also rewrite its memory while we look), and if the kernel
+// would act on it (NEEDS_CSUM or GSO) check that the guest acked that kind (CSUM,
+// HOST_*) and run vnethdr.ValidatePeer — the kernel's own rules, stricter — over the
+// frame: in place if it is one segment, else over a gathered prefix of its headers,
+// falling back to a full copy only if the headers do not fit 512 bytes. A refused
+// frame is counted by reason and never reaches the TAP. The validated header,
+// re-encoded (its hdr_len re-derived, num_buffers 0), is the first segment of one
+// TryWritev whose other segments are the frame in guest memory (cloud-hypervisor's
+// process_tx writes chains to its TAP the same way). Every chain gets a used entry of
+// length 0; End publishes them with one used->idx store and at most one call. If the
+// TAP's send buffer is full (rare: tun's sndbuf is INT_MAX by default) the chain is
+// rewound, the batch ended and the worker waits for the TAP outside any batch, so the
+// control plane never waits on the kernel. A started but disabled ring has its chains
+// completed and discarded (vhost-user.rst "Ring states").
+//
+// # Receive (TAP → guest)
+//
+// One goroutine per RX ring: Begin; then up to
+// 64 frames: ReserveRX for the worst case (header + 65593 with MRG_RXBUF, the largest
+// frame tun_put_user produces; one chain without), TryReadv the TAP straight into the
+// reserved segments, CommitRX with the length read (it writes num_buffers and hands
+// unused chains back); End (one used->idx store, at most one call). The batch ends when
+// the TAP is empty (then the worker waits for the TAP to become readable, outside the
+// batch: the control plane must never wait for a packet), when the budget is spent, or
+// when the ring cannot hold another frame: then, if a frame is waiting in the TAP
+// (poll), it stops reading the TAP — the kernel's queue holds up to txqueuelen frames
+// and drops the rest — counts a stall, and sleeps in Vring.WaitMore until the guest
+// posts more buffers and kicks; if none is waiting it waits for the TAP instead. Readv's private
+// sink byte tells a frame that overflowed a chain (dropped, counted) from one that
+// fitted exactly. Each header read is checked against the acks: with TUNSETOFFLOAD ⊆
+// acks a frame kind the guest cannot take cannot appear, except for frames queued
+// before a SET_FEATURES narrowed the mask; any such frame is counted and dropped, and
+// DATA_VALID is cleared for a guest without GUEST_CSUM.
+//
+// # Stopping
+//
+// GET_VRING_BASE or the end of the session stops the ring inside vhostuser (waking Wait
+// and failing Begin); RingStopped then wakes a worker parked on the TAP by setting a
+// past deadline, joins it, and clears the deadline. Nothing touches guest memory after
+// RingStopped returns.
+//
+// # Counters
+//
+// Stats: frames, bytes and GSO frames per direction, RX chains used, drops by reason,
+// RX stalls, TX blocks, linearized frames, feature changes. Kicks and calls are
+// vhostuser.Stats (BackendStats).
+//
+// # Limits
+//
+// One queue pair (a single-queue TAP). No UFO/USO. A chain set of more than 1023
+// segments for one RX frame breaks the ring (only a guest posting tiny buffers could);
+// a TX chain of more segments than one writev takes is copied.
+package vhostnet

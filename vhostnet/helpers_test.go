@@ -1,0 +1,240 @@
+//go:build linux
+
+package vhostnet
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"tapgro/integration/netnstest"
+	"tapgro/tapdev"
+	"tapgro/vhostuser"
+	"tapgro/vhostuser/vhostusertest"
+	"tapgro/vnethdr"
+)
+
+const (
+	tapName   = "tgvn0"
+	etherTest = 0x88b5 // IEEE 802 local experimental: nothing else in the namespace uses it
+)
+
+var (
+	tapPfx  = netip.MustParsePrefix("198.18.0.1/24")
+	farIP   = netip.MustParseAddr("198.18.0.77") // not local, forwarding off: dropped after the packet socket
+	guestIP = netip.MustParseAddr("198.18.0.2")
+	gMAC    = net.HardwareAddr{0x02, 0, 0, 0, 0, 0x02}
+)
+
+// env is one TAP in a fresh namespace, a Net on it, a packet socket bound to the TAP
+// and a front-end double session.
+type env struct {
+	t   testing.TB
+	ns  *netnstest.NS
+	tap *tapdev.Device
+	mac net.HardwareAddr
+	n   *Net
+	s   *vhostusertest.Session
+	ps  int // AF_PACKET, ETH_P_ALL, bound to the TAP
+	ifx int
+}
+
+func newEnv(t testing.TB, o vhostusertest.Options) *env {
+	t.Helper()
+	ns := netnstest.New(t, "vhostnet")
+	ns.MustRun(t, "sysctl", "-qw", "net.ipv6.conf.all.disable_ipv6=1", "net.ipv6.conf.default.disable_ipv6=1")
+	e := &env{t: t, ns: ns}
+	if err := ns.Do(func() (err error) {
+		e.tap, err = tapdev.Open(tapdev.Config{Name: tapName})
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.tap.Close() })
+	if err := e.tap.ConfigureLink(tapdev.LinkConfig{MTU: tapdev.MaxMTU, TxQueueLen: 1000,
+		Addrs: []netip.Prefix{tapPfx}, Up: true}); err != nil {
+		t.Fatal(err)
+	}
+	// Until linkwatch attaches the real qdisc (asynchronously, after carrier), frames
+	// sent through the TAP go to noop_qdisc and are dropped: wait for it.
+	for deadline := time.Now().Add(5 * time.Second); ; {
+		out := ns.MustRun(t, "ip", "link", "show", "dev", tapName)
+		if !bytes.Contains(out, []byte("qdisc noop")) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s keeps noop qdisc: %s", tapName, out)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if err := ns.Do(func() error {
+		ifc, err := net.InterfaceByName(tapName)
+		if err != nil {
+			return err
+		}
+		e.mac, e.ifx = ifc.HardwareAddr, ifc.Index
+		fd, err := unix.Socket(unix.AF_PACKET, unix.SOCK_RAW|unix.SOCK_CLOEXEC, int(htons(unix.ETH_P_ALL)))
+		if err != nil {
+			return err
+		}
+		e.ps = fd
+		unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, 64<<20)
+		unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_SNDBUFFORCE, 16<<20)
+		tv := unix.Timeval{Sec: 5}
+		unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv)
+		return unix.Bind(fd, &unix.SockaddrLinklayer{Protocol: htons(unix.ETH_P_ALL), Ifindex: e.ifx})
+	}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if e.ps >= 0 {
+			unix.Close(e.ps)
+		}
+	})
+	n, err := New(Config{TAP: e.tap, Logf: t.Logf})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.n = n
+	e.s = vhostusertest.Start(t, n.ServeConn, o) // its cleanup ends the session first
+	return e
+}
+
+func htons(v uint16) uint16 { return v<<8 | v>>8 }
+
+// testFrame is an Ethernet frame of n bytes with our ethertype, seq in the first
+// payload bytes and a pattern from seed.
+func testFrame(dst, src net.HardwareAddr, n int, seq uint32, seed uint64) []byte {
+	f := make([]byte, n)
+	copy(f, dst)
+	copy(f[6:], src)
+	binary.BigEndian.PutUint16(f[12:], etherTest)
+	binary.BigEndian.PutUint32(f[14:], seq)
+	x := seed*0x9e3779b97f4a7c15 + uint64(seq)
+	for i := 18; i < n; i++ {
+		x ^= x << 13
+		x ^= x >> 7
+		x ^= x << 17
+		f[i] = byte(x)
+	}
+	return f
+}
+
+// recvTAP returns the next frame the TAP received from the guest (not the kernel's own
+// output), of our ethertype or IPv4 to farIP.
+func (e *env) recvTAP(buf []byte) ([]byte, error) {
+	for {
+		n, from, err := unix.Recvfrom(e.ps, buf, 0)
+		if err != nil {
+			return nil, err
+		}
+		if ll, ok := from.(*unix.SockaddrLinklayer); ok && ll.Pkttype == unix.PACKET_OUTGOING {
+			continue
+		}
+		f := buf[:n]
+		if n >= 14 && binary.BigEndian.Uint16(f[12:]) == etherTest {
+			return f, nil
+		}
+		if n >= 34 && binary.BigEndian.Uint16(f[12:]) == 0x0800 && netip.AddrFrom4([4]byte(f[30:34])) == farIP {
+			return f, nil
+		}
+	}
+}
+
+// injectTAP transmits frame through the TAP (kernel → TAP → Net's RX).
+func (e *env) injectTAP(frame []byte) error {
+	for {
+		err := unix.Sendto(e.ps, frame, 0, &unix.SockaddrLinklayer{Ifindex: e.ifx, Halen: 6,
+			Addr: [8]byte{frame[0], frame[1], frame[2], frame[3], frame[4], frame[5]}})
+		if errors.Is(err, unix.ENOBUFS) || errors.Is(err, unix.EAGAIN) {
+			time.Sleep(100 * time.Microsecond)
+			continue
+		}
+		return err
+	}
+}
+
+// send makes the guest transmit hdr+frame split as given and kicks.
+func (e *env) send(h vnethdr.Hdr, frame []byte, split []int, indirect bool) {
+	hl := e.s.HdrLen()
+	data := make([]byte, hl+len(frame))
+	h.Encode(data, hl)
+	copy(data[hl:], frame)
+	tx := e.s.TX(0)
+	for tx.Free() < len(split)+2 {
+		e.reapTX(time.Second)
+	}
+	tx.SendFrame(data, split, indirect)
+	tx.KickNow()
+}
+
+func (e *env) reapTX(d time.Duration) int {
+	tx := e.s.TX(0)
+	tx.WaitCall(d)
+	return tx.ReapFunc(nil)
+}
+
+// waitTXDone waits until every TX chain has been used.
+func (e *env) waitTXDone() {
+	e.t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for e.s.TX(0).Outstanding() > 0 {
+		if time.Now().After(deadline) {
+			e.t.Fatalf("%d TX chains never used", e.s.TX(0).Outstanding())
+		}
+		e.reapTX(10 * time.Millisecond)
+	}
+}
+
+// recvGuest collects frames of our ethertype from the RX ring until want have come,
+// reposting each chain it reaps.
+func (e *env) recvGuest(want int, bufLen, pieces int, timeout time.Duration) [][]byte {
+	e.t.Helper()
+	rx := e.s.RX(0)
+	mrg := e.s.Has(vhostuser.FeatureNetMrgRxbuf)
+	var out [][]byte
+	var other []string
+	deadline := time.Now().Add(timeout)
+	for len(out) < want {
+		if time.Now().After(deadline) {
+			e.t.Fatalf("guest received %d of %d frames (stats %+v, other frames %v, used idx %d, outstanding %d, free %d, drops %v)",
+				len(out), want, e.stats(), other, rx.UsedIdx(), rx.Outstanding(), rx.Free(), e.n.BackendStats().Rejected[vhostuser.RejectIovFull].Load())
+		}
+		rx.WaitCall(10 * time.Millisecond)
+		fr := rx.ReapRX(e.s.HdrLen(), mrg)
+		for _, f := range fr {
+			if len(f.Frame) >= 14 && binary.BigEndian.Uint16(f.Frame[12:]) == etherTest {
+				out = append(out, f.Frame)
+			} else if len(f.Frame) >= 14 {
+				other = append(other, fmt.Sprintf("%#x/%d", binary.BigEndian.Uint16(f.Frame[12:]), len(f.Frame)))
+			}
+		}
+		if n := len(fr); n > 0 || rx.Free() >= pieces {
+			k := rx.Free() / pieces
+			if k > 0 {
+				rx.PostRX(k, bufLen, pieces)
+				rx.KickNow()
+			}
+		}
+	}
+	return out
+}
+
+func (e *env) stats() map[string]uint64 {
+	st := e.n.Stats()
+	m := map[string]uint64{"tx": st.TXFrames.Load(), "rx": st.RXFrames.Load(), "txgso": st.TXGSO.Load(),
+		"rxgso": st.RXGSO.Load(), "stalls": st.RXStalls.Load()}
+	for i := range NumDrops {
+		if v := st.Drops[i].Load(); v != 0 {
+			m[DropName(i)] = v
+		}
+	}
+	return m
+}

@@ -1,0 +1,310 @@
+//go:build linux
+
+package vhostnet
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"tapgro/tapdev"
+	"tapgro/vhostuser"
+	"tapgro/vnethdr"
+)
+
+// virtio-net feature bits this package maps onto TAP offloads (virtio spec "Network
+// Device / Feature bits"; linux include/uapi/linux/virtio_net.h).
+const (
+	FeatureCsum      = 0  // VIRTIO_NET_F_CSUM: the driver may send NEEDS_CSUM
+	FeatureGuestCsum = 1  // VIRTIO_NET_F_GUEST_CSUM: the driver takes NEEDS_CSUM / DATA_VALID
+	FeatureGuestTSO4 = 7  // VIRTIO_NET_F_GUEST_TSO4
+	FeatureGuestTSO6 = 8  // VIRTIO_NET_F_GUEST_TSO6
+	FeatureGuestECN  = 9  // VIRTIO_NET_F_GUEST_ECN
+	FeatureHostTSO4  = 11 // VIRTIO_NET_F_HOST_TSO4
+	FeatureHostTSO6  = 12 // VIRTIO_NET_F_HOST_TSO6
+	FeatureHostECN   = 13 // VIRTIO_NET_F_HOST_ECN
+	FeatureHostUSO   = 56 // VIRTIO_NET_F_HOST_USO (unknown to QEMU 7.2; never offered)
+)
+
+// MaxFrame is the largest Ethernet frame a TAP hands over: 14 Ethernet + 4 VLAN + 40
+// IPv6 + 65535 (drivers/net/tun.c tun_put_user, a GSO super-frame at its limit).
+const MaxFrame = 65593
+
+// Drop reasons.
+const (
+	DropTXBadHeader     = iota // vnethdr.ValidatePeer refused the guest's header
+	DropTXNotNegotiated        // NEEDS_CSUM or a GSO kind the guest did not ack (CSUM, HOST_*)
+	DropTXRunt                 // shorter than an Ethernet header
+	DropTXTooLong              // longer than MaxFrame
+	DropTXTAP                  // the TAP refused it (EINVAL, EIO: link down, …)
+	DropTXDisabled             // TX on a started but disabled ring: completed and discarded
+	DropRXOffload              // the TAP produced a frame kind the guest did not ack
+	DropRXTruncated            // the guest's chain(s) could not hold the frame
+	DropRXTAP                  // the TAP read failed
+	NumDrops
+)
+
+var dropNames = [NumDrops]string{"tx_bad_header", "tx_not_negotiated", "tx_runt", "tx_too_long",
+	"tx_tap", "tx_disabled", "rx_offload_violation", "rx_truncated", "rx_tap"}
+
+// DropName is the metric label of drop reason r.
+func DropName(r int) string {
+	if r >= 0 && r < NumDrops {
+		return dropNames[r]
+	}
+	return fmt.Sprintf("drop(%d)", r)
+}
+
+// Stats are the datapath counters, atomic, never reset. TX is guest → TAP, RX is TAP →
+// guest; bytes are Ethernet bytes, the virtio-net header excluded. Kicks and calls are
+// in BackendStats.
+type Stats struct {
+	TXFrames, TXBytes, TXGSO atomic.Uint64
+	RXFrames, RXBytes, RXGSO atomic.Uint64
+	RXChains                 atomic.Uint64 // RX descriptor chains used (num_buffers summed)
+	Drops                    [NumDrops]atomic.Uint64
+	// RXStalls counts the times the RX ring had too few buffers for the next frame, so
+	// the worker stopped reading the TAP until the guest posted more and kicked.
+	RXStalls atomic.Uint64
+	// TXBlocked counts the times the TAP's send buffer was full (the batch ended and the
+	// worker waited for the TAP).
+	TXBlocked atomic.Uint64
+	// Linearized counts TX frames of more segments than one writev takes, copied.
+	Linearized atomic.Uint64
+	// FeatureChanges counts SET_FEATURES applied to the TAP.
+	FeatureChanges atomic.Uint64
+}
+
+// Config is one TAP and what to offer its guest.
+type Config struct {
+	// TAP is an open TAP; Net switches its header length and read offloads per session.
+	TAP *tapdev.Device
+	// Stats and BackendStats may be shared with a metrics exporter; nil allocates.
+	Stats        *Stats
+	BackendStats *vhostuser.Stats
+	// Logf reports session ends and unusual events; nil discards.
+	Logf func(format string, args ...any)
+}
+
+// Net is the datapath between one TAP and one vhost-user-net device (one queue pair).
+// It is the vhostuser.Handler of its Backend.
+type Net struct {
+	vhostuser.NopHandler
+	tap     *tapdev.Device
+	backend *vhostuser.Backend
+	stats   *Stats
+	logf    func(string, ...any)
+	probed  vnethdr.Offloads
+
+	// mu is held shared by every ring batch and exclusively to change the TAP's header
+	// length and offloads, so that a change lands between batches.
+	mu       sync.RWMutex
+	tapHdr   int              // TAP vnet header length in effect (under mu)
+	rxAllow  vnethdr.Offloads // frame kinds the guest acked to receive (under mu)
+	txAllow  vnethdr.Offloads // frame kinds the guest acked to send (under mu)
+	guestCsm bool             // GUEST_CSUM acked (under mu)
+	mrg      bool             // MRG_RXBUF acked (under mu)
+
+	wmu     sync.Mutex
+	workers map[*vhostuser.Vring]*worker
+
+	serveMu sync.Mutex
+	active  atomic.Pointer[activeConn]
+}
+
+// New checks cfg, probes the TAP's offloads and builds the Backend.
+func New(cfg Config) (*Net, error) {
+	if cfg.TAP == nil {
+		return nil, errors.New("vhostnet: a TAP is required")
+	}
+	n := &Net{tap: cfg.TAP, stats: cfg.Stats, logf: cfg.Logf, workers: map[*vhostuser.Vring]*worker{}}
+	if n.stats == nil {
+		n.stats = new(Stats)
+	}
+	if n.logf == nil {
+		n.logf = func(string, ...any) {}
+	}
+	n.probed = n.tap.ProbeOffloads()
+	n.tapHdr = n.tap.VnetHdrLen()
+	b, err := vhostuser.NewBackend(vhostuser.Config{
+		Features:   Offer(n.probed),
+		QueuePairs: 1,
+		Handler:    n,
+		Stats:      cfg.BackendStats,
+	})
+	if err != nil {
+		return nil, err
+	}
+	n.backend = b
+	return n, nil
+}
+
+// Offer is the virtio feature set offered for a TAP whose read offloads probed as
+// probed: split rings with VERSION_1, MRG_RXBUF, EVENT_IDX and INDIRECT_DESC; guest TX
+// offloads the TAP always accepts on write (CSUM, HOST_TSO4/6/ECN: drivers/net/tun.c
+// tun_get_user validates them whatever TUNSETOFFLOAD says); guest RX offloads only as
+// far as the TAP can be told to produce them (GUEST_CSUM, GUEST_TSO4/6/ECN). No UFO
+// either way (the TAP never produces it and ValidatePeer refuses it), no USO (QEMU 7.2
+// does not pass those bits).
+func Offer(probed vnethdr.Offloads) uint64 {
+	f := uint64(1)<<vhostuser.FeatureVersion1 | 1<<vhostuser.FeatureNetMrgRxbuf |
+		1<<vhostuser.FeatureEventIdx | 1<<vhostuser.FeatureIndirectDesc |
+		1<<FeatureCsum | 1<<FeatureHostTSO4 | 1<<FeatureHostTSO6 | 1<<FeatureHostECN
+	if probed&vnethdr.OffloadCSUM != 0 {
+		f |= 1 << FeatureGuestCsum
+		if probed&vnethdr.OffloadTSO4 != 0 {
+			f |= 1 << FeatureGuestTSO4
+		}
+		if probed&vnethdr.OffloadTSO6 != 0 {
+			f |= 1 << FeatureGuestTSO6
+		}
+		if probed&vnethdr.OffloadTSOECN != 0 {
+			f |= 1 << FeatureGuestECN
+		}
+	}
+	return f
+}
+
+// RXOffloads is the TUNSETOFFLOAD mask a guest that acked f can receive unchanged:
+// TUN_F_CSUM only with GUEST_CSUM, TSO4/TSO6/TSO_ECN only with GUEST_TSO4/TSO6/ECN
+// (virtio spec "Processing of Incoming Packets": the device must not hand the driver
+// NEEDS_CSUM or a GSO type it did not negotiate).
+func RXOffloads(f vhostuser.Features) vnethdr.Offloads {
+	var o vnethdr.Offloads
+	if !f.Has(FeatureGuestCsum) {
+		return 0 // every TSO bit needs CSUM (drivers/net/tun.c set_offload)
+	}
+	o |= vnethdr.OffloadCSUM
+	if f.Has(FeatureGuestTSO4) {
+		o |= vnethdr.OffloadTSO4
+	}
+	if f.Has(FeatureGuestTSO6) {
+		o |= vnethdr.OffloadTSO6
+	}
+	if f.Has(FeatureGuestECN) {
+		o |= vnethdr.OffloadTSOECN
+	}
+	return o
+}
+
+// TXOffloads is what a guest that acked f may send: NEEDS_CSUM with CSUM, GSO kinds with
+// HOST_TSO4/TSO6/ECN/USO (virtio spec "Packet Transmission").
+func TXOffloads(f vhostuser.Features) vnethdr.Offloads {
+	var o vnethdr.Offloads
+	if f.Has(FeatureCsum) {
+		o |= vnethdr.OffloadCSUM
+	}
+	if f.Has(FeatureHostTSO4) {
+		o |= vnethdr.OffloadTSO4
+	}
+	if f.Has(FeatureHostTSO6) {
+		o |= vnethdr.OffloadTSO6
+	}
+	if f.Has(FeatureHostECN) {
+		o |= vnethdr.OffloadTSOECN
+	}
+	if f.Has(FeatureHostUSO) {
+		o |= vnethdr.OffloadUSO
+	}
+	return o
+}
+
+// Backend is the vhost-user back-end (for ServeConn-style use and its Stats).
+func (n *Net) Backend() *vhostuser.Backend { return n.backend }
+
+// HdrLen is the TAP's (and the guest's) virtio-net header length in effect.
+func (n *Net) HdrLen() int {
+	n.mu.RLock()
+	defer n.mu.RUnlock()
+	return n.tapHdr
+}
+
+// Stats are the datapath counters.
+func (n *Net) Stats() *Stats { return n.stats }
+
+// BackendStats are the protocol counters (messages, rejected chains, kicks, calls).
+func (n *Net) BackendStats() *vhostuser.Stats { return n.backend.Stats() }
+
+// FeaturesAcked applies SET_FEATURES to the TAP between batches: TUNSETVNETHDRSZ = the
+// guest's header length, so the TAP's header is byte for byte the guest's (TX chains
+// are written and RX chains read with no header translation), and TUNSETOFFLOAD =
+// RXOffloads ∩ what the TAP probed.
+func (n *Net) FeaturesAcked(f vhostuser.Features) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.stats.FeatureChanges.Add(1)
+	if f.HdrLen != n.tapHdr {
+		if err := n.tap.SetVnetHdrLen(f.HdrLen); err != nil {
+			n.logf("vhostnet: %v", err)
+		} else {
+			n.tapHdr = f.HdrLen
+		}
+	}
+	want := RXOffloads(f)
+	eff, err := n.tap.SetOffloads(want)
+	if err != nil {
+		n.logf("vhostnet: %v", err)
+		// Whatever was set before may exceed the new acks: fall back to none.
+		eff, _ = n.tap.SetOffloads(0)
+	}
+	n.rxAllow = want
+	n.txAllow = TXOffloads(f)
+	n.guestCsm = f.Has(FeatureGuestCsum)
+	n.mrg = f.Has(vhostuser.FeatureNetMrgRxbuf)
+	n.logf("vhostnet: features %#x: header %d bytes, TAP offloads %s", f.Bits, n.tapHdr, eff)
+}
+
+// worker is one ring's goroutine.
+type worker struct {
+	v    *vhostuser.Vring
+	stop atomic.Bool
+	done chan struct{}
+}
+
+// RingStarted starts the ring's worker.
+func (n *Net) RingStarted(v *vhostuser.Vring) {
+	w := &worker{v: v, done: make(chan struct{})}
+	n.wmu.Lock()
+	n.workers[v] = w
+	n.wmu.Unlock()
+	if v.IsRX() {
+		go n.rxLoop(w)
+	} else {
+		go n.txLoop(w)
+	}
+}
+
+// RingStopped joins the ring's worker. The ring is already stopped (Wait and Begin
+// return ErrStopped); a worker parked on the TAP is woken with a deadline in the past,
+// cleared once it has returned.
+func (n *Net) RingStopped(v *vhostuser.Vring) {
+	n.wmu.Lock()
+	w := n.workers[v]
+	delete(n.workers, v)
+	n.wmu.Unlock()
+	if w == nil {
+		return
+	}
+	w.stop.Store(true)
+	past := time.Unix(1, 0)
+	if v.IsRX() {
+		n.tap.SetReadDeadline(past)
+	} else {
+		n.tap.SetWriteDeadline(past)
+	}
+	<-w.done
+	if v.IsRX() {
+		n.tap.SetReadDeadline(time.Time{})
+	} else {
+		n.tap.SetWriteDeadline(time.Time{})
+	}
+}
+
+// SessionEnded logs the end of a session.
+func (n *Net) SessionEnded(err error) {
+	if err != nil {
+		n.logf("vhostnet: session ended: %v", err)
+	}
+}

@@ -1,0 +1,409 @@
+//go:build linux
+
+package vhostnet
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"tapgro/vhostuser"
+	"tapgro/vhostuser/vhostusertest"
+	"tapgro/vnethdr"
+)
+
+var sizes = []int{60, 61, 64, 1514, 1515, 4000, 9014, 32768, 65000, 65535}
+
+// splits cut header and frame in the ways a driver may: header alone, header split,
+// the frame starting inside the header's descriptor, many small pieces.
+func splitsFor(hl int) [][]int {
+	return [][]int{nil, {hl}, {3, hl - 3}, {hl + 20}, {5, 20, 100}, {1, 1, 1, 1, hl, 7, 1000, 1, 2000}}
+}
+
+func TestTXSizesAndSplits(t *testing.T) {
+	e := newEnv(t, vhostusertest.Options{})
+	if e.n.HdrLen() != 12 {
+		t.Fatalf("TAP header %d, want the guest's 12", e.n.HdrLen())
+	}
+	buf := make([]byte, 1<<17)
+	seq := uint32(0)
+	for _, n := range sizes {
+		for si, sp := range splitsFor(e.s.HdrLen()) {
+			for _, ind := range []bool{false, true} {
+				f := testFrame(e.mac, gMAC, n, seq, 1)
+				seq++
+				e.send(vnethdr.Hdr{}, f, sp, ind)
+				got, err := e.recvTAP(buf)
+				if err != nil {
+					t.Fatalf("size %d split %d indirect %v: %v (stats %v)", n, si, ind, err, e.stats())
+				}
+				if !bytes.Equal(got, f) {
+					t.Fatalf("size %d split %d: TAP got %d bytes, differing", n, si, len(got))
+				}
+			}
+		}
+	}
+	e.waitTXDone()
+	if st := e.n.Stats(); st.TXFrames.Load() != uint64(seq) {
+		t.Fatalf("TXFrames %d, want %d", st.TXFrames.Load(), seq)
+	}
+}
+
+func TestRXSizes(t *testing.T) {
+	for _, tc := range []struct {
+		name           string
+		mask           uint64
+		bufLen, pieces int
+	}{
+		{"mrg4k", 0, 4096, 1},
+		{"mrg1536x2", 0, 1536, 2},
+		{"big-nomrg", 1 << vhostuser.FeatureNetMrgRxbuf, 65536 + 200, 17},
+		{"legacy10", 1<<vhostuser.FeatureNetMrgRxbuf | 1<<vhostuser.FeatureVersion1, 65536 + 200, 17},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t, vhostusertest.Options{AckMask: tc.mask})
+			if e.n.HdrLen() != e.s.HdrLen() {
+				t.Fatalf("TAP header %d, guest %d", e.n.HdrLen(), e.s.HdrLen())
+			}
+			rx := e.s.RX(0)
+			rx.PostRX(rx.Free()/tc.pieces, tc.bufLen, tc.pieces)
+			rx.KickNow()
+			for i, n := range sizes {
+				f := testFrame(gMAC, e.mac, n, uint32(i), 2)
+				if err := e.injectTAP(f); err != nil {
+					t.Fatalf("inject %d: %v", n, err)
+				}
+				got := e.recvGuest(1, tc.bufLen, tc.pieces, 10*time.Second)
+				if !bytes.Equal(got[0], f) {
+					t.Fatalf("size %d: guest got %d bytes, differing", n, len(got[0]))
+				}
+			}
+		})
+	}
+}
+
+// TestStreams moves SHA-256-checked byte streams of random-sized frames both ways at
+// once.
+func TestStreams(t *testing.T) {
+	e := newEnv(t, vhostusertest.Options{})
+	const frames = 3000
+	rng := rand.New(rand.NewPCG(1, 2))
+	txSizes, rxSizes := make([]int, frames), make([]int, frames)
+	for i := range frames {
+		txSizes[i], rxSizes[i] = 60+rng.IntN(9000), 60+rng.IntN(9000)
+	}
+	// TAP → guest: a sender paced by what the guest has taken (the TAP queue is 1000).
+	var taken atomic.Int64
+	sendDone := make(chan [32]byte, 1)
+	go func() {
+		h := sha256.New()
+		for i := range frames {
+			for int64(i)-taken.Load() > 256 {
+				time.Sleep(50 * time.Microsecond)
+			}
+			f := testFrame(gMAC, e.mac, rxSizes[i], uint32(i), 3)
+			h.Write(f)
+			if err := e.injectTAP(f); err != nil {
+				t.Errorf("inject: %v", err)
+				break
+			}
+		}
+		sendDone <- [32]byte(h.Sum(nil))
+	}()
+	// guest → TAP: the packet socket reader hashes what arrives.
+	recvDone := make(chan [32]byte, 1)
+	go func() {
+		h := sha256.New()
+		buf := make([]byte, 1<<17)
+		for range frames {
+			f, err := e.recvTAP(buf)
+			if err != nil {
+				t.Errorf("recv TAP: %v", err)
+				break
+			}
+			h.Write(f)
+		}
+		recvDone <- [32]byte(h.Sum(nil))
+	}()
+	txHash := sha256.New()
+	rxHash := sha256.New()
+	rx, tx := e.s.RX(0), e.s.TX(0)
+	rx.PostRX(rx.Free(), 4096, 1)
+	rx.KickNow()
+	sent, got := 0, 0
+	deadline := time.Now().Add(60 * time.Second)
+	for sent < frames || got < frames {
+		if time.Now().After(deadline) {
+			t.Fatalf("sent %d, received %d of %d (stats %v)", sent, got, frames, e.stats())
+		}
+		for sent < frames && tx.Free() > 4 {
+			f := testFrame(e.mac, gMAC, txSizes[sent], uint32(sent), 4)
+			txHash.Write(f)
+			data := append(make([]byte, 12), f...)
+			tx.Publish(tx.PrepareFrame(data, []int{5, 30}, sent%3 == 0))
+			sent++
+		}
+		tx.KickNow()
+		tx.ReapFunc(nil)
+		for _, f := range rx.ReapRX(12, true) {
+			if binary.BigEndian.Uint16(f.Frame[12:]) != etherTest {
+				continue
+			}
+			rxHash.Write(f.Frame)
+			got++
+			taken.Store(int64(got))
+		}
+		if k := rx.Free(); k > 32 {
+			rx.PostRX(k, 4096, 1)
+			rx.KickNow()
+		}
+		rx.WaitCall(time.Millisecond)
+	}
+	if s := <-sendDone; s != [32]byte(rxHash.Sum(nil)) {
+		t.Fatal("TAP → guest stream hash differs")
+	}
+	if r := <-recvDone; r != [32]byte(txHash.Sum(nil)) {
+		t.Fatal("guest → TAP stream hash differs")
+	}
+	t.Logf("stats %v, kicks %d, calls %d", e.stats(), e.n.BackendStats().Kicks.Load(), e.n.BackendStats().Calls.Load())
+}
+
+// tso4 is a TSO4 super-frame to farIP with payload bytes of TCP payload, and its header.
+func tso4(dst, src []byte, payload int) ([]byte, vnethdr.Hdr) {
+	f := make([]byte, 14+20+20+payload)
+	copy(f, dst)
+	copy(f[6:], src)
+	binary.BigEndian.PutUint16(f[12:], 0x0800)
+	ip := f[14:]
+	ip[0] = 0x45
+	binary.BigEndian.PutUint16(ip[2:], uint16(20+20+payload))
+	binary.BigEndian.PutUint16(ip[6:], 0x4000)
+	ip[8], ip[9] = 64, unix.IPPROTO_TCP
+	copy(ip[12:16], guestIP.AsSlice())
+	copy(ip[16:20], farIP.AsSlice())
+	binary.BigEndian.PutUint16(ip[10:], vnethdr.Checksum(ip[:20], 0))
+	tcp := ip[20:]
+	binary.BigEndian.PutUint16(tcp[0:], 40000)
+	binary.BigEndian.PutUint16(tcp[2:], 5001)
+	binary.BigEndian.PutUint32(tcp[4:], 1)
+	tcp[12] = 5 << 4
+	tcp[13] = 0x10 // ACK
+	binary.BigEndian.PutUint16(tcp[14:], 65535)
+	for i := range payload {
+		tcp[20+i] = byte(i)
+	}
+	h := vnethdr.Hdr{Flags: vnethdr.FlagNeedsCsum, GSOType: vnethdr.GSOTCPv4, HdrLen: 54, GSOSize: 1448,
+		CsumStart: 34, CsumOffset: 16}
+	return f, h
+}
+
+// TestGSOPassthrough: a 64 KB TSO4 frame from the guest reaches the TAP whole.
+func TestGSOPassthrough(t *testing.T) {
+	e := newEnv(t, vhostusertest.Options{})
+	f, h := tso4(e.mac, gMAC, 65535-40)
+	buf := make([]byte, 1<<17)
+	for _, sp := range [][]int{nil, {12, 54}, {30, 100, 1000}} {
+		e.send(h, f, sp, false)
+		got, err := e.recvTAP(buf)
+		if err != nil {
+			t.Fatalf("split %v: %v (stats %v)", sp, err, e.stats())
+		}
+		if len(got) != len(f) || !bytes.Equal(got[54:], f[54:]) {
+			t.Fatalf("split %v: TAP saw %d bytes, want the whole %d-byte frame", sp, len(got), len(f))
+		}
+	}
+	e.waitTXDone()
+	if g := e.n.Stats().TXGSO.Load(); g != 3 {
+		t.Fatalf("TXGSO %d, want 3", g)
+	}
+}
+
+// TestHostileHeaders: malformed or unnegotiated headers are counted and never reach
+// the TAP; a good marker frame after each one does.
+func TestHostileHeaders(t *testing.T) {
+	e := newEnv(t, vhostusertest.Options{AckMask: 1 << FeatureHostTSO6})
+	f, good := tso4(e.mac, gMAC, 20000)
+	bad := func(mut func(h *vnethdr.Hdr, f []byte)) ([]byte, vnethdr.Hdr) {
+		ff := bytes.Clone(f)
+		h := good
+		mut(&h, ff)
+		return ff, h
+	}
+	cases := []struct {
+		name   string
+		mut    func(h *vnethdr.Hdr, f []byte)
+		reason int
+	}{
+		{"gso_size 0", func(h *vnethdr.Hdr, _ []byte) { h.GSOSize = 0 }, DropTXBadHeader},
+		{"ufo", func(h *vnethdr.Hdr, _ []byte) { h.GSOType = vnethdr.GSOUDP }, DropTXNotNegotiated},
+		{"tso6 not acked", func(h *vnethdr.Hdr, _ []byte) { h.GSOType = vnethdr.GSOTCPv6 }, DropTXNotNegotiated},
+		{"csum_start", func(h *vnethdr.Hdr, _ []byte) { h.CsumStart = 60000 }, DropTXBadHeader},
+		{"csum_offset", func(h *vnethdr.Hdr, _ []byte) { h.CsumOffset = 6 }, DropTXBadHeader},
+		{"rsc flag", func(h *vnethdr.Hdr, _ []byte) { h.Flags |= vnethdr.FlagRSCInfo }, DropTXBadHeader},
+		{"ip length", func(_ *vnethdr.Hdr, f []byte) { binary.BigEndian.PutUint16(f[16:], 1000) }, DropTXBadHeader},
+		{"not tcp", func(_ *vnethdr.Hdr, f []byte) { f[23] = unix.IPPROTO_UDP }, DropTXBadHeader},
+		{"gso on arp", func(_ *vnethdr.Hdr, f []byte) { binary.BigEndian.PutUint16(f[12:], 0x0806) }, DropTXBadHeader},
+	}
+	buf := make([]byte, 1<<17)
+	for i, c := range cases {
+		ff, h := bad(c.mut)
+		before := e.n.Stats().Drops[c.reason].Load()
+		e.send(h, ff, []int{7, 40, 3}, false) // header split, frame inside its descriptor
+		marker := testFrame(e.mac, gMAC, 100, uint32(i), 5)
+		e.send(vnethdr.Hdr{}, marker, nil, false)
+		got, err := e.recvTAP(buf)
+		if err != nil {
+			t.Fatalf("%s: %v", c.name, err)
+		}
+		if !bytes.Equal(got, marker) {
+			t.Fatalf("%s: TAP saw a %d-byte frame before the marker", c.name, len(got))
+		}
+		e.waitTXDone()
+		if e.n.Stats().Drops[c.reason].Load() != before+1 {
+			t.Fatalf("%s: %s not counted (stats %v)", c.name, DropName(c.reason), e.stats())
+		}
+	}
+	if tx := e.n.Stats().TXFrames.Load(); tx != uint64(len(cases)) {
+		t.Fatalf("TXFrames %d, want only the %d markers", tx, len(cases))
+	}
+}
+
+// TestRXStall: with no RX buffers the worker stops reading the TAP (frames wait in the
+// kernel's queue), counts a stall, and resumes when the guest posts buffers and kicks.
+func TestRXStall(t *testing.T) {
+	e := newEnv(t, vhostusertest.Options{})
+	const n = 50
+	var want [][]byte
+	for i := range n {
+		f := testFrame(gMAC, e.mac, 1000+i, uint32(i), 6)
+		want = append(want, f)
+		if err := e.injectTAP(f); err != nil {
+			t.Fatal(err)
+		}
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for e.n.Stats().RXStalls.Load() == 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("no stall counted (stats %v)", e.stats())
+		}
+		time.Sleep(time.Millisecond)
+	}
+	time.Sleep(20 * time.Millisecond)
+	if r := e.n.Stats().RXFrames.Load(); r != 0 {
+		t.Fatalf("%d frames received with no buffers", r)
+	}
+	// Too few buffers for a worst-case frame is a stall too.
+	rx := e.s.RX(0)
+	rx.PostRX(4, 4096, 1)
+	rx.KickNow()
+	for e.n.Stats().RXStalls.Load() < 2 {
+		if time.Now().After(deadline) {
+			t.Fatalf("no second stall (stats %v)", e.stats())
+		}
+		time.Sleep(time.Millisecond)
+	}
+	got := e.recvGuest(n, 4096, 1, 10*time.Second)
+	for i := range want {
+		if !bytes.Equal(got[i], want[i]) {
+			t.Fatalf("frame %d differs after the stall", i)
+		}
+	}
+	if k := e.n.BackendStats().Kicks.Load(); k == 0 {
+		t.Fatal("no kicks counted")
+	}
+}
+
+// TestOffloadsFollowAcks: TUNSETOFFLOAD ⊆ the guest's acks.
+func TestOffloadsFollowAcks(t *testing.T) {
+	for _, tc := range []struct {
+		mask uint64
+		want string
+	}{
+		{0, "csum,tso4,tso6,tso_ecn"},
+		{1 << FeatureGuestTSO6, "csum,tso4,tso_ecn"},
+		{1 << FeatureGuestCsum, "none"},
+	} {
+		t.Run(fmt.Sprint(tc.mask), func(t *testing.T) {
+			e := newEnv(t, vhostusertest.Options{AckMask: tc.mask})
+			if got := e.tap.Offloads().String(); got != tc.want {
+				t.Fatalf("TAP offloads %s, want %s", got, tc.want)
+			}
+		})
+	}
+}
+
+// TestReconnect: a new session after the old one ended starts from scratch.
+func TestReconnect(t *testing.T) {
+	e := newEnv(t, vhostusertest.Options{})
+	buf := make([]byte, 1<<17)
+	e.s.Stop()
+	for i := range 3 {
+		if err := e.s.Close(); err != nil {
+			t.Fatal(err)
+		}
+		e.s = vhostusertest.Start(t, e.n.ServeConn, vhostusertest.Options{})
+		f := testFrame(e.mac, gMAC, 500, uint32(i), 7)
+		e.send(vnethdr.Hdr{}, f, []int{20}, false)
+		got, err := e.recvTAP(buf)
+		if err != nil || !bytes.Equal(got, f) {
+			t.Fatalf("session %d: %v", i, err)
+		}
+	}
+}
+
+// TestServe: Serve takes one QEMU at a time on a listener, each connection a fresh
+// session, and returns ctx.Err() once cancelled, ending the running session.
+func TestServe(t *testing.T) {
+	e := newEnv(t, vhostusertest.Options{})
+	if err := e.s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	path := t.TempDir() + "/vhost.sock"
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- e.n.Serve(ctx, ln) }()
+	buf := make([]byte, 1<<17)
+	sessions := e.n.BackendStats().Sessions.Load()
+	for i := range 2 {
+		s := vhostusertest.Dial(t, path, vhostusertest.Options{})
+		f := testFrame(e.mac, gMAC, 300, uint32(i), 9)
+		h := s.HdrLen()
+		s.TX(0).SendFrame(append(make([]byte, h), f...), nil, false)
+		s.TX(0).KickNow()
+		got, err := e.recvTAP(buf)
+		if err != nil || !bytes.Equal(got, f) {
+			t.Fatalf("session %d over the listener: %v", i, err)
+		}
+		if i == 0 {
+			s.Close()
+		} else {
+			cancel()
+		}
+	}
+	select {
+	case err := <-done:
+		if !errors.Is(err, context.Canceled) {
+			t.Fatalf("Serve = %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Serve did not return")
+	}
+	if got := e.n.BackendStats().Sessions.Load() - sessions; got != 2 {
+		t.Fatalf("%d sessions, want 2", got)
+	}
+}
