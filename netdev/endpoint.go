@@ -80,6 +80,10 @@ func Open(spec Spec, ev Events) (Endpoint, error) { return OpenWith(spec, ev, Op
 // Each role is its own type (server.go, client.go, inherit.go, dgram.go, netmap.go)
 // built on the bookkeeping they share (core).
 func OpenWith(spec Spec, ev Events, opt Options) (Endpoint, error) {
+	if spec.Backend == BackendVhostUser {
+		// Not a frame-by-frame port: package vhostnet serves it (ListenUnix for its socket).
+		return nil, fmt.Errorf("netdev: %s is served by package vhostnet, not an Endpoint", spec)
+	}
 	c := &core{spec: spec, ev: ev, opt: opt}
 	c.ctx, c.cancel = context.WithCancel(context.Background())
 	var ep Endpoint

@@ -18,6 +18,11 @@ const (
 	BackendSocket                    // -netdev socket (legacy, IPv4 only, net/socket.c)
 	BackendDgram                     // -netdev dgram (QEMU >= 7.2, net/dgram.c)
 	BackendNetmap                    // -netdev netmap (QEMU built with CONFIG_NETMAP, net/netmap.c)
+	// BackendVhostUser is -netdev vhost-user (net/vhost-user.c): tapgro is the vhost-user
+	// back-end listening on a UNIX socket and QEMU connects with -chardev socket. It is no
+	// Endpoint (Open refuses it): package vhostnet serves it, moving frames between the
+	// TAP and guest memory without the GRO engine.
+	BackendVhostUser
 )
 
 func (b Backend) String() string {
@@ -30,6 +35,8 @@ func (b Backend) String() string {
 		return "dgram"
 	case BackendNetmap:
 		return "netmap"
+	case BackendVhostUser:
+		return "vhost-user"
 	}
 	return "Backend(" + strconv.Itoa(int(b)) + ")"
 }
@@ -133,7 +140,8 @@ var specKeys = map[Backend][]string{
 	BackendSocket: {"id", "listen", "connect", "udp", "localaddr", "fd"},
 	BackendDgram: {"id", "local.type", "local.host", "local.port", "local.path",
 		"remote.type", "remote.host", "remote.port", "remote.path"},
-	BackendNetmap: {"id", "ifname", "vnet-hdr"},
+	BackendNetmap:    {"id", "ifname", "vnet-hdr"},
+	BackendVhostUser: {"id", "path", "server"},
 }
 
 // ParseSpec parses a --netdev value written the way QEMU's -netdev is written, but from
@@ -146,6 +154,7 @@ var specKeys = map[Backend][]string{
 //	dgram,local.type=inet,local.host=H,local.port=N,remote.type=inet,remote.host=H,remote.port=N
 //	dgram,local.type=unix,local.path=P,remote.type=unix,remote.path=P
 //	netmap,ifname=NAME[,vnet-hdr=0|10|12]
+//	vhost-user,path=P[,server=on]
 //
 // id= is accepted and ignored; stream also takes vnet-hdr=on|off. A comma inside a value is
 // written ",," as QEMU does. server defaults to off as in QEMU. For socket, an empty host
@@ -155,11 +164,13 @@ var specKeys = map[Backend][]string{
 // means its host rings, "*" both), valeSWITCH:PORT or a pipe (netmap:NAME{N, NAME}N);
 // vnet-hdr (default 0) is the VALE port's virtio_net_hdr length. addr.type=fd and
 // socket,fd= name an inherited socket (a listening one for server=on, a connected stream
-// otherwise), as QEMU's own options do; N is a decimal descriptor >= 3.
+// otherwise), as QEMU's own options do; N is a decimal descriptor >= 3. vhost-user
+// listens on the UNIX socket P (server defaults to on here: tapgro is the socket server
+// and QEMU its client, -chardev socket,path=P,reconnect=1); server=off is refused for now.
 func ParseSpec(s string) (Spec, error) {
 	parts := splitOpts(s)
 	if len(parts) == 0 || parts[0] == "" {
-		return Spec{}, fmt.Errorf("netdev: empty spec (want stream, socket, dgram or netmap)")
+		return Spec{}, fmt.Errorf("netdev: empty spec (want stream, socket, dgram, netmap or vhost-user)")
 	}
 	var sp Spec
 	switch parts[0] {
@@ -171,8 +182,10 @@ func ParseSpec(s string) (Spec, error) {
 		sp.Backend = BackendDgram
 	case "netmap":
 		sp.Backend = BackendNetmap
+	case "vhost-user":
+		sp.Backend = BackendVhostUser
 	default:
-		return Spec{}, fmt.Errorf("netdev: unknown backend %q (want stream, socket, dgram or netmap)", parts[0])
+		return Spec{}, fmt.Errorf("netdev: unknown backend %q (want stream, socket, dgram, netmap or vhost-user)", parts[0])
 	}
 	kv := make(map[string]string, len(parts)-1)
 	for _, p := range parts[1:] {
@@ -198,6 +211,8 @@ func ParseSpec(s string) (Spec, error) {
 		err = sp.parseDgram(kv)
 	case BackendNetmap:
 		err = sp.parseNetmap(kv)
+	case BackendVhostUser:
+		err = sp.parseVhostUser(kv)
 	}
 	if err != nil {
 		return Spec{}, err
@@ -232,6 +247,29 @@ func (sp *Spec) parseStream(kv map[string]string) error {
 	} else {
 		sp.Role, sp.Remote = RoleClient, a
 	}
+	return nil
+}
+
+// parseVhostUser reads path= and server=: tapgro listens on the UNIX socket path.
+func (sp *Spec) parseVhostUser(kv map[string]string) error {
+	server := true
+	if has(kv, "server") {
+		var err error
+		if server, err = boolKey(kv, "server"); err != nil {
+			return err
+		}
+	}
+	if !server {
+		return fmt.Errorf("netdev: vhost-user,server=off (tapgro connecting to a QEMU that listens) is not implemented yet; use server=on and give QEMU -chardev socket,path=P,reconnect=1")
+	}
+	p, ok := kv["path"]
+	if !ok {
+		return fmt.Errorf("netdev: vhost-user needs key \"path\"")
+	}
+	if err := checkPath("path", p); err != nil {
+		return err
+	}
+	sp.Role, sp.Local = RoleServer, Addr{Type: AddrUnix, Path: p}
 	return nil
 }
 
@@ -528,6 +566,8 @@ func (s Spec) String() string {
 	case BackendDgram:
 		writeAddr(&b, "local", s.Local)
 		writeAddr(&b, "remote", s.Remote)
+	case BackendVhostUser:
+		b.WriteString(",path=" + esc(s.Local.Path))
 	case BackendNetmap:
 		b.WriteString(",ifname=" + esc(s.IfName))
 		if s.HdrLen != 0 {
@@ -554,8 +594,13 @@ func writeAddr(b *strings.Builder, prefix string, a Addr) {
 // (tapgro server means QEMU client, datagram local and remote swap). A wildcard listening
 // host becomes loopback, since QEMU must dial a concrete address. vnet-hdr has no QEMU
 // counterpart and is left out. For netmap it is QEMU's own port on the same VALE switch
-// (named after id), or the other end of a pipe; a NIC has no counterpart ("").
+// (named after id), or the other end of a pipe; a NIC has no counterpart (""). For
+// vhost-user it is the -netdev value only, on a chardev named id+"-chr" that the caller
+// must also give QEMU (QEMUChardev).
 func (s Spec) QEMUOption(id string) string {
+	if s.Backend == BackendVhostUser {
+		return "vhost-user,id=" + esc(id) + ",chardev=" + esc(id) + "-chr"
+	}
 	if s.Backend == BackendNetmap {
 		ifn := netmapio.QEMUIfname(s.IfName, id)
 		if ifn == "" {
@@ -581,6 +626,16 @@ func (s Spec) QEMUOption(id string) string {
 	// Insert id= right after the backend name, where QEMU's documentation puts it.
 	name, rest, _ := strings.Cut(c, ",")
 	return name + ",id=" + esc(id) + "," + rest
+}
+
+// QEMUChardev is the -chardev value that goes with QEMUOption(id) for vhost-user: QEMU
+// connects to tapgro's socket and reconnects every second if tapgro restarts. It is ""
+// for the other backends.
+func (s Spec) QEMUChardev(id string) string {
+	if s.Backend != BackendVhostUser {
+		return ""
+	}
+	return "socket,id=" + esc(id) + "-chr,path=" + esc(s.Local.Path) + ",reconnect=1"
 }
 
 // dialable turns a wildcard bind address into the loopback address of the same family.

@@ -99,6 +99,18 @@ func TestParseSpecGood(t *testing.T) {
 			str:  "dgram,local.type=unix,local.path=/run/gro.dg,remote.type=unix,remote.path=/run/qemu.dg",
 			qemu: "dgram,id=n0,local.type=unix,local.path=/run/qemu.dg,remote.type=unix,remote.path=/run/gro.dg",
 		},
+		{
+			in:   "vhost-user,path=/run/vu.sock",
+			want: Spec{Backend: BackendVhostUser, Role: RoleServer, Local: Addr{Type: "unix", Path: "/run/vu.sock"}},
+			str:  "vhost-user,path=/run/vu.sock",
+			qemu: "vhost-user,id=n0,chardev=n0-chr",
+		},
+		{
+			in:   "vhost-user,id=v,server=on,path=/tmp/a,,b",
+			want: Spec{Backend: BackendVhostUser, Role: RoleServer, Local: Addr{Type: "unix", Path: "/tmp/a,b"}},
+			str:  "vhost-user,path=/tmp/a,,b",
+			qemu: "vhost-user,id=n0,chardev=n0-chr",
+		},
 	}
 	for _, tt := range tests {
 		t.Run(tt.in, func(t *testing.T) {
@@ -120,6 +132,23 @@ func TestParseSpecGood(t *testing.T) {
 				t.Errorf("ParseSpec(String()) = %+v, %v; want %+v", again, err, got)
 			}
 		})
+	}
+}
+
+func TestVhostUserChardev(t *testing.T) {
+	sp, err := ParseSpec("vhost-user,path=/run/a,,b.sock")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := sp.QEMUChardev("n0"), "socket,id=n0-chr,path=/run/a,,b.sock,reconnect=1"; got != want {
+		t.Errorf("QEMUChardev = %q, want %q", got, want)
+	}
+	if _, err := Open(sp, Events{}); err == nil || !strings.Contains(err.Error(), "vhostnet") {
+		t.Errorf("Open(vhost-user) = %v, want an error pointing at vhostnet", err)
+	}
+	st, _ := ParseSpec("stream,server=on,addr.type=unix,addr.path=/p")
+	if c := st.QEMUChardev("n0"); c != "" {
+		t.Errorf("QEMUChardev for stream = %q, want \"\"", c)
 	}
 }
 
@@ -171,6 +200,12 @@ func TestParseSpecBad(t *testing.T) {
 		{"dgram,local.type=fd,local.str=3", `unknown key "local.str" for dgram`},
 		{"dgram,local.type=inet,local.host=h,local.port=1,remote.type=inet,remote.host=230.0.0.1,remote.port=1", "multicast"},
 		{"dgram,local.type=inet,local.host=h,local.port=1,remote.type=inet,remote.host=h,remote.port=0", `bad value "0" for key "remote.port"`},
+		{"vhost-user", `vhost-user needs key "path"`},
+		{"vhost-user,path=", `bad value "" for key "path"`},
+		{"vhost-user,path=" + long, `key "path": path is 108 bytes`},
+		{"vhost-user,path=/p,server=off", "server=off (tapgro connecting to a QEMU that listens) is not implemented yet"},
+		{"vhost-user,path=/p,server=x", `bad value "x" for key "server"`},
+		{"vhost-user,path=/p,chardev=c", `unknown key "chardev" for vhost-user`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.in, func(t *testing.T) {
