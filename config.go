@@ -121,6 +121,8 @@ SPEC mirrors QEMU's -netdev syntax from tapgro's side:
   dgram,local.type=unix,local.path=P,remote.type=unix,remote.path=P
   stream,...,vnet-hdr=on[,shm=off]   tapgro to tapgro only: GSO frames cross whole (over
                                      unix, through shared memory unless shm=off)
+  vhost-user,path=P[,server=on]      experimental: tapgro is QEMU's vhost-user back-end on P
+                                     (QEMU: -chardev socket,path=P,reconnect=1; see README)
 
 Environment (a flag on the command line wins over its variable):
   TAPGRO_GRO=on|off  TAPGRO_UDP_GRO=on|off  TAPGRO_OFFLOAD=auto|off|LIST   as --gro, --udp-gro, --offload
@@ -273,10 +275,34 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	if err := parsePcapFlags(o, pcapMax); err != nil {
 		return nil, err
 	}
+	if err := checkVhostUser(o); err != nil {
+		return nil, err
+	}
 	if o.healthStall < time.Second {
 		return nil, fmt.Errorf("--health-stall %v: want at least 1s (the health monitor samples once a second)", o.healthStall)
 	}
 	return o, nil
+}
+
+// checkVhostUser refuses, for --netdev vhost-user, the flags its datapath (package
+// vhostnet, no GRO engine) does not serve yet, rather than ignoring them.
+func checkVhostUser(o *options) error {
+	if o.netdev.Backend != netdev.BackendVhostUser {
+		return nil
+	}
+	for _, f := range []struct {
+		set  bool
+		name string
+	}{
+		{o.metricsAddr != "", "--metrics-addr"},
+		{o.pcapTap != "" || o.pcapPort != "", "--pcap-tap/--pcap-port"},
+		{o.multiQueue, "--multi-queue (vhost-user serves one queue pair)"},
+	} {
+		if f.set {
+			return fmt.Errorf("--netdev vhost-user: %s is not supported with vhost-user yet", f.name)
+		}
+	}
+	return nil
 }
 
 // requireLoopback refuses a listen address that would expose tapgro beyond this host:

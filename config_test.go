@@ -223,3 +223,31 @@ func TestOffloadListsOneParser(t *testing.T) {
 		}
 	}
 }
+
+func TestParseFlagsVhostUser(t *testing.T) {
+	const nd = "--netdev=vhost-user,path=/run/vu.sock"
+	o, err := parseFlags([]string{"--tap", "tap0", nd}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kvm, tcg := vhostUserQEMUArgs(o.netdev)
+	const want = "-object memory-backend-memfd,id=mem,size=<RAM>,share=on -machine memory-backend=mem" +
+		" -chardev socket,id=vu0,path=/run/vu.sock,reconnect=1 -netdev vhost-user,id=n0,chardev=vu0" +
+		" -device virtio-net-pci,netdev=n0"
+	if kvm != want || tcg != want+",vectors=0" {
+		t.Errorf("QEMU args:\n %s\n %s\nwant\n %s\n %s,vectors=0", kvm, tcg, want, want)
+	}
+	for _, bad := range [][]string{
+		{"--metrics-addr", "127.0.0.1:9100"},
+		{"--pcap-tap", "/tmp/x.pcap"},
+		{"--multi-queue"},
+	} {
+		_, err := parseFlags(append([]string{"--tap", "tap0", nd}, bad...), io.Discard)
+		if err == nil || !strings.Contains(err.Error(), "not supported with vhost-user yet") {
+			t.Errorf("%v: err = %v, want not supported with vhost-user yet", bad, err)
+		}
+	}
+	if _, err := parseFlags([]string{"--tap", "tap0", nd + ",server=off"}, io.Discard); err == nil || !strings.Contains(err.Error(), "not implemented yet") {
+		t.Errorf("server=off: err = %v", err)
+	}
+}

@@ -29,6 +29,7 @@ import (
 	"tapgro/ops"
 	"tapgro/port"
 	"tapgro/tapdev"
+	"tapgro/vhostnet"
 )
 
 // version is set at build time with -ldflags "-X main.version=...".
@@ -99,6 +100,9 @@ func newLogger(o *options, w io.Writer) *logrus.Logger {
 
 // run opens the TAP, sets up the engine, and serves the port until ctx ends.
 func run(ctx context.Context, o *options, log *logrus.Logger) error {
+	if o.netdev.Backend == netdev.BackendVhostUser {
+		return runVhostUser(ctx, o, log)
+	}
 	tap, err := tapdev.Open(tapdev.Config{Name: o.tap, MultiQueue: o.multiQueue, VnetHdrLen: o.vnetHdrLen})
 	if err != nil {
 		return err
@@ -221,6 +225,64 @@ func run(ctx context.Context, o *options, log *logrus.Logger) error {
 	}
 	logSummary(eng.Snapshot(), ep.Stats(), log)
 	return err
+}
+
+// runVhostUser is run for --netdev vhost-user: TAP → vhostnet (straight to and from guest
+// memory, no GRO engine) → the vhost-user socket, where QEMU connects. vhostnet sets the
+// TAP's header length and offloads per session. No control socket or /metrics yet.
+func runVhostUser(ctx context.Context, o *options, log *logrus.Logger) error {
+	tap, err := tapdev.Open(tapdev.Config{Name: o.tap, VnetHdrLen: o.vnetHdrLen})
+	if err != nil {
+		return err
+	}
+	defer tap.Close()
+	if err := tap.ConfigureLink(tapdev.LinkConfig{MTU: o.mtu, TxQueueLen: o.txQueueLen, Addrs: o.addrs, Up: true}); err != nil {
+		return err
+	}
+	vn, err := vhostnet.New(vhostnet.Config{TAP: tap, Logf: func(f string, a ...any) { log.Warnf(f, a...) }})
+	if err != nil {
+		return err
+	}
+	spec := o.netdev
+	// The same rules as every other socket path: 0600 (or --socket-mode), owner, stale
+	// sockets replaced, unsafe directories refused.
+	ln, remove, err := netdev.ListenUnix(spec.Local.Path, socketOptions(o, nil))
+	if err != nil {
+		return err
+	}
+	defer remove()
+	defer ln.Close()
+	if o.user != nil {
+		if err := dropPrivileges(o.user); err != nil {
+			return err
+		}
+	}
+	qemu, tcg := vhostUserQEMUArgs(spec)
+	log.WithFields(logrus.Fields{"tap": tap.Name(), "netdev": spec.String(), "listen": spec.Local.String(), "version": version}).
+		Info("tapgro ready (vhost-user, experimental); give QEMU: " + qemu + " (RAM = the guest's -m size; under TCG use " + tcg + ")")
+	err = vn.Serve(ctx, ln)
+	if errors.Is(err, context.Canceled) {
+		err = nil
+	}
+	st, bs := vn.Stats(), vn.BackendStats()
+	log.WithFields(logrus.Fields{
+		"tx_frames": st.TXFrames.Load(), "tx_bytes": st.TXBytes.Load(),
+		"rx_frames": st.RXFrames.Load(), "rx_bytes": st.RXBytes.Load(),
+		"rx_stalls": st.RXStalls.Load(), "sessions": bs.Sessions.Load(),
+		"kicks": bs.Kicks.Load(), "calls": bs.Calls.Load(),
+	}).Info("tapgro exiting")
+	return err
+}
+
+// vhostUserQEMUArgs is what QEMU needs to meet a vhost-user spec: guest RAM in a shared
+// memfd (the back-end maps it), the chardev that connects (and reconnects) to tapgro,
+// the netdev and the NIC; and the same with vectors=0 for TCG, where QEMU 7.2 crashes in
+// msix_set_vector_notifiers from vhost_net_start with MSI-X.
+func vhostUserQEMUArgs(spec netdev.Spec) (kvm, tcg string) {
+	chardev, nd := spec.QEMUVhostUser("n0", "vu0")
+	base := "-object memory-backend-memfd,id=mem,size=<RAM>,share=on -machine memory-backend=mem" +
+		" -chardev " + chardev + " -netdev " + nd + " -device virtio-net-pci,netdev=n0"
+	return base, base + ",vectors=0"
 }
 
 // endpointAdapter gives the engine a netdev.Endpoint as the port contract's Endpoint.

@@ -594,12 +594,11 @@ func writeAddr(b *strings.Builder, prefix string, a Addr) {
 // (tapgro server means QEMU client, datagram local and remote swap). A wildcard listening
 // host becomes loopback, since QEMU must dial a concrete address. vnet-hdr has no QEMU
 // counterpart and is left out. For netmap it is QEMU's own port on the same VALE switch
-// (named after id), or the other end of a pipe; a NIC has no counterpart (""). For
-// vhost-user it is the -netdev value only, on a chardev named id+"-chr" that the caller
-// must also give QEMU (QEMUChardev).
+// (named after id), or the other end of a pipe; a NIC has no counterpart (""). vhost-user
+// needs a -chardev as well: QEMUVhostUser.
 func (s Spec) QEMUOption(id string) string {
 	if s.Backend == BackendVhostUser {
-		return "vhost-user,id=" + esc(id) + ",chardev=" + esc(id) + "-chr"
+		return ""
 	}
 	if s.Backend == BackendNetmap {
 		ifn := netmapio.QEMUIfname(s.IfName, id)
@@ -628,14 +627,15 @@ func (s Spec) QEMUOption(id string) string {
 	return name + ",id=" + esc(id) + "," + rest
 }
 
-// QEMUChardev is the -chardev value that goes with QEMUOption(id) for vhost-user: QEMU
-// connects to tapgro's socket and reconnects every second if tapgro restarts. It is ""
-// for the other backends.
-func (s Spec) QEMUChardev(id string) string {
+// QEMUVhostUser is the -chardev and -netdev values QEMU needs to meet a vhost-user spec:
+// a socket chardev chardevID that connects to tapgro's path (and reconnects every second
+// if tapgro restarts), and the netdev netdevID on it. Both are "" for other backends.
+func (s Spec) QEMUVhostUser(netdevID, chardevID string) (chardev, netdev string) {
 	if s.Backend != BackendVhostUser {
-		return ""
+		return "", ""
 	}
-	return "socket,id=" + esc(id) + "-chr,path=" + esc(s.Local.Path) + ",reconnect=1"
+	return "socket,id=" + esc(chardevID) + ",path=" + esc(s.Local.Path) + ",reconnect=1",
+		"vhost-user,id=" + esc(netdevID) + ",chardev=" + esc(chardevID)
 }
 
 // dialable turns a wildcard bind address into the loopback address of the same family.

@@ -103,13 +103,13 @@ func TestParseSpecGood(t *testing.T) {
 			in:   "vhost-user,path=/run/vu.sock",
 			want: Spec{Backend: BackendVhostUser, Role: RoleServer, Local: Addr{Type: "unix", Path: "/run/vu.sock"}},
 			str:  "vhost-user,path=/run/vu.sock",
-			qemu: "vhost-user,id=n0,chardev=n0-chr",
+			qemu: "", // QEMUVhostUser
 		},
 		{
 			in:   "vhost-user,id=v,server=on,path=/tmp/a,,b",
 			want: Spec{Backend: BackendVhostUser, Role: RoleServer, Local: Addr{Type: "unix", Path: "/tmp/a,b"}},
 			str:  "vhost-user,path=/tmp/a,,b",
-			qemu: "vhost-user,id=n0,chardev=n0-chr",
+			qemu: "", // QEMUVhostUser
 		},
 	}
 	for _, tt := range tests {
@@ -135,20 +135,24 @@ func TestParseSpecGood(t *testing.T) {
 	}
 }
 
-func TestVhostUserChardev(t *testing.T) {
+func TestQEMUVhostUser(t *testing.T) {
 	sp, err := ParseSpec("vhost-user,path=/run/a,,b.sock")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got, want := sp.QEMUChardev("n0"), "socket,id=n0-chr,path=/run/a,,b.sock,reconnect=1"; got != want {
-		t.Errorf("QEMUChardev = %q, want %q", got, want)
+	c, n := sp.QEMUVhostUser("n0", "vu0")
+	if want := "socket,id=vu0,path=/run/a,,b.sock,reconnect=1"; c != want {
+		t.Errorf("QEMUVhostUser chardev = %q, want %q", c, want)
+	}
+	if want := "vhost-user,id=n0,chardev=vu0"; n != want {
+		t.Errorf("QEMUVhostUser netdev = %q, want %q", n, want)
 	}
 	if _, err := Open(sp, Events{}); err == nil || !strings.Contains(err.Error(), "vhostnet") {
 		t.Errorf("Open(vhost-user) = %v, want an error pointing at vhostnet", err)
 	}
 	st, _ := ParseSpec("stream,server=on,addr.type=unix,addr.path=/p")
-	if c := st.QEMUChardev("n0"); c != "" {
-		t.Errorf("QEMUChardev for stream = %q, want \"\"", c)
+	if c, n := st.QEMUVhostUser("n0", "vu0"); c != "" || n != "" {
+		t.Errorf("QEMUVhostUser for stream = %q, %q; want empty", c, n)
 	}
 }
 
