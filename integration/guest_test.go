@@ -95,6 +95,10 @@ type guestOpts struct {
 	MTU     int           // eth0 MTU; 0 keeps the driver's
 	HostMTU int           // virtio-net-pci host_mtu (VIRTIO_NET_F_MTU); 0 leaves it unset
 	Cmd     string        // shell script run by the guest's busybox sh; its exit status is the guest's
+	// QEMUArgs go before the NIC's -netdev (vhost-user's shared memory and -chardev);
+	// DevOpts are appended to -device virtio-net-pci (",vectors=0").
+	QEMUArgs []string
+	DevOpts  string
 }
 
 // guest is one running QEMU.
@@ -155,11 +159,13 @@ func startGuest(t testing.TB, o guestOpts) *guest {
 		"-display", "none", "-serial", "stdio", "-no-reboot",
 		"-kernel", kernel, "-initrd", initrd, "-append", line,
 	}
+	args = append(args, o.QEMUArgs...)
 	if o.Netdev != "" {
 		dev := "virtio-net-pci,netdev=n0"
 		if o.HostMTU != 0 {
 			dev += ",host_mtu=" + strconv.Itoa(o.HostMTU)
 		}
+		dev += o.DevOpts
 		args = append(args, "-netdev", o.Netdev+",id=n0", "-device", dev)
 	}
 	var cmd *exec.Cmd

@@ -81,6 +81,10 @@ type qemuSetup struct {
 	dir  string
 	args []string
 	tg   *proc
+	// guestArgs and guestDev go to every guest runFullGuest boots (guestOpts.QEMUArgs,
+	// DevOpts).
+	guestArgs []string
+	guestDev  string
 }
 
 func newQEMUSetup(t *testing.T, tapgroSpec func(string) string, mtu int) *qemuSetup {
@@ -238,7 +242,8 @@ func releaseGuest(t *testing.T, ns *netnstest.NS) {
 func runFullGuest(t *testing.T, s *qemuSetup, netdev string, mtu int) {
 	t.Helper()
 	files := serveGuestFiles(t, s.ns, guestFile)
-	o := guestOpts{NS: s.ns, Netdev: netdev, IP: guestIP4 + "/24", IP6: guestIP6 + "/64", MTU: mtu, Cmd: fullGuestCmd()}
+	o := guestOpts{NS: s.ns, Netdev: netdev, IP: guestIP4 + "/24", IP6: guestIP6 + "/64", MTU: mtu, Cmd: fullGuestCmd(),
+		QEMUArgs: s.guestArgs, DevOpts: s.guestDev}
 	if mtu != 1500 {
 		o.HostMTU = mtu
 	}
