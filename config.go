@@ -285,7 +285,8 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 }
 
 // checkVhostUser refuses, for --netdev vhost-user, the flags its datapath (package
-// vhostnet, no GRO engine) does not serve yet, rather than ignoring them.
+// vhostnet, no GRO engine) does not serve yet, rather than ignoring them. The default
+// control socket is simply not created.
 func checkVhostUser(o *options) error {
 	if o.netdev.Backend != netdev.BackendVhostUser {
 		return nil
@@ -297,6 +298,7 @@ func checkVhostUser(o *options) error {
 		{o.metricsAddr != "", "--metrics-addr"},
 		{o.pcapTap != "" || o.pcapPort != "", "--pcap-tap/--pcap-port"},
 		{o.multiQueue, "--multi-queue (vhost-user serves one queue pair)"},
+		{o.ctlSocket != "" && !o.ctlSocketDefault, "--ctl-socket (tapgro ctl)"},
 	} {
 		if f.set {
 			return fmt.Errorf("--netdev vhost-user: %s is not supported with vhost-user yet", f.name)

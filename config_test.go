@@ -241,6 +241,7 @@ func TestParseFlagsVhostUser(t *testing.T) {
 		{"--metrics-addr", "127.0.0.1:9100"},
 		{"--pcap-tap", "/tmp/x.pcap"},
 		{"--multi-queue"},
+		{"--ctl-socket", "/tmp/x.ctl"},
 	} {
 		_, err := parseFlags(append([]string{"--tap", "tap0", nd}, bad...), io.Discard)
 		if err == nil || !strings.Contains(err.Error(), "not supported with vhost-user yet") {
