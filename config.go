@@ -295,7 +295,6 @@ func checkVhostUser(o *options) error {
 		set  bool
 		name string
 	}{
-		{o.metricsAddr != "", "--metrics-addr"},
 		{o.pcapTap != "" || o.pcapPort != "", "--pcap-tap/--pcap-port"},
 		{o.multiQueue, "--multi-queue (vhost-user serves one queue pair)"},
 		{o.ctlSocket != "" && !o.ctlSocketDefault, "--ctl-socket (tapgro ctl)"},

@@ -238,7 +238,6 @@ func TestParseFlagsVhostUser(t *testing.T) {
 		t.Errorf("QEMU args:\n %s\n %s\nwant\n %s\n %s,vectors=0", kvm, tcg, want, want)
 	}
 	for _, bad := range [][]string{
-		{"--metrics-addr", "127.0.0.1:9100"},
 		{"--pcap-tap", "/tmp/x.pcap"},
 		{"--multi-queue"},
 		{"--ctl-socket", "/tmp/x.ctl"},

@@ -15,6 +15,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/http"
 	"os"
 	"os/signal"
 	"syscall"
@@ -229,7 +230,8 @@ func run(ctx context.Context, o *options, log *logrus.Logger) error {
 
 // runVhostUser is run for --netdev vhost-user: TAP → vhostnet (straight to and from guest
 // memory, no GRO engine) → the vhost-user socket, where QEMU connects. vhostnet sets the
-// TAP's header length and offloads per session. No control socket or /metrics yet.
+// TAP's header length and offloads per session. /metrics has vhostnet's own catalogue
+// (ops.NewVhostMetrics); there is no control socket yet.
 func runVhostUser(ctx context.Context, o *options, log *logrus.Logger) error {
 	tap, err := tapdev.Open(tapdev.Config{Name: o.tap, VnetHdrLen: o.vnetHdrLen})
 	if err != nil {
@@ -242,6 +244,15 @@ func runVhostUser(ctx context.Context, o *options, log *logrus.Logger) error {
 	vn, err := vhostnet.New(vhostnet.Config{TAP: tap, Logf: func(f string, a ...any) { log.Warnf(f, a...) }})
 	if err != nil {
 		return err
+	}
+	if o.metricsAddr != "" {
+		// No engine, so no stall monitor: /healthz says only that tapgro is serving.
+		ok := http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok\n") })
+		done, err := serveMetrics(o.metricsAddr, o.pprof, ops.NewVhostMetrics(vn.Stats(), vn.BackendStats(), version), ok, log)
+		if err != nil {
+			return err
+		}
+		defer done()
 	}
 	spec := o.netdev
 	// The same rules as every other socket path: 0600 (or --socket-mode), owner, stale

@@ -56,14 +56,15 @@ func (c *promCollector) Collect(ch chan<- prometheus.Metric) {
 }
 
 // serveMetrics serves /metrics and /healthz on addr until the returned func is called.
-func serveMetrics(addr string, pprofOn bool, m *ops.Metrics, h *ops.HealthMonitor, log *logrus.Logger) (func(), error) {
+// health answers /healthz (an *ops.HealthMonitor, or a plain 200 where there is none).
+func serveMetrics(addr string, pprofOn bool, m *ops.Metrics, health http.Handler, log *logrus.Logger) (func(), error) {
 	reg := prometheus.NewRegistry()
 	if err := reg.Register(newPromCollector(m)); err != nil {
 		return nil, err
 	}
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-	mux.Handle("/healthz", h)
+	mux.Handle("/healthz", health)
 	if pprofOn {
 		mux.HandleFunc("/debug/pprof/", pprof.Index)
 		mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)

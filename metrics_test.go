@@ -13,6 +13,8 @@ import (
 	"tapgro/netmapio"
 	"tapgro/ops"
 	"tapgro/port"
+	"tapgro/vhostnet"
+	"tapgro/vhostuser"
 )
 
 type stubEndpoint struct{ st port.Stats }
@@ -57,5 +59,41 @@ func TestMetricsDocumented(t *testing.T) {
 				t.Errorf("tapgro_frames_total{direction=tap_to_port} does not read the datapath counter")
 			}
 		}
+	}
+}
+
+// The vhost-user catalogue obeys the same rules: valid for Prometheus, every series in
+// the README, and it reads vhostnet's counters.
+func TestVhostMetricsDocumented(t *testing.T) {
+	st, bs := new(vhostnet.Stats), new(vhostuser.Stats)
+	st.TXFrames.Store(7)
+	bs.Sessions.Store(2)
+	reg := prometheus.NewRegistry()
+	if err := reg.Register(newPromCollector(ops.NewVhostMetrics(st, bs, version))); err != nil {
+		t.Fatal(err)
+	}
+	fams, err := reg.Gather()
+	if err != nil {
+		t.Fatalf("gather: %v", err)
+	}
+	readme, err := os.ReadFile("README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]float64{}
+	for _, f := range fams {
+		if !strings.Contains(string(readme), "`"+f.GetName()+"`") {
+			t.Errorf("metric %s is not documented in README.md", f.GetName())
+		}
+		for _, m := range f.GetMetric() {
+			key := f.GetName()
+			for _, l := range m.GetLabel() {
+				key += "," + l.GetValue()
+			}
+			got[key] = m.GetCounter().GetValue()
+		}
+	}
+	if got["tapgro_vhost_frames_total,port_to_tap"] != 7 || got["tapgro_vhost_sessions_total"] != 2 {
+		t.Errorf("vhost metrics do not read the counters: %v", got)
 	}
 }

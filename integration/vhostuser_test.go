@@ -50,7 +50,7 @@ func newVhostUserSetup(t *testing.T) (*qemuSetup, string) {
 	s := &qemuSetup{ns: netnstest.New(t, "vu"), dir: t.TempDir()}
 	sock := filepath.Join(s.dir, "vu.sock")
 	s.args = []string{"--tap", "tg0", "--mtu", "1500", "--addr", hostIP4 + "/24", "--addr", hostIP6 + "/64",
-		"--netdev", "vhost-user,path=" + sock}
+		"--netdev", "vhost-user,path=" + sock, "--metrics-addr", metricsAddr}
 	startIperf3Server(t, s.ns)
 	return s, sock
 }
@@ -73,6 +73,13 @@ func TestQEMUVhostUser(t *testing.T) {
 		var netdev string
 		s.guestArgs, netdev, s.guestDev = vhostUserGuest(sock)
 		runFullGuest(t, s, netdev, 1500)
+		m := scrape(t, s.ns, metricsAddr)
+		for _, name := range []string{`tapgro_vhost_frames_total{direction="port_to_tap"}`, `tapgro_vhost_frames_total{direction="tap_to_port"}`,
+			`tapgro_vhost_gso_frames_total{direction="port_to_tap"}`, `tapgro_vhost_sessions_total`} {
+			if v := m.get(t, name); v < 1 {
+				t.Errorf("%s = %v after the guest's traffic", name, v)
+			}
+		}
 		s.tg.stop()
 		line := vhostExitRe.FindString(s.tg.out.String())
 		tx, rx := vhostCounter(t, line, "tx_frames"), vhostCounter(t, line, "rx_frames")

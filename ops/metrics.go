@@ -7,6 +7,8 @@ import (
 	"tapgro/datapath"
 	"tapgro/netmapio"
 	"tapgro/port"
+	"tapgro/vhostnet"
+	"tapgro/vhostuser"
 )
 
 // The metric catalogue: every series tapgro exports, each a name, help text, labels and
@@ -79,8 +81,11 @@ func (m *Metrics) add(name, help string, kind Kind, labels Labels, v func(*Sourc
 
 // Collect takes one Snapshot and hands every series to emit.
 func (m *Metrics) Collect(emit func(*Sample)) {
-	snap := m.eng.Snapshot()
-	src := &Source{Snap: &snap, Port: m.port, Netmap: m.netmap}
+	src := &Source{Port: m.port, Netmap: m.netmap}
+	if m.eng != nil { // nil for vhost-user, which has no engine (NewVhostMetrics)
+		snap := m.eng.Snapshot()
+		src.Snap = &snap
+	}
 	var s Sample
 	for i := range m.series {
 		d := &m.series[i]
@@ -92,6 +97,36 @@ func (m *Metrics) Collect(emit func(*Sample)) {
 			emit(c)
 		}
 	}
+}
+
+// NewVhostMetrics is the catalogue for --netdev vhost-user: vhostnet's counters (st) and
+// the vhost-user back-end's (bs), with no engine behind them. Directions are named as
+// the engine's: port_to_tap is guest → TAP (vhostnet TX), tap_to_port TAP → guest (RX).
+func NewVhostMetrics(st *vhostnet.Stats, bs *vhostuser.Stats, version string) *Metrics {
+	m := &Metrics{}
+	for _, d := range []struct {
+		dir                string
+		frames, bytes, gso func() uint64
+	}{
+		{"port_to_tap", st.TXFrames.Load, st.TXBytes.Load, st.TXGSO.Load},
+		{"tap_to_port", st.RXFrames.Load, st.RXBytes.Load, st.RXGSO.Load},
+	} {
+		l := Labels{"direction": d.dir}
+		m.add("tapgro_vhost_frames_total", "vhost-user: frames moved between guest memory and the TAP (a GSO frame counts once).", Counter, l, u(d.frames))
+		m.add("tapgro_vhost_bytes_total", "vhost-user: Ethernet bytes moved, virtio-net header excluded.", Counter, l, u(d.bytes))
+		m.add("tapgro_vhost_gso_frames_total", "vhost-user: GSO frames moved whole.", Counter, l, u(d.gso))
+	}
+	for r := 0; r < vhostnet.NumDrops; r++ {
+		m.add("tapgro_vhost_dropped_total", "vhost-user: frames dropped, by reason.", Counter, Labels{"reason": vhostnet.DropName(r)}, u(st.Drops[r].Load))
+	}
+	m.add("tapgro_vhost_rx_stalls_total", "vhost-user: times TAP → guest waited for the guest to post buffers.", Counter, nil, u(st.RXStalls.Load))
+	m.add("tapgro_vhost_sessions_total", "vhost-user: front-end sessions (QEMU connections) served.", Counter, nil, u(bs.Sessions.Load))
+	m.add("tapgro_vhost_kicks_total", "vhost-user: kick eventfd reads (the guest posted work).", Counter, nil, u(bs.Kicks.Load))
+	m.add("tapgro_vhost_calls_total", "vhost-user: call eventfd signals (interrupts to the guest).", Counter, nil, u(bs.Calls.Load))
+	m.add("tapgro_build_info", "Build version.", Gauge, Labels{"version": version}, func(*Source) float64 { return 1 })
+	start := float64(time.Now().Unix())
+	m.add("tapgro_start_time_seconds", "Process start time (Unix seconds).", Gauge, nil, func(*Source) float64 { return start })
+	return m
 }
 
 // u reads a counter that is not the engine's (the port's own, through the Source).
