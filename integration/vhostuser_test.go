@@ -80,6 +80,26 @@ func TestQEMUVhostUser(t *testing.T) {
 				t.Errorf("%s = %v after the guest's traffic", name, v)
 			}
 		}
+		// Every tapgro_vhost_* series in the README is exported, and everything exported
+		// is in the README.
+		readme := readmeText(t)
+		for _, name := range documentedMetrics(t) {
+			if !strings.HasPrefix(name, "tapgro_vhost_") {
+				continue
+			}
+			found := false
+			for k := range m {
+				found = found || k == name || strings.HasPrefix(k, name+"{")
+			}
+			if !found {
+				t.Errorf("documented metric %s missing from the scrape", name)
+			}
+		}
+		for k := range m {
+			if name, _, _ := strings.Cut(k, "{"); strings.HasPrefix(name, "tapgro_") && !strings.Contains(readme, "`"+name+"`") {
+				t.Errorf("scraped metric %s is not documented", name)
+			}
+		}
 		s.tg.stop()
 		line := vhostExitRe.FindString(s.tg.out.String())
 		tx, rx := vhostCounter(t, line, "tx_frames"), vhostCounter(t, line, "rx_frames")
