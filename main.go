@@ -275,13 +275,20 @@ func runVhostUser(ctx context.Context, o *options, log *logrus.Logger) error {
 	if errors.Is(err, context.Canceled) {
 		err = nil
 	}
+	// Directions as in the engine's summary: port_to_tap is guest → TAP (vhostnet TX).
 	st, bs := vn.Stats(), vn.BackendStats()
-	log.WithFields(logrus.Fields{
-		"tx_frames": st.TXFrames.Load(), "tx_bytes": st.TXBytes.Load(),
-		"rx_frames": st.RXFrames.Load(), "rx_bytes": st.RXBytes.Load(),
+	f := logrus.Fields{
+		"port_to_tap_frames": st.TXFrames.Load(), "port_to_tap_bytes": st.TXBytes.Load(),
+		"tap_to_port_frames": st.RXFrames.Load(), "tap_to_port_bytes": st.RXBytes.Load(),
 		"rx_stalls": st.RXStalls.Load(), "sessions": bs.Sessions.Load(),
 		"kicks": bs.Kicks.Load(), "calls": bs.Calls.Load(),
-	}).Info("tapgro exiting")
+	}
+	for r := 0; r < vhostnet.NumDrops; r++ {
+		if n := st.Drops[r].Load(); n != 0 {
+			f["dropped_"+vhostnet.DropName(r)] = n
+		}
+	}
+	log.WithFields(f).Info("tapgro exiting")
 	return err
 }
 

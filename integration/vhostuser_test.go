@@ -102,10 +102,10 @@ func TestQEMUVhostUser(t *testing.T) {
 		}
 		s.tg.stop()
 		line := vhostExitRe.FindString(s.tg.out.String())
-		tx, rx := vhostCounter(t, line, "tx_frames"), vhostCounter(t, line, "rx_frames")
+		tx, rx := vhostCounter(t, line, "port_to_tap_frames"), vhostCounter(t, line, "tap_to_port_frames")
 		t.Logf("tapgro: %s; took %v", line, time.Since(start).Round(time.Millisecond))
 		if tx < 1000 || rx < 1000 {
-			t.Errorf("tx_frames=%d rx_frames=%d: the guest's traffic did not go through vhostnet", tx, rx)
+			t.Errorf("port_to_tap_frames=%d tap_to_port_frames=%d: the guest's traffic did not go through vhostnet", tx, rx)
 		}
 	})
 
