@@ -38,12 +38,17 @@ func TestRejectedClientsRateLimited(t *testing.T) {
 	// baseline, the next waits for the burst to be over, so one report covers all of it.
 	e := datapathtest.NewStub()
 	burst := make(chan struct{})
+	baseline := make(chan struct{}) // closed once the first reading is taken
 	readings := 0
 	read := func() map[string]uint64 {
 		if readings++; readings > 1 {
 			<-burst
 		}
-		return ops.ProblemCounts(e.Snapshot(), ops.PortProblems(ep.Stats()))
+		m := ops.ProblemCounts(e.Snapshot(), ops.PortProblems(ep.Stats()))
+		if readings == 1 {
+			close(baseline)
+		}
+		return m
 	}
 	rctx, stop := context.WithCancel(ctx)
 	done := make(chan struct{})
@@ -63,6 +68,9 @@ func TestRejectedClientsRateLimited(t *testing.T) {
 	}
 	defer p1.Close()
 
+	// The reporter's goroutine may start late: the baseline must come before the burst,
+	// or part of the burst hides in it.
+	<-baseline
 	const extra = 200
 	for i := 0; i < extra; i++ {
 		c, err := net.Dial("tcp", ep.Addr())
