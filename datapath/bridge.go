@@ -274,7 +274,7 @@ func (p *tapToPort) process(n int) {
 	st.Batches.Add(1)
 	st.Reads.Add(uint64(n))
 	hl := b.cfg.vnetHdrLen
-	if w := b.capture.tap.w.Load(); w != nil {
+	if w := b.capture.tap.Writer(); w != nil {
 		capTapFrames(w, p.cur, p.sizes, n, hl)
 	}
 	ref := b.port.Load()
@@ -463,7 +463,7 @@ func (p *tapToPort) flush(why rxpool.Reason) bool {
 	st := &p.b.t2p
 	staged, _ := p.pool.Queued()
 	out := p.out
-	if w := p.b.capture.port.w.Load(); w != nil {
+	if w := p.b.capture.port.Writer(); w != nil {
 		p.capOut = capSender{inner: out, w: w, hl: p.hl, shm: p.ref.shm}
 		out = &p.capOut
 	}
@@ -642,7 +642,7 @@ func (p *portToTap) run(pt port.Port) error {
 		if n > 0 {
 			st.Batches.Add(1)
 			st.Reads.Add(uint64(n))
-			if w := b.capture.port.w.Load(); w != nil {
+			if w := b.capture.port.Writer(); w != nil {
 				p.capture(w, n)
 			}
 			// Runtime switches (SetGRO, SetUDPGRO) apply from this batch on.
@@ -719,7 +719,7 @@ func (w *tapWriter) write(pkt []byte) {
 	}
 	_, err := w.b.tap.Write(pkt)
 	if err == nil {
-		if c := w.b.capture.tap.w.Load(); c != nil {
+		if c := w.b.capture.tap.Writer(); c != nil {
 			c.WriteFrame(time.Now(), pkt[w.b.cfg.vnetHdrLen:])
 		}
 		st.Frames.Add(1)
@@ -848,7 +848,7 @@ func (w *tapWriter) split(pkt []byte) {
 			st.DropTapError.Add(1)
 			continue
 		}
-		if c := b.capture.tap.w.Load(); c != nil {
+		if c := b.capture.tap.Writer(); c != nil {
 			c.WriteFrame(time.Now(), out[hl:])
 		}
 		st.Frames.Add(1)

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"path/filepath"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"tapgro/pcapio"
@@ -30,76 +29,47 @@ import (
 // capture records tap_to_port frames plus port_to_tap reads. Frames a port sends that
 // are shorter than its vnet header are malformed and not recorded.
 
-// capSide is one side's capture: the live Writer (nil: off) and counters that outlive it.
+// capSide is one side's capture point, named for messages.
 type capSide struct {
-	name  string
-	w     atomic.Pointer[pcapio.Writer]
-	stats pcapio.Stats
+	name string
+	pcapio.Point
 }
 
 // captures are the bridge's two capture points.
 type captures struct {
 	opt  pcapio.Options
-	mu   sync.Mutex // one switch at a time
+	mu   sync.Mutex // one switch at a time, across both sides (the same-file check)
 	tap  capSide
 	port capSide
 }
 
-// set starts capture of side into path, or stops it for path "". The old Writer is
-// closed after the swap; a frame a datapath goroutine is writing into it meanwhile is
-// counted as dropped. The other side may not write the same file.
+// set starts capture of side into path, or stops it for path "". The other side may
+// not write the same file.
 func (c *captures) set(side *capSide, path string) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	var nw *pcapio.Writer
 	if path != "" {
 		other := &c.port
 		if side == other {
 			other = &c.tap
 		}
-		if ow := other.w.Load(); ow != nil && filepath.Clean(ow.Path()) == filepath.Clean(path) {
+		if ow := other.Writer(); ow != nil && filepath.Clean(ow.Path()) == filepath.Clean(path) {
 			return fmt.Errorf("pcap %s: already the %s capture; each side needs its own file", path, other.name)
 		}
-		var err error
-		if nw, err = pcapio.Create(path, c.opt, &side.stats); err != nil {
-			return err
-		}
 	}
-	if old := side.w.Swap(nw); old != nil {
-		return old.Close()
-	}
-	return nil
+	return side.Set(path, c.opt)
 }
 
 // reopen is SIGHUP's: both live captures rotate (or restart after logrotate moved them).
 func (c *captures) reopen() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	var errs []error
-	for _, s := range []*capSide{&c.tap, &c.port} {
-		if w := s.w.Load(); w != nil {
-			errs = append(errs, w.Reopen())
-		}
-	}
-	return errors.Join(errs...)
+	return errors.Join(c.tap.Reopen(), c.port.Reopen())
 }
 
 // close stops both captures, flushing them.
 func (c *captures) close() error {
 	return errors.Join(c.set(&c.tap, ""), c.set(&c.port, ""))
-}
-
-// describe is a side's state for `tapgro ctl status`.
-func (s *capSide) describe() string {
-	w := s.w.Load()
-	if w == nil {
-		return "off"
-	}
-	msg := fmt.Sprintf("%s (%d frames, %d dropped)", w.Path(), s.stats.Frames.Load(), s.stats.Dropped.Load())
-	if err := w.Err(); err != nil {
-		msg += " stopped: " + err.Error()
-	}
-	return msg
 }
 
 // capTapFrames records frames read from the TAP (each buffer starts with its vnet
@@ -146,5 +116,6 @@ func (s *capSender) Room() (int, int)               { return s.inner.Room() }
 
 // snapshot is the side's state for Snapshot.
 func (s *capSide) snapshot() Capture {
-	return Capture{State: s.describe(), Frames: s.stats.Frames.Load(), Dropped: s.stats.Dropped.Load()}
+	st := s.Stats()
+	return Capture{State: s.Describe(), Frames: st.Frames.Load(), Dropped: st.Dropped.Load()}
 }

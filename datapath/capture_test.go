@@ -106,11 +106,11 @@ func TestCaptureDatapath(t *testing.T) {
 	tapLens, portLens := readPcap(t, tapFile), readPcap(t, portFile)
 	wantTap := b.t2p.Reads.Load() + b.p2t.Frames.Load()
 	wantPort := b.t2p.Frames.Load() + b.p2t.Reads.Load()
-	if uint64(len(tapLens)) != wantTap || b.capture.tap.stats.Frames.Load() != wantTap {
-		t.Errorf("tap capture: %d records, counter %d; want %d (TAP reads + TAP writes)", len(tapLens), b.capture.tap.stats.Frames.Load(), wantTap)
+	if uint64(len(tapLens)) != wantTap || b.capture.tap.Stats().Frames.Load() != wantTap {
+		t.Errorf("tap capture: %d records, counter %d; want %d (TAP reads + TAP writes)", len(tapLens), b.capture.tap.Stats().Frames.Load(), wantTap)
 	}
-	if uint64(len(portLens)) != wantPort || b.capture.port.stats.Frames.Load() != wantPort {
-		t.Errorf("port capture: %d records, counter %d; want %d (port writes + port reads)", len(portLens), b.capture.port.stats.Frames.Load(), wantPort)
+	if uint64(len(portLens)) != wantPort || b.capture.port.Stats().Frames.Load() != wantPort {
+		t.Errorf("port capture: %d records, counter %d; want %d (port writes + port reads)", len(portLens), b.capture.port.Stats().Frames.Load(), wantPort)
 	}
 	big := 0
 	for _, l := range tapLens {
@@ -127,7 +127,7 @@ func TestCaptureDatapath(t *testing.T) {
 			break
 		}
 	}
-	if d := b.capture.tap.stats.Dropped.Load() + b.capture.port.stats.Dropped.Load(); d != 0 {
+	if d := b.capture.tap.Stats().Dropped.Load() + b.capture.port.Stats().Dropped.Load(); d != 0 {
 		t.Errorf("%d frames dropped by capture", d)
 	}
 }

@@ -28,6 +28,12 @@
 // Reopen (SIGHUP) rotates in place when PATH is still the open file (so the operator
 // gets a complete PATH.1 to read), or starts a new PATH when logrotate moved it away.
 //
+// Point is a capture point switched at run time (`tapgro ctl pcap`): the live Writer
+// behind one atomic pointer, nil while off, with counters that outlive each file. The
+// engine has two (TAP side, port side); the vhost-user datapath one. WriteFrameV takes a
+// frame spread over segments (guest memory, after its virtio-net header) without
+// gathering it first.
+//
 // Failures never reach the datapath: the first write, flush or rotation error disables
 // the Writer (Err reports it), and every later frame is counted in Stats.Dropped. A
 // Reopen clears the failure and tries again. The package never logs.

@@ -167,40 +167,88 @@ func putFileHeader(h []byte, snap int) {
 // WriteFrame records one Ethernet frame seen at ts, cut to the snap length, with its
 // true length. It allocates nothing and never fails: problems are counted.
 func (w *Writer) WriteFrame(ts time.Time, frame []byte) {
-	caplen := min(len(frame), w.opt.SnapLen)
-	rec := int64(RecordHeaderLen + caplen)
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	caplen := min(len(frame), w.opt.SnapLen)
+	if !w.beginRecord(ts, len(frame), caplen) {
+		return
+	}
+	w.w.Write(frame[:caplen])
+	w.endRecord(caplen)
+}
+
+// WriteFrameV is WriteFrame for a frame of n bytes spread over segs, starting off bytes
+// into them (a frame in guest memory, after its virtio-net header). Bytes the segments
+// do not hold are not invented: the record is cut where they end.
+func (w *Writer) WriteFrameV(ts time.Time, segs [][]byte, off, n int) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	caplen := min(n, w.opt.SnapLen)
+	have := -off
+	for _, s := range segs {
+		have += len(s)
+	}
+	caplen = max(min(caplen, have), 0)
+	if !w.beginRecord(ts, n, caplen) {
+		return
+	}
+	left := caplen
+	for _, s := range segs {
+		if left == 0 {
+			break
+		}
+		if off >= len(s) {
+			off -= len(s)
+			continue
+		}
+		k := min(len(s)-off, left)
+		w.w.Write(s[off : off+k])
+		off, left = 0, left-k
+	}
+	w.endRecord(caplen)
+}
+
+// beginRecord makes room for the record of a frame of length n of which c bytes are
+// kept, and writes its record header; false if the frame is dropped (counted). Called
+// with mu held.
+func (w *Writer) beginRecord(ts time.Time, n, c int) bool {
+	rec := int64(RecordHeaderLen + c)
 	if w.err != nil {
 		w.stats.Dropped.Add(1)
-		return
+		return false
 	}
 	if w.opt.MaxBytes > 0 && w.size+rec > w.opt.MaxBytes && w.size > FileHeaderLen {
 		if w.opt.Files == 0 {
 			w.fail(ErrCapReached)
 			w.stats.Dropped.Add(1)
-			return
+			return false
 		}
 		if err := w.rotate(w.opt.Files); err != nil {
 			w.fail(err)
 			w.stats.Dropped.Add(1)
-			return
+			return false
 		}
 	}
 	le := binary.LittleEndian
 	ns := ts.UnixNano()
 	le.PutUint32(w.scratch[0:], uint32(ns/1e9))
 	le.PutUint32(w.scratch[4:], uint32(ns%1e9))
-	le.PutUint32(w.scratch[8:], uint32(caplen))
-	le.PutUint32(w.scratch[12:], uint32(len(frame)))
+	le.PutUint32(w.scratch[8:], uint32(c))
+	le.PutUint32(w.scratch[12:], uint32(n))
 	w.w.Write(w.scratch[:])
-	if _, err := w.w.Write(frame[:caplen]); err != nil {
-		// bufio's error is sticky: the file is in an unknown state from here on.
+	return true
+}
+
+// endRecord accounts a record whose frame bytes were written to the buffer. bufio's
+// error is sticky, so one check here covers every Write of the record: after a failure
+// the file is in an unknown state and the Writer is disabled. Called with mu held.
+func (w *Writer) endRecord(caplen int) {
+	if _, err := w.w.Write(nil); err != nil { // returns bufio's sticky error, if any
 		w.fail(fmt.Errorf("pcap %s: %w", w.path, err))
 		w.stats.Dropped.Add(1)
 		return
 	}
-	w.size += rec
+	w.size += int64(RecordHeaderLen + caplen)
 	w.stats.Frames.Add(1)
 	w.stats.Bytes.Add(uint64(caplen))
 }

@@ -259,3 +259,49 @@ func BenchmarkWriteFrame(b *testing.B) {
 		w.WriteFrame(ts, f)
 	}
 }
+
+// WriteFrameV records a frame spread over segments, from an offset (after a virtio-net
+// header), exactly as WriteFrame records the same bytes contiguous; it cuts at the snap
+// length and where the segments end.
+func TestWriteFrameV(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "v.pcap")
+	var st Stats
+	w, err := Create(path, Options{SnapLen: 128}, &st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := make([]byte, 90)
+	for i := range want {
+		want[i] = byte(i)
+	}
+	hdr := []byte{0xee, 0xee, 0xee, 0xee, 0xee, 0xee, 0xee, 0xee, 0xee, 0xee, 0xee, 0xee}
+	// 12-byte header, the frame starting inside the first segment.
+	segs := [][]byte{append(hdr[:12:12], want[:5]...), want[5:40], {}, want[40:]}
+	w.WriteFrameV(time.Unix(1, 0), segs, 12, len(want))
+	w.WriteFrame(time.Unix(1, 0), want)
+	// A reservation larger than the frame: only n bytes are recorded.
+	w.WriteFrameV(time.Unix(2, 0), [][]byte{hdr, want, make([]byte, 500)}, 12, 30)
+	// Longer than the snap length.
+	big := frame(300, 9)
+	w.WriteFrameV(time.Unix(3, 0), [][]byte{hdr, big[:150], big[150:]}, 12, 300)
+	// Segments shorter than n (cannot happen in tapgro; never read past them).
+	w.WriteFrameV(time.Unix(4, 0), [][]byte{hdr, want[:20]}, 12, 50)
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	recs := readFile(t, path, 128)
+	if len(recs) != 5 {
+		t.Fatalf("%d records, want 5", len(recs))
+	}
+	for i, c := range []struct {
+		data    []byte
+		origlen uint32
+	}{{want, 90}, {want, 90}, {want[:30], 30}, {big[:128], 300}, {want[:20], 50}} {
+		if r := recs[i]; !bytes.Equal(r.data, c.data) || r.origlen != c.origlen || int(r.caplen) != len(c.data) {
+			t.Errorf("record %d: caplen %d origlen %d data % x…, want caplen %d origlen %d", i, r.caplen, r.origlen, r.data[:min(8, len(r.data))], len(c.data), c.origlen)
+		}
+	}
+	if st.Frames.Load() != 5 || st.Dropped.Load() != 0 {
+		t.Errorf("frames %d dropped %d", st.Frames.Load(), st.Dropped.Load())
+	}
+}
