@@ -74,11 +74,27 @@
 // past deadline, joins it, and clears the deadline. Nothing touches guest memory after
 // RingStopped returns.
 //
+// # MTU
+//
+// MTU is offered with PROTOCOL_F_NET_MTU, so a NIC with host_mtu=N makes QEMU send
+// NET_SET_MTU (hw/net/virtio-net.c virtio_net_vhost_status → vhost_net_set_mtu). It is
+// always accepted (a refusal fails vhost_net_start and leaves the guest a dead NIC);
+// one that differs from the TAP's MTU is logged.
+//
+// # Capture
+//
+// SetCapture (--pcap-port, `tapgro ctl pcap port=FILE`) records each frame as the guest
+// sent or received it, GSO frames whole, header left out: TX after the TAP took it, RX
+// after the TAP filled the chains and before they are published, straight from guest
+// memory (pcapio.Writer.WriteFrameV). Off, it costs one atomic load per frame.
+//
 // # Counters
 //
 // Stats: frames, bytes and GSO frames per direction, RX chains used, drops by reason,
-// RX stalls, TX blocks, linearized frames, feature changes. Kicks and calls are
-// vhostuser.Stats (BackendStats).
+// RX stalls, TX blocks, linearized frames, feature changes, and two flags the health
+// monitor watches: RXWaiting (frames wait in the TAP for guest buffers) and TXWaiting
+// (a frame waits for the TAP). Kicks and calls are vhostuser.Stats (BackendStats).
+// State is what `tapgro ctl status` shows: connected, acked features, TAP offloads.
 //
 // # Limits
 //

@@ -80,6 +80,9 @@ func (n *Net) rxLoop(w *worker) {
 				n.stats.Drops[DropRXOffload].Add(1)
 				continue
 			}
+			if cw := n.capture.Writer(); cw != nil {
+				cw.WriteFrameV(time.Now(), segs, ringHL, k-ringHL)
+			}
 			used := v.CommitRX(k)
 			n.stats.RXFrames.Add(1)
 			n.stats.RXBytes.Add(uint64(k - ringHL))
@@ -103,7 +106,10 @@ func (n *Net) rxLoop(w *worker) {
 			state = rxIdle
 			if ready {
 				n.stats.RXStalls.Add(1)
-				if err := v.WaitMore(); err != nil {
+				n.stats.RXWaiting.Store(true)
+				err := v.WaitMore()
+				n.stats.RXWaiting.Store(false)
+				if err != nil {
 					return
 				}
 				continue

@@ -4,6 +4,7 @@ package vhostnet
 
 import (
 	"errors"
+	"time"
 
 	"tapgro/tapdev"
 	"tapgro/vhostuser"
@@ -70,7 +71,10 @@ func (n *Net) txLoop(w *worker) {
 		n.mu.RUnlock()
 		if blocked {
 			n.stats.TXBlocked.Add(1)
-			if err := n.tap.WaitWritable(); err != nil && w.stop.Load() {
+			n.stats.TXWaiting.Store(true)
+			err := n.tap.WaitWritable()
+			n.stats.TXWaiting.Store(false)
+			if err != nil && w.stop.Load() {
 				return
 			}
 		}
@@ -134,6 +138,13 @@ func (n *Net) tx(st *txState, c vhostuser.Chain, ringHL int) error {
 	}
 	st.out = out
 	_, err := n.tap.TryWritev(out)
+	if err == nil {
+		if cw := n.capture.Writer(); cw != nil {
+			// What the TAP took: the guest may rewrite its memory after the writev,
+			// so under a hostile guest the record can differ from what was sent.
+			cw.WriteFrameV(time.Now(), out[1:], 0, frameLen)
+		}
+	}
 	clear(out) // do not keep guest memory referenced past End
 	switch {
 	case err == nil:

@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"tapgro/pcapio"
 	"tapgro/tapdev"
 	"tapgro/vhostuser"
 	"tapgro/vnethdr"
@@ -19,6 +20,7 @@ import (
 const (
 	FeatureCsum      = 0  // VIRTIO_NET_F_CSUM: the driver may send NEEDS_CSUM
 	FeatureGuestCsum = 1  // VIRTIO_NET_F_GUEST_CSUM: the driver takes NEEDS_CSUM / DATA_VALID
+	FeatureMTU       = 3  // VIRTIO_NET_F_MTU: the device advises an MTU (NET_SET_MTU tells us)
 	FeatureGuestTSO4 = 7  // VIRTIO_NET_F_GUEST_TSO4
 	FeatureGuestTSO6 = 8  // VIRTIO_NET_F_GUEST_TSO6
 	FeatureGuestECN  = 9  // VIRTIO_NET_F_GUEST_ECN
@@ -75,6 +77,10 @@ type Stats struct {
 	Linearized atomic.Uint64
 	// FeatureChanges counts SET_FEATURES applied to the TAP.
 	FeatureChanges atomic.Uint64
+	// RXWaiting is 1 while the RX worker waits for the guest to post buffers, frames
+	// waiting in the TAP; TXWaiting is 1 while the TX worker waits for the TAP to take a
+	// frame. The health monitor watches them (a wait that never ends is a stall).
+	RXWaiting, TXWaiting atomic.Bool
 }
 
 // Config is one TAP and what to offer its guest.
@@ -86,6 +92,12 @@ type Config struct {
 	BackendStats *vhostuser.Stats
 	// Logf reports session ends and unusual events; nil discards.
 	Logf func(format string, args ...any)
+	// MTU is the TAP's MTU as configured (0: not known); a guest MTU that differs
+	// (NET_SET_MTU) is logged.
+	MTU int
+	// Pcap is the capture writers' options; PcapPath a capture to start with ("": off).
+	Pcap     pcapio.Options
+	PcapPath string
 }
 
 // Net is the datapath between one TAP and one vhost-user-net device (one queue pair).
@@ -97,6 +109,17 @@ type Net struct {
 	stats   *Stats
 	logf    func(string, ...any)
 	probed  vnethdr.Offloads
+	mtu     int
+
+	// capture records every frame that crosses, as the guest sent or received it
+	// (--pcap-port, `tapgro ctl pcap port=…`).
+	capture pcapio.Point
+	pcapOpt pcapio.Options
+	// acked is the last SET_FEATURES, for status (tapTX the TAP offloads it set).
+	acked     atomic.Uint64
+	ackedOK   atomic.Bool
+	tapOffl   atomic.Uint64
+	guestMTU  atomic.Int64
 
 	// mu is held shared by every ring batch and exclusively to change the TAP's header
 	// length and offloads, so that a change lands between batches.
@@ -119,7 +142,8 @@ func New(cfg Config) (*Net, error) {
 	if cfg.TAP == nil {
 		return nil, errors.New("vhostnet: a TAP is required")
 	}
-	n := &Net{tap: cfg.TAP, stats: cfg.Stats, logf: cfg.Logf, workers: map[*vhostuser.Vring]*worker{}}
+	n := &Net{tap: cfg.TAP, stats: cfg.Stats, logf: cfg.Logf, mtu: cfg.MTU, pcapOpt: cfg.Pcap,
+		workers: map[*vhostuser.Vring]*worker{}}
 	if n.stats == nil {
 		n.stats = new(Stats)
 	}
@@ -131,6 +155,7 @@ func New(cfg Config) (*Net, error) {
 	b, err := vhostuser.NewBackend(vhostuser.Config{
 		Features:   Offer(n.probed),
 		QueuePairs: 1,
+		NetMTU:     true,
 		Handler:    n,
 		Stats:      cfg.BackendStats,
 	})
@@ -138,11 +163,17 @@ func New(cfg Config) (*Net, error) {
 		return nil, err
 	}
 	n.backend = b
+	if cfg.PcapPath != "" {
+		if err := n.SetCapture(cfg.PcapPath); err != nil {
+			return nil, err
+		}
+	}
 	return n, nil
 }
 
 // Offer is the virtio feature set offered for a TAP whose read offloads probed as
-// probed: split rings with VERSION_1, MRG_RXBUF, EVENT_IDX and INDIRECT_DESC; guest TX
+// probed: split rings with VERSION_1, MRG_RXBUF, EVENT_IDX and INDIRECT_DESC; MTU, so
+// that QEMU tells us the guest's MTU (NET_SET_MTU, with -device …,host_mtu=N); guest TX
 // offloads the TAP always accepts on write (CSUM, HOST_TSO4/6/ECN: drivers/net/tun.c
 // tun_get_user validates them whatever TUNSETOFFLOAD says); guest RX offloads only as
 // far as the TAP can be told to produce them (GUEST_CSUM, GUEST_TSO4/6/ECN). No UFO
@@ -150,7 +181,7 @@ func New(cfg Config) (*Net, error) {
 // does not pass those bits).
 func Offer(probed vnethdr.Offloads) uint64 {
 	f := uint64(1)<<vhostuser.FeatureVersion1 | 1<<vhostuser.FeatureNetMrgRxbuf |
-		1<<vhostuser.FeatureEventIdx | 1<<vhostuser.FeatureIndirectDesc |
+		1<<vhostuser.FeatureEventIdx | 1<<vhostuser.FeatureIndirectDesc | 1<<FeatureMTU |
 		1<<FeatureCsum | 1<<FeatureHostTSO4 | 1<<FeatureHostTSO6 | 1<<FeatureHostECN
 	if probed&vnethdr.OffloadCSUM != 0 {
 		f |= 1 << FeatureGuestCsum
@@ -251,6 +282,9 @@ func (n *Net) FeaturesAcked(f vhostuser.Features) {
 	}
 	n.rxAllow = want
 	n.txAllow = TXOffloads(f)
+	n.acked.Store(f.Bits)
+	n.ackedOK.Store(true)
+	n.tapOffl.Store(uint64(eff))
 	n.guestCsm = f.Has(FeatureGuestCsum)
 	n.mrg = f.Has(vhostuser.FeatureNetMrgRxbuf)
 	n.logf("vhostnet: features %#x: header %d bytes, TAP offloads %s", f.Bits, n.tapHdr, eff)
@@ -302,9 +336,65 @@ func (n *Net) RingStopped(v *vhostuser.Vring) {
 	}
 }
 
-// SessionEnded logs the end of a session.
+// SetMTU takes NET_SET_MTU: the MTU QEMU advises the guest (-device …,host_mtu=N). It
+// is always accepted — refusing it makes QEMU fail vhost_net_start and leaves the guest
+// a NIC that carries nothing (hw/net/virtio-net.c virtio_net_vhost_status) — and a
+// difference from the TAP's MTU is logged: the TAP takes frames larger than its MTU
+// (drivers/net/tun.c tun_get_user checks no MTU), but the host sends the guest nothing
+// larger than the TAP's MTU, so the two directions would differ.
+func (n *Net) SetMTU(mtu int) error {
+	n.guestMTU.Store(int64(mtu))
+	if n.mtu != 0 && mtu != n.mtu {
+		n.logf("vhostnet: the guest's MTU is %d, the TAP's %d: give tapgro --mtu %d or the NIC host_mtu=%d", mtu, n.mtu, mtu, n.mtu)
+	}
+	return nil
+}
+
+// SessionEnded logs the end of a session and forgets its features.
 func (n *Net) SessionEnded(err error) {
+	n.ackedOK.Store(false)
+	n.guestMTU.Store(0)
 	if err != nil {
 		n.logf("vhostnet: session ended: %v", err)
+	}
+}
+
+// SetCapture starts capture of the frames the guest sends and receives into path,
+// moves it, or stops it (path ""). Frames are recorded as the guest sees them, GSO
+// frames whole and the virtio-net header left out (pcapio).
+func (n *Net) SetCapture(path string) error { return n.capture.Set(path, n.pcapOpt) }
+
+// ReopenCapture rotates the live capture file (SIGHUP).
+func (n *Net) ReopenCapture() error { return n.capture.Reopen() }
+
+// CloseCapture stops capture, flushing the file.
+func (n *Net) CloseCapture() error { return n.capture.Set("", n.pcapOpt) }
+
+// Capture is the capture point (its state and counters).
+func (n *Net) Capture() *pcapio.Point { return &n.capture }
+
+// State is what the operator surfaces show of the device: whether a front-end is
+// connected, the features its guest acked (valid: SET_FEATURES came in this session),
+// the TAP offloads they set, the header length and the guest's MTU (0: not told).
+type State struct {
+	Connected   bool
+	Acked       vhostuser.Features
+	AckedValid  bool
+	Offered     uint64
+	TapOffloads vnethdr.Offloads
+	TapProbed   vnethdr.Offloads
+	GuestMTU    int
+}
+
+// State reads the device's state.
+func (n *Net) State() State {
+	return State{
+		Connected:   n.active.Load() != nil,
+		Acked:       vhostuser.Features{Bits: n.acked.Load(), HdrLen: n.HdrLen()},
+		AckedValid:  n.ackedOK.Load(),
+		Offered:     Offer(n.probed),
+		TapOffloads: vnethdr.Offloads(n.tapOffl.Load()),
+		TapProbed:   n.probed,
+		GuestMTU:    int(n.guestMTU.Load()),
 	}
 }
