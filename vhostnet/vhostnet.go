@@ -116,10 +116,10 @@ type Net struct {
 	capture pcapio.Point
 	pcapOpt pcapio.Options
 	// acked is the last SET_FEATURES, for status (tapTX the TAP offloads it set).
-	acked     atomic.Uint64
-	ackedOK   atomic.Bool
-	tapOffl   atomic.Uint64
-	guestMTU  atomic.Int64
+	acked    atomic.Uint64
+	ackedOK  atomic.Bool
+	tapOffl  atomic.Uint64
+	guestMTU atomic.Int64
 
 	// mu is held shared by every ring batch and exclusively to change the TAP's header
 	// length and offloads, so that a change lands between batches.
