@@ -285,8 +285,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 }
 
 // checkVhostUser refuses, for --netdev vhost-user, the flags its datapath (package
-// vhostnet, no GRO engine) does not serve yet, rather than ignoring them. The default
-// control socket is simply not created.
+// vhostnet, no GRO engine) does not serve, rather than ignoring them.
 func checkVhostUser(o *options) error {
 	if o.netdev.Backend != netdev.BackendVhostUser {
 		return nil
@@ -295,12 +294,11 @@ func checkVhostUser(o *options) error {
 		set  bool
 		name string
 	}{
-		{o.pcapTap != "" || o.pcapPort != "", "--pcap-tap/--pcap-port"},
-		{o.multiQueue, "--multi-queue (vhost-user serves one queue pair)"},
-		{o.ctlSocket != "" && !o.ctlSocketDefault, "--ctl-socket (tapgro ctl)"},
+		{o.pcapTap != "", "--pcap-tap: capture has one side on this path, --pcap-port (each frame as the guest sent or received it; the TAP sees the same frames)"},
+		{o.multiQueue, "--multi-queue: vhost-user serves one queue pair for now"},
 	} {
 		if f.set {
-			return fmt.Errorf("--netdev vhost-user: %s is not supported with vhost-user yet", f.name)
+			return fmt.Errorf("--netdev vhost-user: %s", f.name)
 		}
 	}
 	return nil

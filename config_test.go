@@ -237,14 +237,21 @@ func TestParseFlagsVhostUser(t *testing.T) {
 	if kvm != want || tcg != want+",vectors=0" {
 		t.Errorf("QEMU args:\n %s\n %s\nwant\n %s\n %s,vectors=0", kvm, tcg, want, want)
 	}
-	for _, bad := range [][]string{
-		{"--pcap-tap", "/tmp/x.pcap"},
-		{"--multi-queue"},
-		{"--ctl-socket", "/tmp/x.ctl"},
+	for _, bad := range []struct {
+		args []string
+		why  string
+	}{
+		{[]string{"--pcap-tap", "/tmp/x.pcap"}, "capture has one side on this path, --pcap-port"},
+		{[]string{"--multi-queue"}, "one queue pair"},
 	} {
-		_, err := parseFlags(append([]string{"--tap", "tap0", nd}, bad...), io.Discard)
-		if err == nil || !strings.Contains(err.Error(), "not supported with vhost-user yet") {
-			t.Errorf("%v: err = %v, want not supported with vhost-user yet", bad, err)
+		_, err := parseFlags(append([]string{"--tap", "tap0", nd}, bad.args...), io.Discard)
+		if err == nil || !strings.Contains(err.Error(), bad.why) {
+			t.Errorf("%v: err = %v, want %q", bad.args, err, bad.why)
+		}
+	}
+	for _, good := range [][]string{{"--pcap-port", "/tmp/x.pcap"}, {"--ctl-socket", "/tmp/x.ctl"}} {
+		if _, err := parseFlags(append([]string{"--tap", "tap0", nd}, good...), io.Discard); err != nil {
+			t.Errorf("%v: %v", good, err)
 		}
 	}
 	if _, err := parseFlags([]string{"--tap", "tap0", nd + ",server=off"}, io.Discard); err == nil || !strings.Contains(err.Error(), "not implemented yet") {

@@ -15,7 +15,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net/http"
 	"os"
 	"os/signal"
 	"syscall"
@@ -230,8 +229,10 @@ func run(ctx context.Context, o *options, log *logrus.Logger) error {
 
 // runVhostUser is run for --netdev vhost-user: TAP → vhostnet (straight to and from guest
 // memory, no GRO engine) → the vhost-user socket, where QEMU connects. vhostnet sets the
-// TAP's header length and offloads per session. /metrics has vhostnet's own catalogue
-// (ops.NewVhostMetrics); there is no control socket yet.
+// TAP's header length and offloads per session. The operator surfaces are the engine's,
+// over vhostnet's counters: /metrics (ops.NewVhostMetrics), /healthz (a guest that stops
+// refilling its receive ring is a stall), `tapgro ctl status` (the features by name) and
+// capture of the port side (--pcap-port, `tapgro ctl pcap port=…`).
 func runVhostUser(ctx context.Context, o *options, log *logrus.Logger) error {
 	tap, err := tapdev.Open(tapdev.Config{Name: o.tap, VnetHdrLen: o.vnetHdrLen})
 	if err != nil {
@@ -241,14 +242,17 @@ func runVhostUser(ctx context.Context, o *options, log *logrus.Logger) error {
 	if err := tap.ConfigureLink(tapdev.LinkConfig{MTU: o.mtu, TxQueueLen: o.txQueueLen, Addrs: o.addrs, Up: true}); err != nil {
 		return err
 	}
-	vn, err := vhostnet.New(vhostnet.Config{TAP: tap, Logf: func(f string, a ...any) { log.Warnf(f, a...) }})
+	vn, err := vhostnet.New(vhostnet.Config{TAP: tap, MTU: o.mtu, Pcap: o.pcap, PcapPath: o.pcapPort,
+		Logf: func(f string, a ...any) { log.Warnf(f, a...) }})
 	if err != nil {
 		return err
 	}
+	defer vn.CloseCapture()
+	hupReopeners.add("pcap capture", vn.ReopenCapture)
+	h := ops.NewVhostHealthMonitor(vn.Stats(), o.healthStall)
+	go h.Run(ctx)
 	if o.metricsAddr != "" {
-		// No engine, so no stall monitor: /healthz says only that tapgro is serving.
-		ok := http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok\n") })
-		done, err := serveMetrics(o.metricsAddr, o.pprof, ops.NewVhostMetrics(vn.Stats(), vn.BackendStats(), version), ok, log)
+		done, err := serveMetrics(o.metricsAddr, o.pprof, ops.NewVhostMetrics(vn, h, version), h, log)
 		if err != nil {
 			return err
 		}
@@ -263,14 +267,23 @@ func runVhostUser(ctx context.Context, o *options, log *logrus.Logger) error {
 	}
 	defer remove()
 	defer ln.Close()
+	stopCtl, err := startCtl(o, ops.NewVhostCtlServer(vn, tap.Name(), spec.Local.String(), version, engineLogger{log}), log)
+	if err != nil {
+		return err
+	}
+	defer stopCtl()
 	if o.user != nil {
 		if err := dropPrivileges(o.user); err != nil {
 			return err
 		}
 	}
 	qemu, tcg := vhostUserQEMUArgs(spec)
-	log.WithFields(logrus.Fields{"tap": tap.Name(), "netdev": spec.String(), "listen": spec.Local.String(), "version": version}).
-		Info("tapgro ready (vhost-user, experimental); give QEMU: " + qemu + " (RAM = the guest's -m size; under TCG use " + tcg + ")")
+	fields := logrus.Fields{"tap": tap.Name(), "netdev": spec.String(), "listen": spec.Local.String(), "version": version,
+		"offered": vhostnet.FeatureString(vn.State().Offered)}
+	if o.pcapPort != "" {
+		fields["pcap_port"] = o.pcapPort
+	}
+	log.WithFields(fields).Info("tapgro ready (vhost-user); give QEMU: " + qemu + " (RAM = the guest's -m size; under TCG use " + tcg + ")")
 	err = vn.Serve(ctx, ln)
 	if errors.Is(err, context.Canceled) {
 		err = nil
@@ -280,6 +293,7 @@ func runVhostUser(ctx context.Context, o *options, log *logrus.Logger) error {
 	f := logrus.Fields{
 		"port_to_tap_frames": st.TXFrames.Load(), "port_to_tap_bytes": st.TXBytes.Load(),
 		"tap_to_port_frames": st.RXFrames.Load(), "tap_to_port_bytes": st.RXBytes.Load(),
+		"port_to_tap_gso_passthrough": st.TXGSO.Load(), "tap_to_port_gso_passthrough": st.RXGSO.Load(),
 		"rx_stalls": st.RXStalls.Load(), "sessions": bs.Sessions.Load(),
 		"kicks": bs.Kicks.Load(), "calls": bs.Calls.Load(),
 	}
@@ -287,6 +301,9 @@ func runVhostUser(ctx context.Context, o *options, log *logrus.Logger) error {
 		if n := st.Drops[r].Load(); n != 0 {
 			f["dropped_"+vhostnet.DropName(r)] = n
 		}
+	}
+	if c := vn.Capture().Stats(); o.pcapPort != "" || c.Frames.Load() != 0 {
+		f["pcap_port_frames"], f["pcap_port_dropped"] = c.Frames.Load(), c.Dropped.Load()
 	}
 	log.WithFields(f).Info("tapgro exiting")
 	return err

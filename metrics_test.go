@@ -12,6 +12,7 @@ import (
 	"tapgro/datapath/datapathtest"
 	"tapgro/netmapio"
 	"tapgro/ops"
+	"tapgro/pcapio"
 	"tapgro/port"
 	"tapgro/vhostnet"
 	"tapgro/vhostuser"
@@ -65,11 +66,13 @@ func TestMetricsDocumented(t *testing.T) {
 // The vhost-user catalogue obeys the same rules: valid for Prometheus, every series in
 // the README, and it reads vhostnet's counters.
 func TestVhostMetricsDocumented(t *testing.T) {
-	st, bs := new(vhostnet.Stats), new(vhostuser.Stats)
-	st.TXFrames.Store(7)
-	bs.Sessions.Store(2)
+	vn := &fakeVhost{st: new(vhostnet.Stats), bs: new(vhostuser.Stats)}
+	vn.st.TXFrames.Store(7)
+	vn.st.TXGSO.Store(3)
+	vn.bs.Sessions.Store(2)
+	vn.bs.Rejected[vhostuser.RejectLoop].Store(1)
 	reg := prometheus.NewRegistry()
-	if err := reg.Register(newPromCollector(ops.NewVhostMetrics(st, bs, version))); err != nil {
+	if err := reg.Register(newPromCollector(ops.NewVhostMetrics(vn, ops.NewVhostHealthMonitor(vn.st, time.Second), version))); err != nil {
 		t.Fatal(err)
 	}
 	fams, err := reg.Gather()
@@ -93,7 +96,21 @@ func TestVhostMetricsDocumented(t *testing.T) {
 			got[key] = m.GetCounter().GetValue()
 		}
 	}
-	if got["tapgro_vhost_frames_total,port_to_tap"] != 7 || got["tapgro_vhost_sessions_total"] != 2 {
+	if got["tapgro_vhost_frames_total,port_to_tap"] != 7 || got["tapgro_vhost_sessions_total"] != 2 ||
+		got["tapgro_gso_passthrough_total,port_to_tap"] != 3 || got["tapgro_vhost_rejected_total,loop"] != 1 {
 		t.Errorf("vhost metrics do not read the counters: %v", got)
 	}
 }
+
+// fakeVhost is a vhost-user datapath's operator surface without a TAP or a guest.
+type fakeVhost struct {
+	st  *vhostnet.Stats
+	bs  *vhostuser.Stats
+	cap pcapio.Point
+}
+
+func (f *fakeVhost) Stats() *vhostnet.Stats         { return f.st }
+func (f *fakeVhost) BackendStats() *vhostuser.Stats { return f.bs }
+func (f *fakeVhost) State() vhostnet.State          { return vhostnet.State{Connected: true} }
+func (f *fakeVhost) Capture() *pcapio.Point         { return &f.cap }
+func (f *fakeVhost) SetCapture(path string) error   { return f.cap.Set(path, pcapio.Options{}) }

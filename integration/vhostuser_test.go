@@ -75,7 +75,7 @@ func TestQEMUVhostUser(t *testing.T) {
 		runFullGuest(t, s, netdev, 1500)
 		m := scrape(t, s.ns, metricsAddr)
 		for _, name := range []string{`tapgro_vhost_frames_total{direction="port_to_tap"}`, `tapgro_vhost_frames_total{direction="tap_to_port"}`,
-			`tapgro_vhost_gso_frames_total{direction="port_to_tap"}`, `tapgro_vhost_sessions_total`} {
+			`tapgro_gso_passthrough_total{direction="port_to_tap"}`, `tapgro_vhost_sessions_total`} {
 			if v := m.get(t, name); v < 1 {
 				t.Errorf("%s = %v after the guest's traffic", name, v)
 			}

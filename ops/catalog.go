@@ -252,6 +252,19 @@ func (m *Metrics) addOffload() {
 }
 
 func (m *Metrics) addHealth(h *HealthMonitor) {
+	m.addStalled(h)
+	m.custom = append(m.custom, func(src *Source) *Sample {
+		snap := src.Snap
+		if !snap.Connected {
+			return nil
+		}
+		return &Sample{Name: "tapgro_port_peer_info", Help: "The connected peer (address, or UNIX credentials); absent while disconnected.",
+			Kind: Gauge, LabelNames: []string{"peer"}, LabelValues: []string{snap.Peer}, Value: 1}
+	})
+}
+
+// addStalled is the health monitor's per-direction gauge.
+func (m *Metrics) addStalled(h *HealthMonitor) {
 	for i, name := range dirNames {
 		i := i
 		m.add("tapgro_stalled", "1 while the direction has had traffic pending without progress for --health-stall (/healthz fails).",
@@ -262,12 +275,4 @@ func (m *Metrics) addHealth(h *HealthMonitor) {
 				return 0
 			})
 	}
-	m.custom = append(m.custom, func(src *Source) *Sample {
-		snap := src.Snap
-		if !snap.Connected {
-			return nil
-		}
-		return &Sample{Name: "tapgro_port_peer_info", Help: "The connected peer (address, or UNIX credentials); absent while disconnected.",
-			Kind: Gauge, LabelNames: []string{"peer"}, LabelValues: []string{snap.Peer}, Value: 1}
-	})
 }

@@ -16,6 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"tapgro/datapath"
+	"tapgro/vhostnet"
 	"tapgro/vnethdr"
 )
 
@@ -93,6 +94,27 @@ type Status struct {
 	PcapTap        string   `json:"pcap_tap"`        // the capture file and its counts, or "off"
 	PcapPort       string   `json:"pcap_port"`
 	Counters       Counters `json:"counters"`
+
+	// Vhost is set for a vhost-user port, which has no engine: the fields above that
+	// describe the engine's negotiation and GRO are then empty.
+	Vhost *VhostStatus `json:"vhost,omitempty"`
+}
+
+// VhostStatus is a vhost-user port's state: the virtio features offered and acked, by
+// name, and what they set on the TAP.
+type VhostStatus struct {
+	Offered     []string `json:"offered"`
+	Acked       []string `json:"acked"` // empty until the guest's SET_FEATURES
+	HdrLen      int      `json:"hdr_len"`
+	TapOffloads string   `json:"tap_offloads"`
+	GuestMTU    int      `json:"guest_mtu,omitempty"`
+	Sessions    uint64   `json:"sessions"`
+	Kicks       uint64   `json:"kicks"`
+	Calls       uint64   `json:"calls"`
+	RXStalls    uint64   `json:"rx_stalls"`
+	Rejected    uint64   `json:"rejected"` // chains or rings the guest broke, all reasons
+	GSOToTap    uint64   `json:"gso_port_to_tap"`
+	GSOToGuest  uint64   `json:"gso_tap_to_port"`
 }
 
 type DirCounters struct {
@@ -274,9 +296,10 @@ type Snapshotter interface{ Snapshot() datapath.Snapshot }
 
 var _ Engine = (*datapath.Engine)(nil)
 
-// ctlServer answers requests for one engine.
+// ctlServer answers requests for one engine, or for one vhost-user datapath.
 type CtlServer struct {
 	eng    Engine
+	vn     VhostNet
 	tap    string
 	listen string // the port's address, for status
 	log    Logger
@@ -293,6 +316,18 @@ func NewCtlServer(eng Engine, tap, listen, version string, log Logger) *CtlServe
 	return &CtlServer{eng: eng, ver: version, tap: tap, listen: listen, log: log, slots: make(chan struct{}, MaxConns),
 		busy: make(chan struct{}, MaxConns)}
 }
+
+// NewVhostCtlServer answers requests for a vhost-user datapath: status, and capture of
+// the port side. Offloads there follow the guest's acked features and GRO does not
+// run, so requests to switch them are refused with the reason.
+func NewVhostCtlServer(vn VhostNet, tap, listen, version string, log Logger) *CtlServer {
+	s := NewCtlServer(nil, tap, listen, version, log)
+	s.vn = vn
+	return s
+}
+
+// errVhostFixed refuses offload and GRO switches on a vhost-user port.
+var errVhostFixed = errors.New("vhost-user: the TAP's offloads follow the features the guest acked (SET_FEATURES) and no GRO runs on this path, so there is nothing to switch; `tapgro ctl status` shows them")
 
 // Serve answers connections on ln until it is closed.
 func (s *CtlServer) Serve(ln *net.UnixListener) {
@@ -431,6 +466,14 @@ func (s *CtlServer) handle(line string, who []any) *Response {
 	if req.status {
 		return &Response{OK: true, Status: s.status()}
 	}
+	if s.vn != nil {
+		if req.editsOffloads() || req.gro != nil || req.udpGRO != nil {
+			return &Response{Error: errVhostFixed.Error()}
+		}
+		if req.pcapTap != nil {
+			return &Response{Error: "vhost-user: capture has one side, port= (each frame as the guest sent or received it; the TAP sees the same frames)"}
+		}
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	resp := &Response{OK: true}
@@ -488,7 +531,13 @@ func (s *CtlServer) setPcap(req *request, resp *Response) error {
 		if x.path == nil {
 			continue
 		}
-		if err := s.eng.SetCapture(x.side, *x.path); err != nil {
+		var err error
+		if s.vn != nil {
+			err = s.vn.SetCapture(*x.path) // the port side only (handle refused tap=)
+		} else {
+			err = s.eng.SetCapture(x.side, *x.path)
+		}
+		if err != nil {
 			return fmt.Errorf("pcap %s: %w", x.name, err)
 		}
 		if *x.path == "" {
@@ -546,8 +595,47 @@ func (s *CtlServer) describeOffloads(c vnethdr.Choice, set vnethdr.Offloads) str
 	return msg
 }
 
-// status is the engine's state from one Snapshot.
+// vhostStatus is a vhost-user datapath's state.
+func (s *CtlServer) vhostStatus() *Status {
+	vs, st, bs := s.vn.State(), s.vn.Stats(), s.vn.BackendStats()
+	v := &VhostStatus{
+		Offered: vhostnet.FeatureNames(vs.Offered), HdrLen: vs.Acked.HdrLen,
+		TapOffloads: vs.TapOffloads.String(), GuestMTU: vs.GuestMTU,
+		Sessions: bs.Sessions.Load(), Kicks: bs.Kicks.Load(), Calls: bs.Calls.Load(),
+		RXStalls: st.RXStalls.Load(), GSOToTap: st.TXGSO.Load(), GSOToGuest: st.RXGSO.Load(),
+	}
+	if vs.AckedValid {
+		v.Acked = vhostnet.FeatureNames(vs.Acked.Bits)
+	}
+	for r := range bs.Rejected {
+		v.Rejected += bs.Rejected[r].Load()
+	}
+	var txDrop, rxDrop uint64
+	for r := 0; r < vhostnet.NumDrops; r++ {
+		if vhostnet.DropIsRX(r) {
+			rxDrop += st.Drops[r].Load()
+		} else {
+			txDrop += st.Drops[r].Load()
+		}
+	}
+	tx, rx := st.TXFrames.Load(), st.RXFrames.Load()
+	return &Status{
+		Version: s.ver, Tap: s.tap, Listen: s.listen, PortConnected: vs.Connected,
+		TapProbed: vs.TapProbed.String(), TapOffloads: v.TapOffloads,
+		PcapTap: "off", PcapPort: s.vn.Capture().Describe(),
+		Counters: Counters{
+			PortToTap: DirCounters{Reads: tx + txDrop, Frames: tx, Bytes: st.TXBytes.Load(), Dropped: txDrop},
+			TapToPort: DirCounters{Reads: rx + rxDrop, Frames: rx, Bytes: st.RXBytes.Load(), Dropped: rxDrop},
+		},
+		Vhost: v,
+	}
+}
+
+// status is the engine's (or the vhost-user datapath's) state from one Snapshot.
 func (s *CtlServer) status() *Status {
+	if s.vn != nil {
+		return s.vhostStatus()
+	}
 	snap := s.eng.Snapshot()
 	st := &Status{
 		Version: s.ver, Tap: s.tap, Listen: s.listen,
@@ -587,6 +675,41 @@ func (st *Status) lines() [][2]string {
 	if st.PortConnected {
 		port = "connected to " + st.Peer + " (on " + st.Listen + ")"
 	}
+	c := &st.Counters
+	dir := func(d DirCounters) string {
+		return fmt.Sprintf("%d frames, %d bytes (read %d, dropped %d)", d.Frames, d.Bytes, d.Reads, d.Dropped)
+	}
+	if v := st.Vhost; v != nil {
+		if st.PortConnected {
+			port = "vhost-user front-end connected (on " + st.Listen + ")"
+		}
+		acked := strings.Join(v.Acked, " ")
+		if len(v.Acked) == 0 {
+			acked = "none yet (the guest has not started its driver)"
+		}
+		mtu := "not told (give the NIC host_mtu=N)"
+		if v.GuestMTU != 0 {
+			mtu = fmt.Sprint(v.GuestMTU)
+		}
+		return [][2]string{
+			{"tap", st.Tap},
+			{"version", st.Version},
+			{"port", port},
+			{"features offered", strings.Join(v.Offered, " ")},
+			{"features acked", acked},
+			{"header", fmt.Sprintf("%d bytes (TAP and guest)", v.HdrLen)},
+			{"tap offloads", st.TapOffloads + " (what the guest acked to receive)"},
+			{"tap offers", st.TapProbed},
+			{"guest mtu", mtu},
+			{"guest->tap", dir(c.PortToTap) + fmt.Sprintf(", %d GSO whole", v.GSOToTap)},
+			{"tap->guest", dir(c.TapToPort) + fmt.Sprintf(", %d GSO whole", v.GSOToGuest)},
+			{"sessions", fmt.Sprint(v.Sessions)},
+			{"kicks / calls", fmt.Sprintf("%d / %d", v.Kicks, v.Calls)},
+			{"rx stalls", fmt.Sprintf("%d (the guest had no receive buffers)", v.RXStalls)},
+			{"rings rejected", fmt.Sprint(v.Rejected)},
+			{"pcap port", st.PcapPort},
+		}
+	}
 	gro := onOff(st.GRO)
 	switch {
 	case st.GROKilled:
@@ -597,10 +720,6 @@ func (st *Status) lines() [][2]string {
 	udp := onOff(st.UDPGRO)
 	if st.UDPGRO && !st.UDPGROActive {
 		udp += " (inactive: needs gro on and a TAP that accepts USO on write)"
-	}
-	c := &st.Counters
-	dir := func(d DirCounters) string {
-		return fmt.Sprintf("%d frames, %d bytes (read %d, dropped %d)", d.Frames, d.Bytes, d.Reads, d.Dropped)
 	}
 	gp := fmt.Sprintf("%d segments into %d packets", c.GROSegments, c.GROPackets)
 	if c.GROPackets > 0 {

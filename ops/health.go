@@ -10,6 +10,7 @@ import (
 
 	"tapgro/datapath"
 	"tapgro/rxpool"
+	"tapgro/vhostnet"
 )
 
 // A daemon that is alive but no longer forwards is the failure users of similar tools
@@ -22,6 +23,17 @@ import (
 //     the port took a frame or one was dropped (sent, or counted away).
 //   - port→TAP has work while the port's socket has unread bytes (SIOCINQ); it has moved
 //     when a frame was read from the port.
+//
+// On a vhost-user port (NewVhostHealthMonitor) the same question is asked of vhostnet:
+//
+//   - TAP→guest has work while the RX worker waits for the guest to post receive
+//     buffers with frames waiting in the TAP (vhostnet.Stats.RXWaiting); it has moved
+//     when a frame reached the guest or was dropped.
+//   - guest→TAP has work while the TX worker waits for the TAP to take a frame
+//     (TXWaiting); it has moved when a frame was written or dropped.
+//
+// A guest whose driver stopped refilling its receive ring (hung, or paused with the
+// link up) is the stall this catches.
 //
 // A direction with work that has not moved for --health-stall is stalled and /healthz
 // answers 503 with the reason. An idle link, or no peer at all, is healthy: waiting for
@@ -44,21 +56,50 @@ type dirHealth struct {
 }
 
 type HealthMonitor struct {
-	eng   Snapshotter
+	probe func() (pending [numDirs]bool, progress [numDirs]uint64, detail [numDirs]string)
 	stall time.Duration
 
 	mu   sync.Mutex
 	dirs [numDirs]dirHealth
 }
 
+// NewHealthMonitor watches the engine eng.
 func NewHealthMonitor(eng Snapshotter, stall time.Duration) *HealthMonitor {
-	return &HealthMonitor{eng: eng, stall: stall}
+	return &HealthMonitor{probe: func() ([numDirs]bool, [numDirs]uint64, [numDirs]string) { return engineWork(eng) }, stall: stall}
 }
 
-// work reads, from one Snapshot, whether each direction has work pending and the counter
-// that moves when it gets done.
-func (h *HealthMonitor) work() (pending [numDirs]bool, progress [numDirs]uint64, detail [numDirs]string) {
-	snap := h.eng.Snapshot()
+// NewVhostHealthMonitor watches a vhost-user datapath's counters st.
+func NewVhostHealthMonitor(st *vhostnet.Stats, stall time.Duration) *HealthMonitor {
+	return &HealthMonitor{probe: func() ([numDirs]bool, [numDirs]uint64, [numDirs]string) { return vhostWork(st) }, stall: stall}
+}
+
+// vhostWork is NewVhostHealthMonitor's probe: each direction's wait flag and the
+// counters that move when its work gets done (delivered or dropped).
+func vhostWork(st *vhostnet.Stats) (pending [numDirs]bool, progress [numDirs]uint64, detail [numDirs]string) {
+	progress[dirTapToPort] = st.RXFrames.Load()
+	progress[dirPortToTap] = st.TXFrames.Load()
+	for r := 0; r < vhostnet.NumDrops; r++ {
+		if vhostnet.DropIsRX(r) {
+			progress[dirTapToPort] += st.Drops[r].Load()
+		} else {
+			progress[dirPortToTap] += st.Drops[r].Load()
+		}
+	}
+	if st.RXWaiting.Load() {
+		pending[dirTapToPort] = true
+		detail[dirTapToPort] = "frames wait in the TAP and the guest posts no receive buffers"
+	}
+	if st.TXWaiting.Load() {
+		pending[dirPortToTap] = true
+		detail[dirPortToTap] = "a guest frame waits for the TAP to take it"
+	}
+	return
+}
+
+// engineWork reads, from one Snapshot, whether each direction has work pending and the
+// counter that moves when it gets done.
+func engineWork(eng Snapshotter) (pending [numDirs]bool, progress [numDirs]uint64, detail [numDirs]string) {
+	snap := eng.Snapshot()
 	rs := snap.Pool
 	progress[dirTapToPort] = rs.FramesSent.Load() + snap.TapToPort.Drops[datapath.DropPortError]
 	for d := rxpool.Drop(0); d < rxpool.NumDrops; d++ {
@@ -77,7 +118,7 @@ func (h *HealthMonitor) work() (pending [numDirs]bool, progress [numDirs]uint64,
 }
 
 func (h *HealthMonitor) sample(now time.Time) {
-	pending, progress, detail := h.work()
+	pending, progress, detail := h.probe()
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	for i := range h.dirs {

@@ -6,6 +6,7 @@ import (
 
 	"tapgro/datapath"
 	"tapgro/netmapio"
+	"tapgro/pcapio"
 	"tapgro/port"
 	"tapgro/vhostnet"
 	"tapgro/vhostuser"
@@ -99,11 +100,15 @@ func (m *Metrics) Collect(emit func(*Sample)) {
 	}
 }
 
-// NewVhostMetrics is the catalogue for --netdev vhost-user: vhostnet's counters (st) and
-// the vhost-user back-end's (bs), with no engine behind them. Directions are named as
-// the engine's: port_to_tap is guest → TAP (vhostnet TX), tap_to_port TAP → guest (RX).
-func NewVhostMetrics(st *vhostnet.Stats, bs *vhostuser.Stats, version string) *Metrics {
+// NewVhostMetrics is the catalogue for --netdev vhost-user: vhostnet's counters (vn's
+// Stats and its capture) and the vhost-user back-end's, with no engine behind
+// them; health adds the stall gauges (nil: none). Directions are named as the engine's:
+// port_to_tap is guest → TAP (vhostnet TX), tap_to_port TAP → guest (RX). Series the
+// engine also has (tapgro_gso_passthrough_total, tapgro_pcap_*, tapgro_stalled) keep
+// their names and meaning, so one dashboard reads both kinds of port.
+func NewVhostMetrics(vn VhostNet, health *HealthMonitor, version string) *Metrics {
 	m := &Metrics{}
+	st, bs := vn.Stats(), vn.BackendStats()
 	for _, d := range []struct {
 		dir                string
 		frames, bytes, gso func() uint64
@@ -114,20 +119,48 @@ func NewVhostMetrics(st *vhostnet.Stats, bs *vhostuser.Stats, version string) *M
 		l := Labels{"direction": d.dir}
 		m.add("tapgro_vhost_frames_total", "vhost-user: frames moved between guest memory and the TAP (a GSO frame counts once).", Counter, l, u(d.frames))
 		m.add("tapgro_vhost_bytes_total", "vhost-user: Ethernet bytes moved, virtio-net header excluded.", Counter, l, u(d.bytes))
-		m.add("tapgro_vhost_gso_frames_total", "vhost-user: GSO frames moved whole.", Counter, l, u(d.gso))
+		m.add("tapgro_gso_passthrough_total", "GSO frames handed on whole (tap_to_port: to a vnet-hdr port; port_to_tap: from one to the TAP).", Counter, l, u(d.gso))
 	}
 	for r := 0; r < vhostnet.NumDrops; r++ {
 		m.add("tapgro_vhost_dropped_total", "vhost-user: frames dropped, by reason.", Counter, Labels{"reason": vhostnet.DropName(r)}, u(st.Drops[r].Load))
 	}
+	for r := vhostuser.Reason(0); r < vhostuser.NumReasons; r++ {
+		m.add("tapgro_vhost_rejected_total", "vhost-user: chains or rings the guest broke, by reason (each stops that ring until the device is reset).",
+			Counter, Labels{"reason": r.String()}, u(bs.Rejected[r].Load))
+	}
+	m.add("tapgro_vhost_rx_chains_total", "vhost-user: receive descriptor chains filled (more than frames with mergeable buffers).", Counter, nil, u(st.RXChains.Load))
 	m.add("tapgro_vhost_rx_stalls_total", "vhost-user: times TAP → guest waited for the guest to post buffers.", Counter, nil, u(st.RXStalls.Load))
+	m.add("tapgro_vhost_tx_blocked_total", "vhost-user: times guest → TAP waited for the TAP to take a frame.", Counter, nil, u(st.TXBlocked.Load))
+	m.add("tapgro_vhost_tx_linearized_total", "vhost-user: guest frames of more segments than one writev takes, copied.", Counter, nil, u(st.Linearized.Load))
 	m.add("tapgro_vhost_sessions_total", "vhost-user: front-end sessions (QEMU connections) served.", Counter, nil, u(bs.Sessions.Load))
 	m.add("tapgro_vhost_kicks_total", "vhost-user: kick eventfd reads (the guest posted work).", Counter, nil, u(bs.Kicks.Load))
 	m.add("tapgro_vhost_calls_total", "vhost-user: call eventfd signals (interrupts to the guest).", Counter, nil, u(bs.Calls.Load))
+	m.add("tapgro_vhost_messages_unknown_total", "vhost-user: front-end requests refused as unknown or not negotiated.", Counter, nil, u(bs.Unknown.Load))
+	m.add("tapgro_vhost_messages_failed_total", "vhost-user: front-end requests answered with a failure.", Counter, nil, u(bs.Failed.Load))
+	m.add("tapgro_port_connected", "1 while a peer is connected to the port.", Gauge, nil, func(*Source) float64 { return b2f(vn.State().Connected) })
+	c := vn.Capture().Stats()
+	l := Labels{"side": "port"}
+	m.add("tapgro_pcap_frames_total", "Frames written to the capture file, by side.", Counter, l, u(c.Frames.Load))
+	m.add("tapgro_pcap_dropped_total", "Frames the capture could not write (file error, size cap without rotation), by side.", Counter, l, u(c.Dropped.Load))
+	if health != nil {
+		m.addStalled(health)
+	}
 	m.add("tapgro_build_info", "Build version.", Gauge, Labels{"version": version}, func(*Source) float64 { return 1 })
 	start := float64(time.Now().Unix())
 	m.add("tapgro_start_time_seconds", "Process start time (Unix seconds).", Gauge, nil, func(*Source) float64 { return start })
 	return m
 }
+
+// VhostNet is what the operator surfaces read of a vhost-user datapath (*vhostnet.Net).
+type VhostNet interface {
+	Stats() *vhostnet.Stats
+	BackendStats() *vhostuser.Stats
+	State() vhostnet.State
+	Capture() *pcapio.Point
+	SetCapture(path string) error
+}
+
+var _ VhostNet = (*vhostnet.Net)(nil)
 
 // u reads a counter that is not the engine's (the port's own, through the Source).
 func u(f func() uint64) func(*Source) float64 {

@@ -14,6 +14,7 @@ import (
 	"tapgro/datapath/datapathtest"
 	"tapgro/port"
 	"tapgro/rxpool"
+	"tapgro/vhostnet"
 )
 
 // stubPort is a connected port for the health monitor: a peer name and a receive queue.
@@ -84,6 +85,49 @@ func TestHealthStall(t *testing.T) {
 	h.sample(t0.Add(81 * time.Second))
 	if code, _ := get(); code != 200 {
 		t.Fatalf("after reads: %d", code)
+	}
+}
+
+// TestVhostHealthStall: on a vhost-user port, a guest that stops posting receive
+// buffers while frames wait in the TAP is a stall; a frame reaching the guest (or
+// being dropped) ends it; and a TX wait for the TAP is watched the same way.
+func TestVhostHealthStall(t *testing.T) {
+	st := new(vhostnet.Stats)
+	h := NewVhostHealthMonitor(st, 5*time.Second)
+	get := func() (int, string) {
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, httptest.NewRequest("GET", "/healthz", nil))
+		return w.Code, w.Body.String()
+	}
+	t0 := time.Unix(1000, 0)
+	h.sample(t0)
+	st.RXWaiting.Store(true)
+	h.sample(t0.Add(time.Second))
+	h.sample(t0.Add(4 * time.Second))
+	if code, _ := get(); code != 200 {
+		t.Fatalf("waited 3s of 5: %d", code)
+	}
+	h.sample(t0.Add(7 * time.Second))
+	if code, body := get(); code != 503 || !strings.Contains(body, "tap_to_port stalled: frames wait in the TAP and the guest posts no receive buffers and no progress for 6s") {
+		t.Fatalf("waited 6s: %d %q", code, body)
+	}
+	st.Drops[vhostnet.DropRXTruncated].Add(1) // a frame dropped is progress too
+	h.sample(t0.Add(8 * time.Second))
+	if code, _ := get(); code != 200 {
+		t.Fatalf("after a drop: %d", code)
+	}
+	st.RXWaiting.Store(false)
+	st.TXWaiting.Store(true)
+	h.sample(t0.Add(9 * time.Second))
+	st.Drops[vhostnet.DropRXTruncated].Add(1) // RX progress does not count for TX
+	h.sample(t0.Add(15 * time.Second))
+	if code, body := get(); code != 503 || !strings.Contains(body, "port_to_tap stalled") {
+		t.Fatalf("TX waited 6s: %d %q", code, body)
+	}
+	st.TXFrames.Add(1)
+	h.sample(t0.Add(16 * time.Second))
+	if code, _ := get(); code != 200 {
+		t.Fatalf("after a TX frame: %d", code)
 	}
 }
 

@@ -51,6 +51,9 @@ const (
 var dropNames = [NumDrops]string{"tx_bad_header", "tx_not_negotiated", "tx_runt", "tx_too_long",
 	"tx_tap", "tx_disabled", "rx_offload_violation", "rx_truncated", "rx_tap"}
 
+// DropIsRX says whether drop reason r is of the TAP → guest direction.
+func DropIsRX(r int) bool { return r >= DropRXOffload }
+
 // DropName is the metric label of drop reason r.
 func DropName(r int) string {
 	if r >= 0 && r < NumDrops {
