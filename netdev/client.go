@@ -3,7 +3,6 @@ package netdev
 import (
 	"context"
 	"errors"
-	"fmt"
 	"net"
 	"time"
 
@@ -16,10 +15,10 @@ import (
 type client struct {
 	*core
 	gate gate
-	// quickWait is the pause before redialling after connections that ended almost at
-	// once (a server that accepts and closes, e.g. one already serving another client,
-	// must not be redialled in a tight loop). Only Next's goroutine uses it.
-	quickWait time.Duration
+	// redial is the backoff between dials, and the pause before redialling after a
+	// connection that ended almost at once (redial.go). Only Next's goroutine, which
+	// holds the gate, uses it.
+	redial Redial
 }
 
 func openClient(c *core) (*client, error) {
@@ -54,54 +53,47 @@ func (c *client) Next(ctx context.Context) (port.Port, error) {
 		return ctx.Err()
 	}
 	a := c.spec.Remote
-	c.mu.Lock()
-	lived := time.Since(c.lastUp)
-	quick := !c.lastUp.IsZero() && lived < quickConnection
-	c.mu.Unlock()
-	if quick {
-		c.quickWait = min(max(2*c.quickWait, dialWaitMin), dialWaitMax)
-	} else {
-		c.quickWait = 0
-	}
-	if quick {
-		c.stats.Retries.Add(1)
-		if c.ev.OnRetry != nil {
-			c.ev.OnRetry(c.addr, fmt.Errorf("the server closed the connection after %v", lived.Round(time.Millisecond)), c.quickWait)
-		}
-		if !sleepCtx(dctx, c.quickWait) {
-			return nil, gone()
-		}
-	}
-	wait := dialWaitMin
-	for {
-		var d net.Dialer
-		conn, err := d.DialContext(dctx, a.network(), a.dialAddr())
-		if err == nil {
-			p, perr := c.newStream(conn)
-			if perr == nil {
-				return c.adopt(p, &p.Base, c.gate.release)
-			}
-			conn.Close()
-			var he *sockport.HelloError
-			if !errors.As(perr, &he) {
-				c.gate.release()
-				return nil, perr
-			}
-			// The server is not a vnet-hdr=on tapgro: say so, back off, dial again
-			// (it may be replaced by the right one).
-			c.helloFailed(he)
-			err = he
-		}
-		if dctx.Err() != nil {
-			return nil, gone()
-		}
+	retry := func(err error, wait time.Duration) {
 		c.stats.Retries.Add(1)
 		if c.ev.OnRetry != nil {
 			c.ev.OnRetry(c.addr, err, wait)
 		}
-		if !sleepCtx(dctx, wait) {
-			continue // the DialContext above fails at once and takes the exit path
+	}
+	c.mu.Lock()
+	lastUp := c.lastUp
+	c.mu.Unlock()
+	if !c.redial.Pause(dctx, lastUp, retry) {
+		return nil, gone()
+	}
+	var p *sockport.StreamPort
+	err := c.redial.Dial(dctx, func(dctx context.Context) error {
+		var d net.Dialer
+		conn, err := d.DialContext(dctx, a.network(), a.dialAddr())
+		if err != nil {
+			return err
 		}
-		wait = min(2*wait, dialWaitMax)
+		sp, perr := c.newStream(conn)
+		if perr == nil {
+			p = sp
+			return nil
+		}
+		conn.Close()
+		var he *sockport.HelloError
+		if !errors.As(perr, &he) {
+			return Permanent(perr)
+		}
+		// The server is not a vnet-hdr=on tapgro: say so, back off, dial again (it may
+		// be replaced by the right one).
+		c.helloFailed(he)
+		return he
+	}, retry)
+	switch {
+	case err == nil:
+		return c.adopt(p, &p.Base, c.gate.release)
+	case dctx.Err() != nil:
+		return nil, gone()
+	default:
+		c.gate.release()
+		return nil, err
 	}
 }
