@@ -19,9 +19,11 @@ const (
 	BackendDgram                     // -netdev dgram (QEMU >= 7.2, net/dgram.c)
 	BackendNetmap                    // -netdev netmap (QEMU built with CONFIG_NETMAP, net/netmap.c)
 	// BackendVhostUser is -netdev vhost-user (net/vhost-user.c): tapgro is the vhost-user
-	// back-end listening on a UNIX socket and QEMU connects with -chardev socket. It is no
-	// Endpoint (Open refuses it): package vhostnet serves it, moving frames between the
-	// TAP and guest memory without the GRO engine.
+	// back-end on a UNIX socket, either listening (server=on, Local) with QEMU connecting
+	// (-chardev socket,reconnect=1), or dialling (server=off, Remote) a QEMU that listens
+	// (-chardev socket,server=on,wait=off). It is no Endpoint (Open refuses it): package
+	// vhostnet serves it, moving frames between the TAP and guest memory without the GRO
+	// engine.
 	BackendVhostUser
 )
 
@@ -154,7 +156,7 @@ var specKeys = map[Backend][]string{
 //	dgram,local.type=inet,local.host=H,local.port=N,remote.type=inet,remote.host=H,remote.port=N
 //	dgram,local.type=unix,local.path=P,remote.type=unix,remote.path=P
 //	netmap,ifname=NAME[,vnet-hdr=0|10|12]
-//	vhost-user,path=P[,server=on]
+//	vhost-user,path=P[,server=on|off]
 //
 // id= is accepted and ignored; stream also takes vnet-hdr=on|off. A comma inside a value is
 // written ",," as QEMU does. server defaults to off as in QEMU. For socket, an empty host
@@ -166,7 +168,9 @@ var specKeys = map[Backend][]string{
 // socket,fd= name an inherited socket (a listening one for server=on, a connected stream
 // otherwise), as QEMU's own options do; N is a decimal descriptor >= 3. vhost-user
 // listens on the UNIX socket P (server defaults to on here: tapgro is the socket server
-// and QEMU its client, -chardev socket,path=P,reconnect=1); server=off is refused for now.
+// and QEMU its client, -chardev socket,path=P,reconnect=1); with server=off tapgro dials
+// P, where QEMU listens (-chardev socket,path=P,server=on,wait=off), and dials again
+// whenever the session ends.
 func ParseSpec(s string) (Spec, error) {
 	parts := splitOpts(s)
 	if len(parts) == 0 || parts[0] == "" {
@@ -250,7 +254,8 @@ func (sp *Spec) parseStream(kv map[string]string) error {
 	return nil
 }
 
-// parseVhostUser reads path= and server=: tapgro listens on the UNIX socket path.
+// parseVhostUser reads path= and server=: tapgro listens on the UNIX socket path
+// (server=on, the default) or dials it (server=off).
 func (sp *Spec) parseVhostUser(kv map[string]string) error {
 	server := true
 	if has(kv, "server") {
@@ -259,9 +264,6 @@ func (sp *Spec) parseVhostUser(kv map[string]string) error {
 			return err
 		}
 	}
-	if !server {
-		return fmt.Errorf("netdev: vhost-user,server=off (tapgro connecting to a QEMU that listens) is not implemented yet; use server=on and give QEMU -chardev socket,path=P,reconnect=1")
-	}
 	p, ok := kv["path"]
 	if !ok {
 		return fmt.Errorf("netdev: vhost-user needs key \"path\"")
@@ -269,7 +271,12 @@ func (sp *Spec) parseVhostUser(kv map[string]string) error {
 	if err := checkPath("path", p); err != nil {
 		return err
 	}
-	sp.Role, sp.Local = RoleServer, Addr{Type: AddrUnix, Path: p}
+	a := Addr{Type: AddrUnix, Path: p}
+	if server {
+		sp.Role, sp.Local = RoleServer, a
+	} else {
+		sp.Role, sp.Remote = RoleClient, a
+	}
 	return nil
 }
 
@@ -567,7 +574,13 @@ func (s Spec) String() string {
 		writeAddr(&b, "local", s.Local)
 		writeAddr(&b, "remote", s.Remote)
 	case BackendVhostUser:
-		b.WriteString(",path=" + esc(s.Local.Path))
+		// server=on is the default and left out, so the spec users wrote most often
+		// prints as they wrote it.
+		if s.Role == RoleClient {
+			b.WriteString(",path=" + esc(s.Remote.Path) + ",server=off")
+		} else {
+			b.WriteString(",path=" + esc(s.Local.Path))
+		}
 	case BackendNetmap:
 		b.WriteString(",ifname=" + esc(s.IfName))
 		if s.HdrLen != 0 {
@@ -628,14 +641,23 @@ func (s Spec) QEMUOption(id string) string {
 }
 
 // QEMUVhostUser is the -chardev and -netdev values QEMU needs to meet a vhost-user spec:
-// a socket chardev chardevID that connects to tapgro's path (and reconnects every second
-// if tapgro restarts), and the netdev netdevID on it. Both are "" for other backends.
+// a socket chardev chardevID, and the netdev netdevID on it. With server=on the chardev
+// connects to tapgro's path and reconnects every second if tapgro restarts
+// (reconnect=1). With server=off it listens on the path (server=on) and wait=off keeps
+// the chardev itself from blocking QEMU's start; -netdev vhost-user still waits there
+// until a back-end has connected (net/vhost-user.c net_vhost_user_init loops on
+// qemu_chr_fe_wait_connected until the first vhost_user_start), and after tapgro goes
+// away QEMU accepts the next connection (chardev/char-socket.c
+// tcp_chr_disconnect_locked re-arms the listener). Both are "" for other backends.
 func (s Spec) QEMUVhostUser(netdevID, chardevID string) (chardev, netdev string) {
 	if s.Backend != BackendVhostUser {
 		return "", ""
 	}
-	return "socket,id=" + esc(chardevID) + ",path=" + esc(s.Local.Path) + ",reconnect=1",
-		"vhost-user,id=" + esc(netdevID) + ",chardev=" + esc(chardevID)
+	nd := "vhost-user,id=" + esc(netdevID) + ",chardev=" + esc(chardevID)
+	if s.Role == RoleClient {
+		return "socket,id=" + esc(chardevID) + ",path=" + esc(s.Remote.Path) + ",server=on,wait=off", nd
+	}
+	return "socket,id=" + esc(chardevID) + ",path=" + esc(s.Local.Path) + ",reconnect=1", nd
 }
 
 // dialable turns a wildcard bind address into the loopback address of the same family.

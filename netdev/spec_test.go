@@ -111,6 +111,18 @@ func TestParseSpecGood(t *testing.T) {
 			str:  "vhost-user,path=/tmp/a,,b",
 			qemu: "", // QEMUVhostUser
 		},
+		{
+			in:   "vhost-user,server=off,path=/run/qemu/vu.sock",
+			want: Spec{Backend: BackendVhostUser, Role: RoleClient, Remote: Addr{Type: "unix", Path: "/run/qemu/vu.sock"}},
+			str:  "vhost-user,path=/run/qemu/vu.sock,server=off",
+			qemu: "", // QEMUVhostUser
+		},
+		{
+			in:   "vhost-user,path=/tmp/a,,b,server=no,id=x",
+			want: Spec{Backend: BackendVhostUser, Role: RoleClient, Remote: Addr{Type: "unix", Path: "/tmp/a,b"}},
+			str:  "vhost-user,path=/tmp/a,,b,server=off",
+			qemu: "", // QEMUVhostUser
+		},
 	}
 	for _, tt := range tests {
 		t.Run(tt.in, func(t *testing.T) {
@@ -149,6 +161,21 @@ func TestQEMUVhostUser(t *testing.T) {
 	}
 	if _, err := Open(sp, Events{}); err == nil || !strings.Contains(err.Error(), "vhostnet") {
 		t.Errorf("Open(vhost-user) = %v, want an error pointing at vhostnet", err)
+	}
+	// server=off: QEMU listens on the path and tapgro dials it.
+	cl, err := ParseSpec("vhost-user,path=/run/a,,b.sock,server=off")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, n = cl.QEMUVhostUser("n0", "vu0")
+	if want := "socket,id=vu0,path=/run/a,,b.sock,server=on,wait=off"; c != want {
+		t.Errorf("QEMUVhostUser chardev (server=off) = %q, want %q", c, want)
+	}
+	if want := "vhost-user,id=n0,chardev=vu0"; n != want {
+		t.Errorf("QEMUVhostUser netdev (server=off) = %q, want %q", n, want)
+	}
+	if _, err := Open(cl, Events{}); err == nil || !strings.Contains(err.Error(), "vhostnet") {
+		t.Errorf("Open(vhost-user,server=off) = %v, want an error pointing at vhostnet", err)
 	}
 	st, _ := ParseSpec("stream,server=on,addr.type=unix,addr.path=/p")
 	if c, n := st.QEMUVhostUser("n0", "vu0"); c != "" || n != "" {
@@ -207,7 +234,8 @@ func TestParseSpecBad(t *testing.T) {
 		{"vhost-user", `vhost-user needs key "path"`},
 		{"vhost-user,path=", `bad value "" for key "path"`},
 		{"vhost-user,path=" + long, `key "path": path is 108 bytes`},
-		{"vhost-user,path=/p,server=off", "server=off (tapgro connecting to a QEMU that listens) is not implemented yet"},
+		{"vhost-user,server=off", `vhost-user needs key "path"`},
+		{"vhost-user,path=,server=off", `bad value "" for key "path"`},
 		{"vhost-user,path=/p,server=x", `bad value "x" for key "server"`},
 		{"vhost-user,path=/p,chardev=c", `unknown key "chardev" for vhost-user`},
 	}
