@@ -11,7 +11,10 @@
 // connection is a fresh session; when it ends its rings are stopped, the workers joined
 // and guest memory unmapped before the next is accepted, so a reconnecting QEMU needs
 // no saved state (it recovers ring positions from used->idx, QEMU hw/virtio/virtio.c
-// virtio_queue_split_restore_last_avail_idx).
+// virtio_queue_split_restore_last_avail_idx). ServeClient(ctx, path, retry) is the same
+// with the socket's roles reversed: QEMU listens (-chardev socket,server=on,wait=off)
+// and Net dials it with netdev.Redial's backoff, one session at a time, and dials again
+// when a session ends.
 //
 // # Features and the TAP
 //

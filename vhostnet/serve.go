@@ -7,8 +7,11 @@ import (
 	"errors"
 	"net"
 	"os"
+	"time"
 
 	"golang.org/x/sys/unix"
+
+	"tapgro/netdev"
 )
 
 type activeConn struct{ uc *net.UnixConn }
@@ -39,18 +42,68 @@ func (n *Net) Serve(ctx context.Context, ln *net.UnixListener) error {
 			}
 			return err
 		}
-		n.active.Store(&activeConn{uc})
-		if ctx.Err() != nil {
-			n.shutdownActive()
-		}
-		err = n.backend.Serve(uc)
-		n.active.Store(nil)
-		if err != nil {
-			n.logf("vhostnet: session: %v", err)
-		}
+		n.session(ctx, uc)
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
+	}
+}
+
+// ServeClient is Serve with the roles of the socket reversed (--netdev
+// vhost-user,server=off): the front-end listens on path (QEMU -chardev
+// socket,path=…,server=on,wait=off) and ServeClient dials it, serving one session at a
+// time. While path is missing or refuses, and again after each session ends (QEMU
+// exited, or dropped the connection), it dials with the stream client's backoff
+// (netdev.Redial: 100 ms doubling to 5 s, and a pause after a session that lasted under
+// a second), reporting each wait to retry (nil: not reported). A session that fails
+// (the peer broke the protocol) ends only that session; the next dial starts a fresh
+// one from GET_FEATURES. When ctx is done the running session is shut down and
+// ServeClient returns ctx.Err(); it returns nothing else.
+func (n *Net) ServeClient(ctx context.Context, path string, retry func(err error, wait time.Duration)) error {
+	n.serveMu.Lock()
+	defer n.serveMu.Unlock()
+	stop := context.AfterFunc(ctx, n.shutdownActive)
+	defer stop()
+	var rd netdev.Redial
+	var up time.Time // when the last session's connection was made
+	for {
+		if !rd.Pause(ctx, up, retry) {
+			return ctx.Err()
+		}
+		var uc *net.UnixConn
+		err := rd.Dial(ctx, func(ctx context.Context) error {
+			var d net.Dialer
+			c, err := d.DialContext(ctx, "unix", path)
+			if err != nil {
+				return err
+			}
+			uc = c.(*net.UnixConn)
+			return nil
+		}, retry)
+		if err != nil {
+			return err // only ctx ends the dial loop
+		}
+		up = time.Now()
+		n.session(ctx, uc)
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+	}
+}
+
+// session runs one session on uc, a connection Serve accepted or ServeClient dialled,
+// until the front-end goes away, breaks the protocol, or ctx ends (the caller's
+// AfterFunc shuts the active session down; the check here covers a ctx that ended
+// before uc was published). A session's error is logged and ends that session only.
+func (n *Net) session(ctx context.Context, uc *net.UnixConn) {
+	n.active.Store(&activeConn{uc})
+	if ctx.Err() != nil {
+		n.shutdownActive()
+	}
+	err := n.backend.Serve(uc)
+	n.active.Store(nil)
+	if err != nil {
+		n.logf("vhostnet: session: %v", err)
 	}
 }
 
