@@ -254,7 +254,13 @@ func TestParseFlagsVhostUser(t *testing.T) {
 			t.Errorf("%v: %v", good, err)
 		}
 	}
-	if _, err := parseFlags([]string{"--tap", "tap0", nd + ",server=off"}, io.Discard); err == nil || !strings.Contains(err.Error(), "not implemented yet") {
-		t.Errorf("server=off: err = %v", err)
+	// server=off: QEMU listens, so its chardev is the server.
+	o, err = parseFlags([]string{"--tap", "tap0", nd + ",server=off"}, io.Discard)
+	if err != nil {
+		t.Fatalf("server=off: %v", err)
+	}
+	kvm, _ = vhostUserQEMUArgs(o.netdev)
+	if !strings.Contains(kvm, " -chardev socket,id=vu0,path=/run/vu.sock,server=on,wait=off -netdev vhost-user,id=n0,chardev=vu0 ") {
+		t.Errorf("server=off: QEMU args %s", kvm)
 	}
 }

@@ -259,15 +259,26 @@ func runVhostUser(ctx context.Context, o *options, log *logrus.Logger) error {
 		defer done()
 	}
 	spec := o.netdev
-	// The same rules as every other socket path: 0600 (or --socket-mode), owner, stale
-	// sockets replaced, unsafe directories refused.
-	ln, remove, err := netdev.ListenUnix(spec.Local.Path, socketOptions(o, nil))
-	if err != nil {
-		return err
+	// server=off: QEMU listens on the path and tapgro dials it (after the privilege drop,
+	// so --user must be able to connect), again after every session.
+	onRetry := supervisorEvents(log).OnRetry
+	serve := func(ctx context.Context) error {
+		return vn.ServeClient(ctx, spec.Remote.Path, func(err error, wait time.Duration) { onRetry(spec.Remote.String(), err, wait) })
 	}
-	defer remove()
-	defer ln.Close()
-	stopCtl, err := startCtl(o, ops.NewVhostCtlServer(vn, tap.Name(), spec.Local.String(), version, engineLogger{log}), log)
+	addr, role := spec.Remote.String(), "connect"
+	if spec.Role == netdev.RoleServer {
+		// The same rules as every other socket path: 0600 (or --socket-mode), owner, stale
+		// sockets replaced, unsafe directories refused.
+		ln, remove, err := netdev.ListenUnix(spec.Local.Path, socketOptions(o, nil))
+		if err != nil {
+			return err
+		}
+		defer remove()
+		defer ln.Close()
+		serve = func(ctx context.Context) error { return vn.Serve(ctx, ln) }
+		addr, role = spec.Local.String(), "listen"
+	}
+	stopCtl, err := startCtl(o, ops.NewVhostCtlServer(vn, tap.Name(), addr, version, engineLogger{log}), log)
 	if err != nil {
 		return err
 	}
@@ -278,13 +289,13 @@ func runVhostUser(ctx context.Context, o *options, log *logrus.Logger) error {
 		}
 	}
 	qemu, tcg := vhostUserQEMUArgs(spec)
-	fields := logrus.Fields{"tap": tap.Name(), "netdev": spec.String(), "listen": spec.Local.String(), "version": version,
+	fields := logrus.Fields{"tap": tap.Name(), "netdev": spec.String(), role: addr, "version": version,
 		"offered": vhostnet.FeatureString(vn.State().Offered)}
 	if o.pcapPort != "" {
 		fields["pcap_port"] = o.pcapPort
 	}
 	log.WithFields(fields).Info("tapgro ready (vhost-user); give QEMU: " + qemu + " (RAM = the guest's -m size; under TCG use " + tcg + ")")
-	err = vn.Serve(ctx, ln)
+	err = serve(ctx)
 	if errors.Is(err, context.Canceled) {
 		err = nil
 	}
@@ -310,9 +321,10 @@ func runVhostUser(ctx context.Context, o *options, log *logrus.Logger) error {
 }
 
 // vhostUserQEMUArgs is what QEMU needs to meet a vhost-user spec: guest RAM in a shared
-// memfd (the back-end maps it), the chardev that connects (and reconnects) to tapgro,
-// the netdev and the NIC; and the same with vectors=0 for TCG, where QEMU 7.2 crashes in
-// msix_set_vector_notifiers from vhost_net_start with MSI-X.
+// memfd (the back-end maps it), the chardev that connects (and reconnects) to tapgro, or
+// with server=off listens for it, the netdev and the NIC; and the same with vectors=0
+// for TCG, where QEMU 7.2 crashes in msix_set_vector_notifiers from vhost_net_start with
+// MSI-X.
 func vhostUserQEMUArgs(spec netdev.Spec) (kvm, tcg string) {
 	chardev, nd := spec.QEMUVhostUser("n0", "vu0")
 	base := "-object memory-backend-memfd,id=mem,size=<RAM>,share=on -machine memory-backend=mem" +
