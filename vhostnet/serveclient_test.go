@@ -200,3 +200,39 @@ func TestServeClientRetries(t *testing.T) {
 	waitDone(t, done, 2*time.Second)
 	t.Logf("returned %v after the cancel", time.Since(start).Round(time.Microsecond))
 }
+
+// TestServeClientBadPeer: what listens on the path is untrusted. A peer that sends a
+// malformed message (a payload size beyond any vhost-user message) gets its connection
+// closed; ServeClient goes on and the next peer gets a working session.
+func TestServeClientBadPeer(t *testing.T) {
+	e := newEnv(t, vhostusertest.Options{})
+	if err := e.s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	path := t.TempDir() + "/qemu.sock"
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	_, cancel, done := startClient(t, e, path)
+	ln.SetDeadline(time.Now().Add(10 * time.Second))
+	c, err := ln.AcceptUnix()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// GET_FEATURES, version 1, payload size 0xffffffff.
+	if _, err := c.Write([]byte{1, 0, 0, 0, 1, 0, 0, 0, 0xff, 0xff, 0xff, 0xff}); err != nil {
+		t.Fatal(err)
+	}
+	c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	var b [64]byte
+	if n, err := c.Read(b[:]); n != 0 || err == nil {
+		t.Fatalf("after a malformed header the back-end answered %d bytes (%v) instead of closing", n, err)
+	}
+	c.Close()
+	e.s = vhostusertest.Accept(t, ln, vhostusertest.Options{})
+	e.bothWays(5)
+	cancel()
+	waitDone(t, done, 10*time.Second)
+}
