@@ -126,10 +126,10 @@ func main() {
 	flag.IntVar(&b.mtu, "mtu", 1500, "MTU on every link")
 	out := flag.String("out", "BENCHMARKS.md", "markdown report")
 	png := flag.String("png", "BENCHMARKS.png", "bar chart (TCP bulk medians)")
-	only := flag.String("cases", "", "comma-separated case numbers to run (default all)")
+	only := flag.String("cases", "", "comma-separated case numbers to run (default all; none: only the QEMU rows)")
 	onlyTests := flag.String("tests", "", "comma-separated test numbers to run: 0 TCP 1 stream, 1 TCP 4 streams, 2 UDP 64 B, 3 ping RTT (default all)")
 	withQEMU := flag.Bool("qemu", true, "add TCP rows for a real QEMU guest under TCG (needs qemu-system-x86_64)")
-	onlyQEMU := flag.String("qemu-cases", "", "comma-separated QEMU case numbers to run (default all)")
+	onlyQEMU := flag.String("qemu-cases", "", "comma-separated QEMU case numbers to run (default all, none)")
 	replot := flag.Bool("replot", false, "only redraw -png from the TCP 1-stream tables of an existing -out report")
 	flag.Parse()
 	if *replot {
@@ -262,7 +262,7 @@ func main() {
 					fmt.Fprintf(os.Stderr, "   %-38s %-14s FAILED: %v\n", tcp1, d.name, r.err)
 				} else {
 					r.cpu = fmt.Sprintf("%.2f (tapgro)", cpu/gb)
-					fmt.Fprintf(os.Stderr, "   %-38s %-14s %v Gbit/s, tapgro %s s/GB\n", tcp1, d.name, fmtVals(r.vals), r.cpu)
+					fmt.Fprintf(os.Stderr, "   %-38s %-14s %v Gbit/s, CPU s/GB %s\n", tcp1, d.name, fmtVals(r.vals), r.cpu)
 				}
 				if res[tcp1] == nil {
 					res[tcp1] = map[string]map[string]*row{}
@@ -283,12 +283,16 @@ func main() {
 // tcp1 is the test whose table also holds the QEMU rows, and the chart's.
 const tcp1 = "TCP bulk, 1 stream"
 
-// pick selects items by the comma-separated indices in list (all if list is empty).
+// pick selects items by the comma-separated indices in list (all if list is empty, none
+// if it is "none").
 func pick[T any](flagName, list string, items []T) []T {
 	if list == "" {
 		return items
 	}
 	var out []T
+	if list == "none" {
+		return out
+	}
 	for _, s := range strings.Split(list, ",") {
 		i, err := strconv.Atoi(s)
 		if err != nil || i < 0 || i >= len(items) {
