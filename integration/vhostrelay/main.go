@@ -171,9 +171,10 @@ func run(sock, tapName, addr string, mtu, num, rxBuf int, wait time.Duration) er
 		tap.Name(), sock, s.Acked, s.Offered, eff, num, rxBuf)
 
 	r := &relay{s: s, tap: tap, mrg: s.Has(vhostuser.FeatureNetMrgRxbuf)}
-	errc := make(chan error, 2)
+	errc := make(chan error, 3)
 	go func() { errc <- r.guestRX(rxBuf) }()
 	go func() { errc <- r.guestTX() }()
+	go func() { errc <- watch(s.FE.FD) }()
 	sig := make(chan os.Signal, 1)
 	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)
 	select {
@@ -182,6 +183,26 @@ func run(sock, tapName, addr string, mtu, num, rxBuf int, wait time.Duration) er
 	}
 	fmt.Fprintf(os.Stderr, "vhostrelay: %v\n", &r.c)
 	return err
+}
+
+// watch returns when tapgro ends the session (end of file on the socket; it sends
+// nothing unasked once the rings run), so that a relay whose back-end is gone exits
+// and its benchmark row fails instead of idling.
+func watch(fd int) error {
+	var b [64]byte
+	for {
+		n, err := unix.Read(fd, b[:])
+		switch {
+		case err == unix.EINTR || err == unix.EAGAIN: // EAGAIN: the double's SO_RCVTIMEO
+			continue
+		case err != nil:
+			return fmt.Errorf("vhost-user socket: %w", err)
+		case n == 0:
+			return errors.New("tapgro closed the vhost-user session")
+		default:
+			return fmt.Errorf("unexpected %d-byte message from tapgro", n)
+		}
+	}
 }
 
 type relay struct {
