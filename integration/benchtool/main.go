@@ -432,9 +432,12 @@ func (b *bench) start(role, ns, bin string, args ...string) {
 }
 
 // teardown stops the row's processes (SIGTERM, so tapgro and vhostrelay print their
-// exit counters; SIGKILL after 3 s) and deletes the namespaces.
+// exit counters; SIGKILL after 3 s) and deletes the namespaces. Last started first: the
+// connecting side goes before the listening one, so that no client reconnects to a
+// server that is shutting down.
 func (b *bench) teardown() {
-	for _, p := range b.procs {
+	for i := len(b.procs) - 1; i >= 0; i-- {
+		p := b.procs[i]
 		p.Process.Signal(syscall.SIGTERM)
 		done := make(chan struct{})
 		go func() { p.Wait(); close(done) }()
