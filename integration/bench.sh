@@ -2,7 +2,7 @@
 # integration/bench.sh — throughput of tapgro beside the kernel's own path, in one run.
 #
 # Usage (root): integration/bench.sh [-t SECONDS] [-r REPEATS] [-m MTU] [CASE...]
-# Cases: veth, gro-on, gro-off, gro-timer (default: veth gro-on gro-off)
+# Cases: veth, gro-on, gro-off, gro-timer, vhost-user (default: veth gro-on gro-off)
 #
 # Topology for the tapgro cases (the emulated guest is the "a" side: its TAP keeps TSO on, so
 # its tapgro reads 64 KB frames and segments them in software exactly as it must for a
@@ -12,6 +12,9 @@
 #
 # "a->b" is the guest->host direction: b's tapgro coalesces. "b->a" is host->guest: b's
 # tapgro segments, a's coalesces. The veth case joins the same two namespaces directly.
+# The vhost-user case puts the bench front-end (integration/vhostrelay, relaying between
+# tapgro's vhost-user rings and a TAP of its own) on side a and tapgro --netdev vhost-user
+# on side b; its "tapgro a" column is the front-end's CPU.
 # Each case runs REPEATS times per direction; the table shows median/min/max Gbit/s, the
 # ratio of the median to the first case's, and CPU seconds per GB moved for each tapgro.
 set -euo pipefail
@@ -22,7 +25,7 @@ while getopts "t:r:m:" o; do
 	t) secs=$OPTARG ;;
 	r) reps=$OPTARG ;;
 	m) mtu=$OPTARG ;;
-	*) sed -n 2,17p "$0"; exit 2 ;;
+	*) sed -n 2,20p "$0"; exit 2 ;;
 	esac
 done
 shift $((OPTIND - 1))
@@ -36,6 +39,8 @@ export PATH="$PATH:/usr/local/go/bin"
 work=$(mktemp -d /tmp/tapgro-bench.XXXXXX)
 bin=$work/tapgro
 go build -o "$bin" .
+relay=$work/vhostrelay
+go build -o "$relay" ./integration/vhostrelay
 tag=$$
 nsa=tapgro-bench-$tag-a nsb=tapgro-bench-$tag-b
 pids=()
@@ -110,6 +115,15 @@ setup_case() {
 		start_tapgro "$nsb" b --tap tg0 --mtu "$mtu" --addr 198.18.0.2/24 "${extra[@]}" \
 			--netdev "stream,server=off,addr.type=unix,addr.path=$sock"
 		pidb=$started
+		;;
+	vhost-user)
+		local vsock=$work/vu.sock
+		start_tapgro "$nsb" b --tap tg0 --mtu "$mtu" --addr 198.18.0.2/24 --netdev "vhost-user,path=$vsock"
+		pidb=$started
+		# The front-end waits for tapgro's socket itself.
+		ip netns exec "$nsa" "$relay" -connect "$vsock" -tap vr0 -addr 198.18.0.1/24 -mtu "$mtu" >"$work/a.log" 2>&1 &
+		pida=$!
+		pids+=("$pida")
 		;;
 	*) echo "unknown case $1" >&2; exit 2 ;;
 	esac

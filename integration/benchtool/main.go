@@ -12,6 +12,11 @@
 // The TAP-to-TAP rows are one process (gsorelay) holding both TAPs with no stream
 // between: the floor of what any TAP relay pays per frame, with the read and the write of
 // a frame on one thread, or on two (-split), the references for the vnet-hdr=on rows.
+// The vhost-user row is tapgro --netdev vhost-user on the host side and, on the guest
+// side, the bench front-end (integration/vhostrelay): it maps its own memfd guest RAM,
+// connects to tapgro's socket as QEMU would and relays between the rings and a TAP of
+// its own, so GSO frames cross whole both ways; two processes and two TAP copies, as
+// the two-thread relay, which is its ceiling.
 // The guest side is emulated the way the issue asks: its TAP keeps TSO on and its tapgro
 // segments in software, so the stream carries exactly the MTU frames a QEMU guest behind
 // -netdev stream would send, without a per-frame TAP read capping the sender.
@@ -35,6 +40,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"tapgro/iperfns"
@@ -47,6 +53,7 @@ const (
 	kindNaive
 	kindTapgro
 	kindGSORelay
+	kindVhostUser
 )
 
 type caseDef struct {
@@ -67,6 +74,7 @@ var cases = []caseDef{
 	{vnetSocketRow, kindTapgro, nil},
 	{gsoRelayRow, kindGSORelay, nil},
 	{gsoSplitRow, kindGSORelay, []string{"-split"}},
+	{vhostUserRow, kindVhostUser, nil},
 }
 
 // vnetRow joins the two tapgro with the vnet-hdr=on stream (tapgro to tapgro only):
@@ -78,6 +86,7 @@ const (
 	vnetSocketRow = "tapgro vnet-hdr=on,shm=off (GSO passthrough over the socket)"
 	gsoRelayRow   = "TAP-to-TAP relay, one process, GSO passthrough (no socket)"
 	gsoSplitRow   = "TAP-to-TAP relay, reader and writer threads (no socket)"
+	vhostUserRow  = "tapgro vhost-user (bench front-end relaying to a TAP)"
 )
 
 // netdevSuffix is appended to both tapgro --netdev specs of a row.
@@ -102,9 +111,11 @@ type bench struct {
 	work            string
 	tapgro, naive   string
 	gsorelay        string
+	vhostrelay      string
 	nsGuest, nsHost string
 	procs           []*exec.Cmd
 	relayPIDs       map[string]int // "host"/"guest" -> pid
+	selection       string         // the -cases/-tests/-qemu-cases flags given, for the report
 	log             *bufio.Writer
 }
 
@@ -115,8 +126,10 @@ func main() {
 	flag.IntVar(&b.mtu, "mtu", 1500, "MTU on every link")
 	out := flag.String("out", "BENCHMARKS.md", "markdown report")
 	png := flag.String("png", "BENCHMARKS.png", "bar chart (TCP bulk medians)")
-	only := flag.String("cases", "", "comma-separated case numbers to run (default all)")
+	only := flag.String("cases", "", "comma-separated case numbers to run (default all; none: only the QEMU rows)")
+	onlyTests := flag.String("tests", "", "comma-separated test numbers to run: 0 TCP 1 stream, 1 TCP 4 streams, 2 UDP 64 B, 3 ping RTT (default all)")
 	withQEMU := flag.Bool("qemu", true, "add TCP rows for a real QEMU guest under TCG (needs qemu-system-x86_64)")
+	onlyQEMU := flag.String("qemu-cases", "", "comma-separated QEMU case numbers to run (default all, none)")
 	replot := flag.Bool("replot", false, "only redraw -png from the TCP 1-stream tables of an existing -out report")
 	flag.Parse()
 	if *replot {
@@ -141,7 +154,9 @@ func main() {
 	b.tapgro = filepath.Join(b.work, "tapgro")
 	b.naive = filepath.Join(b.work, "naiverelay")
 	b.gsorelay = filepath.Join(b.work, "gsorelay")
-	for bin, pkg := range map[string]string{b.tapgro: "tapgro", b.naive: "tapgro/integration/naiverelay", b.gsorelay: "tapgro/integration/gsorelay"} {
+	b.vhostrelay = filepath.Join(b.work, "vhostrelay")
+	for bin, pkg := range map[string]string{b.tapgro: "tapgro", b.naive: "tapgro/integration/naiverelay", b.gsorelay: "tapgro/integration/gsorelay",
+		b.vhostrelay: "tapgro/integration/vhostrelay"} {
 		if out, err := exec.Command("go", "build", "-o", bin, pkg).CombinedOutput(); err != nil {
 			fatal("go build %s: %v\n%s", pkg, err, out)
 		}
@@ -150,45 +165,49 @@ func main() {
 	b.nsGuest, b.nsHost = "tapgro-bench-"+tag+"-guest", "tapgro-bench-"+tag+"-host"
 	defer b.teardown()
 
-	sel := cases
-	if *only != "" {
-		sel = nil
-		for _, s := range strings.Split(*only, ",") {
-			i, err := strconv.Atoi(s)
-			if err != nil || i < 0 || i >= len(cases) {
-				fatal("-cases: %q is not a case number 0..%d", s, len(cases)-1)
-			}
-			sel = append(sel, cases[i])
+	for _, f := range []struct{ name, v string }{{"cases", *only}, {"tests", *onlyTests}, {"qemu-cases", *onlyQEMU}} {
+		if f.v != "" {
+			b.selection += " -" + f.name + " " + f.v
 		}
 	}
+	if !*withQEMU {
+		b.selection += " -qemu=false"
+	}
+	sel := pick("-cases", *only, cases)
+	qsel := pick("-qemu-cases", *onlyQEMU, qemuCases)
 	dirs := []direction{
 		{"guest -> host", b.nsGuest, b.nsHost, "198.18.0.1"},
 		{"host -> guest", b.nsHost, b.nsGuest, "198.18.0.2"},
 	}
 	tests := []testDef{
-		{name: "TCP bulk, 1 stream", unit: "Gbit/s", tcp: true, run: func(b *bench, d direction) (float64, error) { return b.iperfTCP(d, 1) }},
+		{name: tcp1, unit: "Gbit/s", tcp: true, run: func(b *bench, d direction) (float64, error) { return b.iperfTCP(d, 1) }},
 		{name: "TCP bulk, 4 streams", unit: "Gbit/s", tcp: true, run: func(b *bench, d direction) (float64, error) { return b.iperfTCP(d, 4) }},
 		{name: "UDP 64-byte datagrams", unit: "kpps", run: (*bench).iperfUDP64},
 		{name: "request/response latency (ping RTT)", unit: "µs", run: (*bench).pingRTT, lower: true},
 	}
+	tests = pick("-tests", *onlyTests, tests)
 	res := map[string]map[string]map[string]*row{} // test -> dir -> case
 	for _, c := range sel {
 		fmt.Fprintf(os.Stderr, "== %s\n", c.name)
 		for _, t := range tests {
 			for _, d := range dirs {
-				if err := b.setup(c); err != nil {
-					fatal("%s: %v", c.name, err)
-				}
 				r := &row{}
+				if err := b.setup(c); err != nil {
+					r.err = err
+				}
 				cpu0 := b.cpu()
-				for i := 0; i < b.reps; i++ {
+				for i := 0; i < b.reps && r.err == nil; i++ {
 					v, err := t.run(b, d)
 					if err != nil {
-						fatal("%s / %s / %s: %v", c.name, t.name, d.name, err)
+						r.err = fmt.Errorf("run %d: %w", i+1, err)
+						break
 					}
 					r.vals = append(r.vals, v)
 				}
-				if t.tcp && c.kind != kindVeth {
+				if r.err == nil {
+					r.err = b.relaysAlive()
+				}
+				if r.err == nil && t.tcp && c.kind != kindVeth {
 					gb := 0.0
 					for _, v := range r.vals {
 						gb += v * float64(b.secs) / 8
@@ -200,7 +219,11 @@ func main() {
 						r.cpu = fmt.Sprintf("%.2f (one process)", (cpu1["host"]-cpu0["host"])/gb)
 					}
 				}
-				fmt.Fprintf(os.Stderr, "   %-38s %-14s %v %s\n", t.name, d.name, fmtVals(r.vals), t.unit)
+				if r.err != nil {
+					fmt.Fprintf(os.Stderr, "   %-38s %-14s FAILED: %v\n", t.name, d.name, r.err)
+				} else {
+					fmt.Fprintf(os.Stderr, "   %-38s %-14s %v %s\n", t.name, d.name, fmtVals(r.vals), t.unit)
+				}
 				if res[t.name] == nil {
 					res[t.name] = map[string]map[string]*row{}
 				}
@@ -212,30 +235,42 @@ func main() {
 			}
 		}
 	}
-	if _, err := exec.LookPath("qemu-system-x86_64"); *withQEMU && err == nil {
+	if _, err := exec.LookPath("qemu-system-x86_64"); *withQEMU && err == nil && len(qsel) > 0 {
+		if tests[0].name != tcp1 {
+			fatal("the QEMU rows go in the %q table: include test 0 in -tests or give -qemu=false", tcp1)
+		}
 		kernel, initrd, err := guestImage(b.work)
 		if err != nil {
 			fatal("%v", err)
 		}
-		for _, c := range qemuCases {
+		for _, c := range qsel {
 			fmt.Fprintf(os.Stderr, "== %s\n", c.name)
 			for _, d := range dirs {
 				r := &row{}
+				var cpu, gb float64
 				for i := 0; i < b.reps; i++ {
-					v, err := b.qemuTCP(c, kernel, initrd, d.client == b.nsHost)
+					v, used, err := b.qemuTCP(c, kernel, initrd, d.client == b.nsHost)
 					if err != nil {
-						fatal("%s / %s: %v", c.name, d.name, err)
+						r.err = fmt.Errorf("run %d: %w", i+1, err)
+						break
 					}
 					r.vals = append(r.vals, v)
+					cpu += used
+					gb += v * float64(b.secs) / 8
 				}
-				fmt.Fprintf(os.Stderr, "   %-38s %-14s %v Gbit/s\n", tests[0].name, d.name, fmtVals(r.vals))
-				if res[tests[0].name] == nil {
-					res[tests[0].name] = map[string]map[string]*row{}
+				if r.err != nil {
+					fmt.Fprintf(os.Stderr, "   %-38s %-14s FAILED: %v\n", tcp1, d.name, r.err)
+				} else {
+					r.cpu = fmt.Sprintf("%.2f (tapgro)", cpu/gb)
+					fmt.Fprintf(os.Stderr, "   %-38s %-14s %v Gbit/s, CPU s/GB %s\n", tcp1, d.name, fmtVals(r.vals), r.cpu)
 				}
-				if res[tests[0].name][d.name] == nil {
-					res[tests[0].name][d.name] = map[string]*row{}
+				if res[tcp1] == nil {
+					res[tcp1] = map[string]map[string]*row{}
 				}
-				res[tests[0].name][d.name][c.name] = r
+				if res[tcp1][d.name] == nil {
+					res[tcp1][d.name] = map[string]*row{}
+				}
+				res[tcp1][d.name][c.name] = r
 			}
 			sel = append(sel, c)
 		}
@@ -245,9 +280,35 @@ func main() {
 	}
 }
 
+// tcp1 is the test whose table also holds the QEMU rows, and the chart's.
+const tcp1 = "TCP bulk, 1 stream"
+
+// pick selects items by the comma-separated indices in list (all if list is empty, none
+// if it is "none").
+func pick[T any](flagName, list string, items []T) []T {
+	if list == "" {
+		return items
+	}
+	var out []T
+	if list == "none" {
+		return out
+	}
+	for _, s := range strings.Split(list, ",") {
+		i, err := strconv.Atoi(s)
+		if err != nil || i < 0 || i >= len(items) {
+			fatal("%s: %q is not a number 0..%d", flagName, s, len(items)-1)
+		}
+		out = append(out, items[i])
+	}
+	return out
+}
+
+// row is one case's measurements in one test and direction. A row that failed keeps
+// its error and is reported as failed, never as a number.
 type row struct {
 	vals []float64
 	cpu  string
+	err  error
 }
 
 func (r *row) stats() (med, lo, hi float64) {
@@ -322,13 +383,36 @@ func (b *bench) setup(c caseDef) error {
 	case kindGSORelay:
 		// One process for both sides: its CPU is reported as the host side's.
 		b.start("host", "", b.gsorelay, append([]string{"-a", b.nsGuest, "-a-addr", "198.18.0.2/24", "-b", b.nsHost, "-b-addr", "198.18.0.1/24", "-mtu", mtu}, c.args...)...)
+	case kindVhostUser:
+		// tapgro is the host side; the front-end, in the guest namespace, waits for the
+		// socket (tapgro binds it once tg0 is up) and connects.
+		vsock := filepath.Join(b.work, "vu.sock")
+		os.Remove(vsock)
+		b.start("host", b.nsHost, b.tapgro, "--tap", "tg0", "--mtu", mtu, "--addr", "198.18.0.1/24", "--log-level", "warn",
+			"--netdev", "vhost-user,path="+vsock)
+		b.start("guest", b.nsGuest, b.vhostrelay, append([]string{"-connect", vsock, "-tap", "vr0", "-addr", "198.18.0.2/24", "-mtu", mtu}, c.args...)...)
 	}
 	deadline := time.Now().Add(15 * time.Second)
 	for exec.Command("ip", "netns", "exec", b.nsGuest, "ping", "-c", "1", "-W", "1", "198.18.0.1").Run() != nil {
 		if time.Now().After(deadline) {
+			if err := b.relaysAlive(); err != nil {
+				return fmt.Errorf("no ping across %s after 15 s: %w", c.name, err)
+			}
 			return fmt.Errorf("no ping across %s after 15 s", c.name)
 		}
 		time.Sleep(100 * time.Millisecond)
+	}
+	return nil
+}
+
+// relaysAlive fails if a relay process of the row has exited: its row's numbers (and
+// its CPU) would not be what the row names.
+func (b *bench) relaysAlive() error {
+	for role, pid := range b.relayPIDs {
+		data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if i := bytes.LastIndexByte(data, ')'); err != nil || i < 0 || i+2 >= len(data) || data[i+2] == 'Z' {
+			return fmt.Errorf("the %s-side relay (pid %d) exited", role, pid)
+		}
 	}
 	return nil
 }
@@ -347,10 +431,22 @@ func (b *bench) start(role, ns, bin string, args ...string) {
 	b.relayPIDs[role] = cmd.Process.Pid // ip netns exec execs in place
 }
 
+// teardown stops the row's processes (SIGTERM, so tapgro and vhostrelay print their
+// exit counters; SIGKILL after 3 s) and deletes the namespaces. Last started first: the
+// connecting side goes before the listening one, so that no client reconnects to a
+// server that is shutting down.
 func (b *bench) teardown() {
-	for _, p := range b.procs {
-		p.Process.Kill()
-		p.Wait()
+	for i := len(b.procs) - 1; i >= 0; i-- {
+		p := b.procs[i]
+		p.Process.Signal(syscall.SIGTERM)
+		done := make(chan struct{})
+		go func() { p.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(3 * time.Second):
+			p.Process.Kill()
+			<-done
+		}
 	}
 	b.procs = nil
 	for _, ns := range []string{b.nsGuest, b.nsHost} {
@@ -446,10 +542,10 @@ func (b *bench) report(path, pngPath string, sel []caseDef, tests []testDef, dir
 	var w bytes.Buffer
 	host, _ := os.Hostname()
 	fmt.Fprintf(&w, "# tapgro benchmarks\n\n")
-	fmt.Fprintf(&w, "Generated by `go run ./integration/benchtool -t %d -r %d -mtu %d` on %s.\n\n", b.secs, b.reps, b.mtu, time.Now().UTC().Format("2006-01-02 15:04 UTC"))
+	fmt.Fprintf(&w, "Generated by `go run ./integration/benchtool -t %d -r %d -mtu %d%s` on %s.\n\n", b.secs, b.reps, b.mtu, b.selection, time.Now().UTC().Format("2006-01-02 15:04 UTC"))
 	fmt.Fprintf(&w, "Machine: %s, kernel %s, %d cores (%s), Go %s. Shared and noisy: compare ratios within one table, not absolutes across runs.\n\n",
 		host, strings.TrimSpace(output("uname", "-r")), runtime.NumCPU(), cpuModel(), runtime.Version())
-	fmt.Fprintf(&w, "Topology: two network namespaces; the relay on each side bridges a TAP (MTU %d) and a QEMU-protocol stream socket (`-netdev stream` framing over UNIX). The guest side's TAP keeps TSO on, so the stream carries the plain MTU frames a QEMU guest behind `-netdev stream` sends. The vnet-hdr=on rows use tapgro's own extension of that stream instead (headers with every frame, GSO frames whole; tapgro to tapgro only). The TAP-to-TAP rows are one process holding both TAPs, no socket: what any TAP relay pays, reading and writing each frame on one thread or (reader and writer threads) handing it from the reading thread to a writing one, as any relay with a hop between the two TAPs must. Every row: %d runs of %d s per direction; ratio = median / first row's median. CPU = seconds of CPU (user+system) per GB moved, host-side relay / guest-side relay.\n\n", b.mtu, b.reps, b.secs)
+	fmt.Fprintf(&w, "Topology: two network namespaces; the relay on each side bridges a TAP (MTU %d) and a QEMU-protocol stream socket (`-netdev stream` framing over UNIX). The guest side's TAP keeps TSO on, so the stream carries the plain MTU frames a QEMU guest behind `-netdev stream` sends. The vnet-hdr=on rows use tapgro's own extension of that stream instead (headers with every frame, GSO frames whole; tapgro to tapgro only). The TAP-to-TAP rows are one process holding both TAPs, no socket: what any TAP relay pays, reading and writing each frame on one thread or (reader and writer threads) handing it from the reading thread to a writing one, as any relay with a hop between the two TAPs must. Every row: %d runs of %d s per direction; ratio = median / first row's median. CPU = seconds of CPU (user+system) per GB moved, host-side relay / guest-side relay (vhost-user row: tapgro / the bench front-end; QEMU rows: tapgro alone, over the whole guest run including boot). A row that failed says so instead of a number.\n\n", b.mtu, b.reps, b.secs)
 	fmt.Fprintf(&w, "![TCP bulk throughput](%s)\n\n", filepath.Base(pngPath))
 	for _, t := range tests {
 		for _, d := range dirs {
@@ -463,6 +559,15 @@ func (b *bench) report(path, pngPath string, sel []caseDef, tests []testDef, dir
 			for i, c := range sel {
 				r := res[t.name][d.name][c.name]
 				if r == nil {
+					continue
+				}
+				if r.err != nil {
+					msg := strings.ReplaceAll(strings.SplitN(r.err.Error(), "\n", 2)[0], "|", "/")
+					if t.tcp {
+						fmt.Fprintf(&w, "| %s | **failed**: %s | - | - | - | - |\n", c.name, msg)
+					} else {
+						fmt.Fprintf(&w, "| %s | **failed**: %s | - | - | - |\n", c.name, msg)
+					}
 					continue
 				}
 				med, lo, hi := r.stats()
@@ -491,6 +596,8 @@ func (b *bench) report(path, pngPath string, sel []caseDef, tests []testDef, dir
 	fmt.Fprintf(&w, "tapgro (guest): ip netns exec GUEST tapgro --tap tg0 --mtu %d --addr 198.18.0.2/24 --netdev stream,server=off,addr.type=unix,addr.path=S [row flags]\n", b.mtu)
 	fmt.Fprintf(&w, "naive relay:    ip netns exec NS naiverelay -tap tg0 -addr ... -mtu %d -listen|-connect S\n", b.mtu)
 	fmt.Fprintf(&w, "TAP-to-TAP:     gsorelay -a GUEST -a-addr 198.18.0.2/24 -b HOST -b-addr 198.18.0.1/24 -mtu %d [-split]\n", b.mtu)
+	fmt.Fprintf(&w, "vhost-user:     ip netns exec HOST  tapgro --tap tg0 --mtu %d --addr 198.18.0.1/24 --netdev vhost-user,path=V\n", b.mtu)
+	fmt.Fprintf(&w, "                ip netns exec GUEST vhostrelay -connect V -tap vr0 -addr 198.18.0.2/24 -mtu %d   (integration/vhostrelay)\n", b.mtu)
 	fmt.Fprintf(&w, "TCP bulk:       iperf3 -c DST -J -t %d [-P 4]\n", b.secs)
 	fmt.Fprintf(&w, "UDP 64 B:       iperf3 -c DST -J -u -l 64 -b 0 -t %d   (received datagrams/s)\n", b.secs)
 	fmt.Fprintf(&w, "latency:        ping -q -c 200 -i 0.005 DST            (mean RTT)\n")
@@ -510,7 +617,7 @@ func (b *bench) report(path, pngPath string, sel []caseDef, tests []testDef, dir
 	var bars []bar
 	for _, c := range sel {
 		for _, d := range dirs {
-			if r := res[tests[0].name][d.name][c.name]; r != nil {
+			if r := res[tcp1][d.name][c.name]; r != nil && r.err == nil {
 				med, _, _ := r.stats()
 				bars = append(bars, bar{label: c.name, series: d.name, value: med})
 			}

@@ -14,6 +14,9 @@
 // in the slot of its head descriptor, so chains recycle guest memory without an
 // allocator and a benchmark can republish the same heads with no allocation.
 //
+// It takes a TB (testing.TB's reporting and cleanup) rather than a testing.TB, so that a
+// benchmark program can drive it as a real front-end.
+//
 // The double imports vhostuser only for its exported constants and types; vhostuser's
 // own (internal) tests keep their private copy, since importing this package from them
 // would be an import cycle.
@@ -25,7 +28,6 @@ import (
 	"net"
 	"os"
 	"sync/atomic"
-	"testing"
 	"time"
 	"unsafe"
 
@@ -33,6 +35,18 @@ import (
 
 	"tapgro/vhostuser"
 )
+
+// TB is what the double needs from its caller: testing.TB's failure reporting and
+// cleanup. *testing.T, *testing.B and testing.TB satisfy it; a program that is not a test
+// (the benchmark front-end, integration/vhostrelay) supplies its own, so the double
+// does not tie its users to package testing.
+type TB interface {
+	Helper()
+	Error(args ...any)
+	Fatal(args ...any)
+	Fatalf(format string, args ...any)
+	Cleanup(func())
+}
 
 // Descriptor flags (linux include/uapi/linux/virtio_ring.h VRING_DESC_F_*).
 const (
@@ -70,7 +84,7 @@ func load16(b []byte, off int) uint16 { return binary.LittleEndian.Uint16(b[off:
 // Guest is guest RAM as the front-end sees it: one memfd, mapped once, and a region table
 // in which userspace_addr is the address of the front-end's own mapping.
 type Guest struct {
-	tb      testing.TB
+	tb      TB
 	FD      int
 	Mem     []byte
 	Regions []vhostuser.MemRegion
@@ -86,7 +100,7 @@ func MeasuredLayout(size uint64) []vhostuser.MemRegion {
 
 // NewGuest creates size bytes of guest RAM (a sparse memfd) with layout (nil: the
 // measured layout); MmapOffset says where each region starts in the memfd.
-func NewGuest(tb testing.TB, size uint64, layout []vhostuser.MemRegion) *Guest {
+func NewGuest(tb TB, size uint64, layout []vhostuser.MemRegion) *Guest {
 	tb.Helper()
 	if layout == nil {
 		layout = MeasuredLayout(size)
@@ -321,6 +335,23 @@ func (r *Ring) AvailEvent() uint16 { return load16(r.Used, 4+8*r.Num) }
 // UsedIdx is used->idx as published by the device.
 func (r *Ring) UsedIdx() uint16 { return uint16(load32(r.Used, 0) >> 16) }
 
+// AvailIdx is avail->idx as the driver last published it.
+func (r *Ring) AvailIdx() uint16 { return r.availIdx }
+
+// UsedAt is the used-ring entry at index i (taken mod Num), read without reaping: for a
+// driver that keeps its own used position and republishes the same heads (a benchmark
+// front-end), where ReapFunc's per-chain bookkeeping is in the way. It allocates nothing.
+func (r *Ring) UsedAt(i uint16) Used {
+	e := r.Used[4+8*(int(i)%r.Num):]
+	return Used{uint16(binary.LittleEndian.Uint32(e)), binary.LittleEndian.Uint32(e[4:])}
+}
+
+// NeedEvent is vring_need_event (linux include/uapi/linux/virtio_ring.h; virtio spec
+// "Driver Requirements: Virtqueue Notification Suppression"): with EVENT_IDX, whether
+// moving an index from old to new crosses event, i.e. whether the other side asked to be
+// notified.
+func NeedEvent(event, new, old uint16) bool { return new-event-1 < new-old }
+
 // ReapFunc calls fn for each used entry published since the last reap (fn may be nil)
 // and frees its descriptors; it returns how many there were. It allocates nothing.
 func (r *Ring) ReapFunc(fn func(Used)) int {
@@ -531,7 +562,7 @@ func (r *Ring) ReapRX(hdrLen int, mrg bool) []RXFrame {
 
 // Frontend is QEMU's end of the socket.
 type Frontend struct {
-	tb testing.TB
+	tb TB
 	FD int
 }
 
@@ -647,7 +678,7 @@ type Options struct {
 
 // Session is one connection from the front-end double.
 type Session struct {
-	tb      testing.TB
+	tb      TB
 	FE      *Frontend
 	G       *Guest
 	Rings   []*Ring
@@ -661,7 +692,7 @@ type Session struct {
 // vhostuser.Backend's Serve) and runs QEMU 7.2's sequence up to running rings: connect,
 // device reset, DRIVER_OK. It ends with a GET_FEATURES round trip (QEMU's own sync), so
 // once it returns every Handler.RingStarted has returned.
-func Start(tb testing.TB, serve func(*net.UnixConn) error, o Options) *Session {
+func Start(tb TB, serve func(*net.UnixConn) error, o Options) *Session {
 	tb.Helper()
 	sp, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
@@ -680,7 +711,7 @@ func Start(tb testing.TB, serve func(*net.UnixConn) error, o Options) *Session {
 
 // Dial connects to a back-end listening on the UNIX socket path (QEMU as the client,
 // -chardev socket,path=…) and runs Start's sequence. Close then reports nil.
-func Dial(tb testing.TB, path string, o Options) *Session {
+func Dial(tb TB, path string, o Options) *Session {
 	tb.Helper()
 	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
@@ -695,7 +726,7 @@ func Dial(tb testing.TB, path string, o Options) *Session {
 	return run(tb, fd, done, o)
 }
 
-func run(tb testing.TB, fd int, done chan error, o Options) *Session {
+func run(tb TB, fd int, done chan error, o Options) *Session {
 	if o.Pairs == 0 {
 		o.Pairs = 1
 	}
