@@ -121,7 +121,7 @@ SPEC mirrors QEMU's -netdev syntax from tapgro's side:
   dgram,local.type=unix,local.path=P,remote.type=unix,remote.path=P
   stream,...,vnet-hdr=on[,shm=off]   tapgro to tapgro only: GSO frames cross whole (over
                                      unix, through shared memory unless shm=off)
-  vhost-user,path=P[,server=on|off]  experimental: tapgro is QEMU's vhost-user back-end on P
+  vhost-user,path=P[,server=on|off]  tapgro is QEMU's vhost-user-net back-end on P (see README)
                                      (QEMU: -chardev socket,path=P,reconnect=1; see README)
 
 Environment (a flag on the command line wins over its variable):
