@@ -80,6 +80,15 @@
 //
 // It does not use github.com/songgao/water, which cannot set IFF_VNET_HDR, TUNSETOFFLOAD
 // or TUNSETVNETHDRSZ and opens without O_CLOEXEC. It does not make devices persistent, set
-// owners, attach/detach queues at run time (TUNSETQUEUE), install steering programs, or
-// bridge the TAP; those belong to whoever administers the host.
+// owners, install steering programs, or bridge the TAP; those belong to whoever
+// administers the host.
+//
+// # Queues
+//
+// OpenQueues opens n queues of one device (IFF_MULTI_QUEUE when n > 1). SetQueueEnabled
+// detaches a queue (TUNSETQUEUE IFF_DETACH_QUEUE) so that the kernel steers it no frames
+// and purges what it held, or attaches it again, as QEMU's TAP back-end does per queue
+// pair (net/tap-linux.c tap_fd_enable/tap_fd_disable). A detached queue's fd stays bound
+// to the device: writes and ioctls still work on it (drivers/net/tun.c __tun_detach keeps
+// tfile->tun unless the fd is closed).
 package tapdev
