@@ -58,6 +58,12 @@ type Handler interface {
 	// owner must not use v after returning; join the worker here (it is already
 	// being woken with ErrStopped).
 	RingStopped(v *Vring)
+	// VringEnabled reports SET_VRING_ENABLE for v (on: num 1), whether or not v is
+	// running: QEMU sends it before the rings start and again whenever the guest
+	// changes its number of queue pairs (hw/net/virtio-net.c peer_attach/peer_detach →
+	// vhost_set_vring_enable). A started ring's Enabled follows it already; this is for
+	// an owner that maps the state onto something outside the ring (a TAP queue).
+	VringEnabled(v *Vring, on bool)
 	// SetMTU reports NET_SET_MTU (only sent if Config.NetMTU); an error refuses it.
 	SetMTU(mtu int) error
 	// Unknown reports a request this back-end does not handle; the session goes on.
@@ -69,12 +75,13 @@ type Handler interface {
 // NopHandler implements Handler with no-ops, for embedding.
 type NopHandler struct{}
 
-func (NopHandler) FeaturesAcked(Features) {}
-func (NopHandler) RingStarted(*Vring)     {}
-func (NopHandler) RingStopped(*Vring)     {}
-func (NopHandler) SetMTU(int) error       { return nil }
-func (NopHandler) Unknown(uint32, int)    {}
-func (NopHandler) SessionEnded(error)     {}
+func (NopHandler) FeaturesAcked(Features)    {}
+func (NopHandler) RingStarted(*Vring)        {}
+func (NopHandler) RingStopped(*Vring)        {}
+func (NopHandler) VringEnabled(*Vring, bool) {}
+func (NopHandler) SetMTU(int) error          { return nil }
+func (NopHandler) Unknown(uint32, int)       {}
+func (NopHandler) SessionEnded(error)        {}
 
 // Config says what a Backend offers.
 type Config struct {
@@ -388,6 +395,7 @@ func (s *Session) vringState(req uint32, v *Vring, st VringState) (bool, error) 
 			v.enabled.Store(v.enableReq)
 		}
 		v.mu.Unlock()
+		s.h.VringEnabled(v, st.Num == 1)
 		return false, nil
 	case ReqGetVringBase:
 		v.mu.Lock()

@@ -19,7 +19,8 @@
 // ring size) is answered with a non-zero REPLY_ACK and the session goes on; an unknown
 // request is drained, counted, reported and, if it asked, answered with 1. The owner hears
 // of it through Handler: FeaturesAcked (with the 10- or 12-byte header length),
-// RingStarted, RingStopped, SetMTU, Unknown, SessionEnded.
+// RingStarted, RingStopped, VringEnabled (every SET_VRING_ENABLE, running ring or not),
+// SetMTU, Unknown, SessionEnded.
 //
 // mem.go and mem_unsafe.go hold guest memory. Each SET_MEM_TABLE region is mmapped once
 // from fd offset 0 (mmap offsets must be page-aligned, mmap_offset need not be) and its

@@ -350,6 +350,7 @@ type recorder struct {
 	started chan *Vring
 	stopped []int
 	unknown []uint32
+	enables []VringState // SET_VRING_ENABLE as reported: ring index, 0 or 1
 	mtu     int
 	ended   chan error
 	onStop  func(*Vring)
@@ -377,6 +378,11 @@ func (r *recorder) RingStopped(v *Vring) {
 	}
 	r.mu.Lock()
 	r.stopped = append(r.stopped, v.Index())
+	r.mu.Unlock()
+}
+func (r *recorder) VringEnabled(v *Vring, on bool) {
+	r.mu.Lock()
+	r.enables = append(r.enables, VringState{uint32(v.Index()), map[bool]uint32{true: 1}[on]})
 	r.mu.Unlock()
 }
 func (r *recorder) SetMTU(m int) error { r.mu.Lock(); r.mtu = m; r.mu.Unlock(); return nil }

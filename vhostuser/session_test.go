@@ -5,6 +5,7 @@ package vhostuser
 import (
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"os"
 	"testing"
 	"time"
@@ -354,5 +355,14 @@ func TestDisabledRing(t *testing.T) {
 	h.fe.get(ReqGetFeatures)
 	if !v.Enabled() {
 		t.Fatal("not enabled")
+	}
+	// The owner hears of every SET_VRING_ENABLE (vhostnet maps it onto the TAP queue).
+	h.fe.send(ReqSetVringEnable, flagVersion, state(1, 0))
+	h.fe.get(ReqGetFeatures)
+	h.rec.mu.Lock()
+	got := fmt.Sprint(h.rec.enables)
+	h.rec.mu.Unlock()
+	if want := "[{0 1} {1 0}]"; got != want {
+		t.Fatalf("VringEnabled reports %s, want %s", got, want)
 	}
 }
