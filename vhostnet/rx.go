@@ -23,7 +23,7 @@ const (
 
 func (n *Net) rxLoop(w *worker) {
 	defer close(w.done)
-	v := w.v
+	v, tap := w.v, w.q.tap
 	// ReserveRX's segments also go to readv, which takes MaxIov-1 of them (Readv keeps
 	// one for its truncation sink). A chain set needing more breaks the ring
 	// (RejectIovFull): only a guest posting tiny buffers could do that.
@@ -59,7 +59,7 @@ func (n *Net) rxLoop(w *worker) {
 				}
 				break
 			}
-			k, err := n.tap.TryReadv(segs)
+			k, err := tap.TryReadv(segs)
 			if err != nil {
 				v.CommitRX(0) // hands the chains back
 				if errors.Is(err, tapdev.ErrWouldBlock) {
@@ -86,6 +86,8 @@ func (n *Net) rxLoop(w *worker) {
 			used := v.CommitRX(k)
 			n.stats.RXFrames.Add(1)
 			n.stats.RXBytes.Add(uint64(k - ringHL))
+			w.q.stats.RXFrames.Add(1)
+			w.q.stats.RXBytes.Add(uint64(k - ringHL))
 			n.stats.RXChains.Add(uint64(used))
 			if gso {
 				n.stats.RXGSO.Add(1)
@@ -99,16 +101,16 @@ func (n *Net) rxLoop(w *worker) {
 			// leave it in the TAP's queue (the kernel holds up to txqueuelen, then
 			// drops) until the guest posts more buffers and kicks. If not, wait for
 			// the TAP first.
-			ready, err := n.tap.Readable()
+			ready, err := tap.Readable()
 			if err != nil && isClosed(err) {
 				return
 			}
 			state = rxIdle
 			if ready {
 				n.stats.RXStalls.Add(1)
-				n.stats.RXWaiting.Store(true)
+				n.setWaiting(true, true)
 				err := v.WaitMore()
-				n.stats.RXWaiting.Store(false)
+				n.setWaiting(true, false)
 				if err != nil {
 					return
 				}
@@ -117,7 +119,7 @@ func (n *Net) rxLoop(w *worker) {
 		}
 		switch state {
 		case rxIdle:
-			if err := n.tap.WaitReadable(); err != nil {
+			if err := tap.WaitReadable(); err != nil {
 				if w.stop.Load() {
 					return
 				}

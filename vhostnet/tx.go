@@ -27,12 +27,17 @@ type txState struct {
 	hdr  [vnethdr.LenMrgRxbuf]byte
 	lin  []byte // validation scratch and, rarely, a linearized frame
 	nPop int
+
+	tap *tapdev.Device // the pair's TAP queue
+	q   *QueueStats    // the pair's counters
 }
 
 func (n *Net) txLoop(w *worker) {
 	defer close(w.done)
 	v := w.v
 	st := &txState{
+		tap: w.q.tap,
+		q:   w.q.stats,
 		// A chain has at most Num descriptors, each at most two regions' worth.
 		iov: make([][]byte, 0, 2*v.Num()+2),
 		out: make([][]byte, 0, tapdev.MaxIov),
@@ -71,9 +76,9 @@ func (n *Net) txLoop(w *worker) {
 		n.mu.RUnlock()
 		if blocked {
 			n.stats.TXBlocked.Add(1)
-			n.stats.TXWaiting.Store(true)
-			err := n.tap.WaitWritable()
-			n.stats.TXWaiting.Store(false)
+			n.setWaiting(false, true)
+			err := st.tap.WaitWritable()
+			n.setWaiting(false, false)
 			if err != nil && w.stop.Load() {
 				return
 			}
@@ -137,7 +142,7 @@ func (n *Net) tx(st *txState, c vhostuser.Chain, ringHL int) error {
 		n.stats.Linearized.Add(1)
 	}
 	st.out = out
-	_, err := n.tap.TryWritev(out)
+	_, err := st.tap.TryWritev(out)
 	if err == nil {
 		if cw := n.capture.Writer(); cw != nil {
 			// What the TAP took: the guest may rewrite its memory after the writev,
@@ -156,6 +161,8 @@ func (n *Net) tx(st *txState, c vhostuser.Chain, ringHL int) error {
 	}
 	n.stats.TXFrames.Add(1)
 	n.stats.TXBytes.Add(uint64(frameLen))
+	st.q.TXFrames.Add(1)
+	st.q.TXBytes.Add(uint64(frameLen))
 	if h.IsGSO() {
 		n.stats.TXGSO.Add(1)
 	}

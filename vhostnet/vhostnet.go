@@ -80,16 +80,32 @@ type Stats struct {
 	Linearized atomic.Uint64
 	// FeatureChanges counts SET_FEATURES applied to the TAP.
 	FeatureChanges atomic.Uint64
-	// RXWaiting is 1 while the RX worker waits for the guest to post buffers, frames
-	// waiting in the TAP; TXWaiting is 1 while the TX worker waits for the TAP to take a
-	// frame. The health monitor watches them (a wait that never ends is a stall).
+	// RXWaiting is 1 while an RX worker waits for the guest to post buffers, frames
+	// waiting in the TAP; TXWaiting is 1 while a TX worker waits for the TAP to take a
+	// frame (with several queue pairs: any worker). The health monitor watches them (a
+	// wait that never ends is a stall).
 	RXWaiting, TXWaiting atomic.Bool
+	// Queues are the per-pair counters, index = queue pair; New sizes it.
+	Queues []QueueStats
+}
+
+// QueueStats are one queue pair's counters: frames and Ethernet bytes each way (TX is
+// the pair's TX ring → its TAP queue, RX its TAP queue → its RX ring), and whether its
+// TAP queue is attached (the kernel steers frames to it).
+type QueueStats struct {
+	TXFrames, TXBytes atomic.Uint64
+	RXFrames, RXBytes atomic.Uint64
+	Attached          atomic.Bool
 }
 
 // Config is one TAP and what to offer its guest.
 type Config struct {
 	// TAP is an open TAP; Net switches its header length and read offloads per session.
+	// One queue pair is offered.
 	TAP *tapdev.Device
+	// TAPs, instead of TAP, are the queues of one multiqueue TAP (tapdev.OpenQueues),
+	// one per queue pair offered: pair i's rings move frames through TAPs[i].
+	TAPs []*tapdev.Device
 	// Stats and BackendStats may be shared with a metrics exporter; nil allocates.
 	Stats        *Stats
 	BackendStats *vhostuser.Stats
@@ -103,11 +119,11 @@ type Config struct {
 	PcapPath string
 }
 
-// Net is the datapath between one TAP and one vhost-user-net device (one queue pair).
-// It is the vhostuser.Handler of its Backend.
+// Net is the datapath between one TAP and one vhost-user-net device: one queue pair per
+// TAP queue. It is the vhostuser.Handler of its Backend.
 type Net struct {
 	vhostuser.NopHandler
-	tap     *tapdev.Device
+	pairs   []*queuePair
 	backend *vhostuser.Backend
 	stats   *Stats
 	logf    func(string, ...any)
@@ -136,16 +152,47 @@ type Net struct {
 	wmu     sync.Mutex
 	workers map[*vhostuser.Vring]*worker
 
+	// waitMu orders the updates of the shared wait flags from several workers.
+	waitMu               sync.Mutex
+	rxWaiters, txWaiters int
+
+	// qmu serializes attaching and detaching TAP queues (queuePair.attached).
+	qmu sync.Mutex
+
 	serveMu sync.Mutex
 	active  atomic.Pointer[activeConn]
 }
 
+// queuePair is one queue pair's own state: its TAP queue and counters. Its workers are
+// in Net.workers; everything else (features, header length, offloads, capture, the
+// shared Stats) is the Net's.
+type queuePair struct {
+	index    int
+	tap      *tapdev.Device
+	stats    *QueueStats
+	attached bool // the TAP queue is attached (under Net.qmu)
+}
+
 // New checks cfg, probes the TAP's offloads and builds the Backend.
 func New(cfg Config) (*Net, error) {
-	if cfg.TAP == nil {
+	taps := cfg.TAPs
+	switch {
+	case cfg.TAP != nil && len(taps) > 0:
+		return nil, errors.New("vhostnet: give TAP or TAPs, not both")
+	case cfg.TAP != nil:
+		taps = []*tapdev.Device{cfg.TAP}
+	case len(taps) == 0:
 		return nil, errors.New("vhostnet: a TAP is required")
+	case len(taps) > 128:
+		// 2·pairs rings must fit SET_VRING_KICK's 8-bit index (vhostuser.NewBackend).
+		return nil, fmt.Errorf("vhostnet: %d TAP queues, at most 128 queue pairs", len(taps))
 	}
-	n := &Net{tap: cfg.TAP, stats: cfg.Stats, logf: cfg.Logf, mtu: cfg.MTU, pcapOpt: cfg.Pcap,
+	for _, t := range taps {
+		if t == nil {
+			return nil, errors.New("vhostnet: a nil TAP queue")
+		}
+	}
+	n := &Net{stats: cfg.Stats, logf: cfg.Logf, mtu: cfg.MTU, pcapOpt: cfg.Pcap,
 		workers: map[*vhostuser.Vring]*worker{}}
 	if n.stats == nil {
 		n.stats = new(Stats)
@@ -153,11 +200,22 @@ func New(cfg Config) (*Net, error) {
 	if n.logf == nil {
 		n.logf = func(string, ...any) {}
 	}
-	n.probed = n.tap.ProbeOffloads()
-	n.tapHdr = n.tap.VnetHdrLen()
+	if len(n.stats.Queues) != len(taps) {
+		n.stats.Queues = make([]QueueStats, len(taps))
+	}
+	for i, t := range taps {
+		n.pairs = append(n.pairs, &queuePair{index: i, tap: t, stats: &n.stats.Queues[i], attached: true})
+		n.stats.Queues[i].Attached.Store(true)
+	}
+	// Offloads and the header length are the device's, not a queue's (drivers/net/tun.c:
+	// set_offload acts on tun->dev, TUNSETVNETHDRSZ on tun->vnet_hdr_sz), so queue 0
+	// speaks for all of them.
+	n.probed = n.pairs[0].tap.ProbeOffloads()
+	n.tapHdr = n.pairs[0].tap.VnetHdrLen()
+	n.resetQueues()
 	b, err := vhostuser.NewBackend(vhostuser.Config{
 		Features:   Offer(n.probed),
-		QueuePairs: 1,
+		QueuePairs: len(n.pairs),
 		NetMTU:     true,
 		Handler:    n,
 		Stats:      cfg.BackendStats,
@@ -270,18 +328,29 @@ func (n *Net) FeaturesAcked(f vhostuser.Features) {
 	defer n.mu.Unlock()
 	n.stats.FeatureChanges.Add(1)
 	if f.HdrLen != n.tapHdr {
-		if err := n.tap.SetVnetHdrLen(f.HdrLen); err != nil {
-			n.logf("vhostnet: %v", err)
-		} else {
+		// One TUNSETVNETHDRSZ sets the device's length (tun->vnet_hdr_sz, shared by
+		// every queue); it is issued on every queue so that each tapdev.Device, which
+		// sizes its reads by it, records the length too.
+		ok := true
+		for _, q := range n.pairs {
+			if err := q.tap.SetVnetHdrLen(f.HdrLen); err != nil {
+				n.logf("vhostnet: %v", err)
+				ok = false
+			}
+		}
+		if ok {
 			n.tapHdr = f.HdrLen
 		}
 	}
+	// TUNSETOFFLOAD is device-wide (drivers/net/tun.c set_offload → tun->dev features),
+	// so queue 0 sets it for all; a detached queue's fd takes it just the same.
+	tap := n.pairs[0].tap
 	want := RXOffloads(f)
-	eff, err := n.tap.SetOffloads(want)
+	eff, err := tap.SetOffloads(want)
 	if err != nil {
 		n.logf("vhostnet: %v", err)
 		// Whatever was set before may exceed the new acks: fall back to none.
-		eff, _ = n.tap.SetOffloads(0)
+		eff, _ = tap.SetOffloads(0)
 	}
 	n.rxAllow = want
 	n.txAllow = TXOffloads(f)
@@ -293,16 +362,35 @@ func (n *Net) FeaturesAcked(f vhostuser.Features) {
 	n.logf("vhostnet: features %#x: header %d bytes, TAP offloads %s", f.Bits, n.tapHdr, eff)
 }
 
-// worker is one ring's goroutine.
+// worker is one ring's goroutine; q is its pair (the TAP queue it uses).
 type worker struct {
 	v    *vhostuser.Vring
+	q    *queuePair
 	stop atomic.Bool
 	done chan struct{}
 }
 
-// RingStarted starts the ring's worker.
+// pair is ring v's queue pair: ring 2·i is pair i's RX, 2·i+1 its TX (virtio spec
+// "Network Device / Virtqueues"). The Backend has exactly 2·len(pairs) rings, so the
+// index is in range; nil otherwise, defensively.
+func (n *Net) pair(v *vhostuser.Vring) *queuePair {
+	if i := v.Index() / 2; i >= 0 && i < len(n.pairs) {
+		return n.pairs[i]
+	}
+	return nil
+}
+
+// RingStarted starts the ring's worker on its pair's TAP queue. An RX ring that starts
+// enabled (no PROTOCOL_FEATURES: vhost-user.rst "Ring states") gets its queue attached.
 func (n *Net) RingStarted(v *vhostuser.Vring) {
-	w := &worker{v: v, done: make(chan struct{})}
+	q := n.pair(v)
+	if q == nil {
+		return
+	}
+	if v.IsRX() && v.Enabled() {
+		n.setAttached(q, true)
+	}
+	w := &worker{v: v, q: q, done: make(chan struct{})}
 	n.wmu.Lock()
 	n.workers[v] = w
 	n.wmu.Unlock()
@@ -326,17 +414,81 @@ func (n *Net) RingStopped(v *vhostuser.Vring) {
 	}
 	w.stop.Store(true)
 	past := time.Unix(1, 0)
+	tap := w.q.tap
 	if v.IsRX() {
-		n.tap.SetReadDeadline(past)
+		tap.SetReadDeadline(past)
 	} else {
-		n.tap.SetWriteDeadline(past)
+		tap.SetWriteDeadline(past)
 	}
 	<-w.done
 	if v.IsRX() {
-		n.tap.SetReadDeadline(time.Time{})
+		tap.SetReadDeadline(time.Time{})
 	} else {
-		n.tap.SetWriteDeadline(time.Time{})
+		tap.SetWriteDeadline(time.Time{})
 	}
+}
+
+// VringEnabled maps SET_VRING_ENABLE of a pair's RX ring onto its TAP queue, as QEMU's
+// own TAP back-end does (net/tap-linux.c tap_fd_enable/tap_fd_disable via
+// hw/net/virtio-net.c peer_attach/peer_detach): a disabled pair's queue is detached, so
+// the kernel steers its frames to the attached queues instead of into a queue no ring
+// drains (drivers/net/tun.c tun_select_queue), and attached again on enable. QEMU
+// enables and disables both rings of a pair together (hw/virtio/vhost-user.c
+// vhost_user_set_vring_enable); the TX ring's state needs no TAP change, since TX on a
+// disabled ring is discarded before the TAP.
+func (n *Net) VringEnabled(v *vhostuser.Vring, on bool) {
+	if q := n.pair(v); q != nil && v.IsRX() {
+		n.setAttached(q, on)
+	}
+}
+
+// setAttached attaches or detaches q's TAP queue (TUNSETQUEUE). A single-queue TAP has
+// no queue to detach (tun_set_queue refuses it without IFF_MULTI_QUEUE): with one pair
+// the queue stays attached and a disabled RX ring simply leaves frames in the TAP.
+func (n *Net) setAttached(q *queuePair, on bool) {
+	if len(n.pairs) < 2 {
+		return
+	}
+	n.qmu.Lock()
+	defer n.qmu.Unlock()
+	if q.attached == on {
+		return
+	}
+	if err := q.tap.SetQueueEnabled(on); err != nil {
+		n.logf("vhostnet: queue pair %d: %v", q.index, err)
+		return
+	}
+	q.attached = on
+	q.stats.Attached.Store(on)
+}
+
+// resetQueues puts the TAP queues in their state between sessions: pair 0's attached,
+// the others detached. A vhost-user ring starts disabled once PROTOCOL_FEATURES is acked
+// (vhost-user.rst "Ring states") and QEMU enables the pairs the guest uses; until then
+// (and while no front-end is connected) frames wait in the one queue every front-end
+// uses, as with a single-queue TAP.
+func (n *Net) resetQueues() {
+	for _, q := range n.pairs {
+		n.setAttached(q, q.index == 0)
+	}
+}
+
+// setWaiting raises or lowers one direction's count of workers waiting (RX: for guest
+// buffers, TX: for the TAP) and keeps its Stats flag true while any waits.
+func (n *Net) setWaiting(rx, on bool) {
+	d := -1
+	if on {
+		d = 1
+	}
+	n.waitMu.Lock()
+	if rx {
+		n.rxWaiters += d
+		n.stats.RXWaiting.Store(n.rxWaiters > 0)
+	} else {
+		n.txWaiters += d
+		n.stats.TXWaiting.Store(n.txWaiters > 0)
+	}
+	n.waitMu.Unlock()
 }
 
 // SetMTU takes NET_SET_MTU: the MTU QEMU advises the guest (-device …,host_mtu=N). It
@@ -353,10 +505,12 @@ func (n *Net) SetMTU(mtu int) error {
 	return nil
 }
 
-// SessionEnded logs the end of a session and forgets its features.
+// SessionEnded logs the end of a session, forgets its features and puts the TAP queues
+// back in their state between sessions (every ring is stopped by now).
 func (n *Net) SessionEnded(err error) {
 	n.ackedOK.Store(false)
 	n.guestMTU.Store(0)
+	n.resetQueues()
 	if err != nil {
 		n.logf("vhostnet: session ended: %v", err)
 	}
@@ -387,6 +541,9 @@ type State struct {
 	TapOffloads vnethdr.Offloads
 	TapProbed   vnethdr.Offloads
 	GuestMTU    int
+	// QueuePairs offered, and which of their TAP queues are attached.
+	QueuePairs int
+	Attached   []bool
 }
 
 // State reads the device's state.
@@ -399,5 +556,15 @@ func (n *Net) State() State {
 		TapOffloads: vnethdr.Offloads(n.tapOffl.Load()),
 		TapProbed:   n.probed,
 		GuestMTU:    int(n.guestMTU.Load()),
+		QueuePairs:  len(n.pairs),
+		Attached:    n.attachedQueues(),
 	}
+}
+
+func (n *Net) attachedQueues() []bool {
+	a := make([]bool, len(n.pairs))
+	for i, q := range n.pairs {
+		a[i] = q.stats.Attached.Load()
+	}
+	return a
 }
