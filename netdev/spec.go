@@ -134,7 +134,19 @@ type Spec struct {
 	// NETMAP_REQ_PORT_HDR_SET accepts, netmap sys/dev/netmap/netmap.c).
 	IfName string
 	HdrLen int
+	// Queues is the vhost-user queue pairs offered (queues=N; 0 means one):
+	// with N > 1 the TAP is opened with IFF_MULTI_QUEUE, one queue per pair, and QEMU
+	// is given -netdev vhost-user,…,queues=N and the NIC mq=on.
+	Queues int
 }
+
+// MaxVhostQueues is the most queue pairs vhost-user takes: 2·N rings must fit the
+// 8-bit ring index of SET_VRING_KICK/CALL/ERR (vhost-user.rst), and N TAP queues
+// MAX_TAP_QUEUES (256, drivers/net/tun.c).
+const MaxVhostQueues = 128
+
+// QueuePairs is the number of vhost-user queue pairs: Queues, at least 1.
+func (s Spec) QueuePairs() int { return max(1, s.Queues) }
 
 // keys each backend accepts; anything else is rejected by name.
 var specKeys = map[Backend][]string{
@@ -143,7 +155,7 @@ var specKeys = map[Backend][]string{
 	BackendDgram: {"id", "local.type", "local.host", "local.port", "local.path",
 		"remote.type", "remote.host", "remote.port", "remote.path"},
 	BackendNetmap:    {"id", "ifname", "vnet-hdr"},
-	BackendVhostUser: {"id", "path", "server"},
+	BackendVhostUser: {"id", "path", "server", "queues"},
 }
 
 // ParseSpec parses a --netdev value written the way QEMU's -netdev is written, but from
@@ -156,7 +168,7 @@ var specKeys = map[Backend][]string{
 //	dgram,local.type=inet,local.host=H,local.port=N,remote.type=inet,remote.host=H,remote.port=N
 //	dgram,local.type=unix,local.path=P,remote.type=unix,remote.path=P
 //	netmap,ifname=NAME[,vnet-hdr=0|10|12]
-//	vhost-user,path=P[,server=on|off]
+//	vhost-user,path=P[,server=on|off][,queues=N]
 //
 // id= is accepted and ignored; stream also takes vnet-hdr=on|off. A comma inside a value is
 // written ",," as QEMU does. server defaults to off as in QEMU. For socket, an empty host
@@ -170,7 +182,8 @@ var specKeys = map[Backend][]string{
 // listens on the UNIX socket P (server defaults to on here: tapgro is the socket server
 // and QEMU its client, -chardev socket,path=P,reconnect=1); with server=off tapgro dials
 // P, where QEMU listens (-chardev socket,path=P,server=on,wait=off), and dials again
-// whenever the session ends.
+// whenever the session ends. queues=N (1..128, default 1) offers N queue pairs, each on
+// its own queue of a multiqueue TAP, as QEMU's -netdev vhost-user,queues=N.
 func ParseSpec(s string) (Spec, error) {
 	parts := splitOpts(s)
 	if len(parts) == 0 || parts[0] == "" {
@@ -270,6 +283,15 @@ func (sp *Spec) parseVhostUser(kv map[string]string) error {
 	}
 	if err := checkPath("path", p); err != nil {
 		return err
+	}
+	if v, ok := kv["queues"]; ok {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > MaxVhostQueues {
+			return fmt.Errorf("netdev: vhost-user queues=%s: want a number of queue pairs, 1..%d", v, MaxVhostQueues)
+		}
+		if n > 1 { // one pair is the default, kept as 0 so that String round-trips
+			sp.Queues = n
+		}
 	}
 	a := Addr{Type: AddrUnix, Path: p}
 	if server {
@@ -581,6 +603,9 @@ func (s Spec) String() string {
 		} else {
 			b.WriteString(",path=" + esc(s.Local.Path))
 		}
+		if s.Queues > 1 {
+			b.WriteString(",queues=" + strconv.Itoa(s.Queues))
+		}
 	case BackendNetmap:
 		b.WriteString(",ifname=" + esc(s.IfName))
 		if s.HdrLen != 0 {
@@ -648,16 +673,37 @@ func (s Spec) QEMUOption(id string) string {
 // until a back-end has connected (net/vhost-user.c net_vhost_user_init loops on
 // qemu_chr_fe_wait_connected until the first vhost_user_start), and after tapgro goes
 // away QEMU accepts the next connection (chardev/char-socket.c
-// tcp_chr_disconnect_locked re-arms the listener). Both are "" for other backends.
+// tcp_chr_disconnect_locked re-arms the listener). With more than one queue pair the
+// netdev says queues=N, which QEMU checks against GET_QUEUE_NUM (net/vhost-user.c
+// vhost_user_start); the NIC needs mq=on as well (QEMUVhostUserDevice). Both are "" for
+// other backends.
 func (s Spec) QEMUVhostUser(netdevID, chardevID string) (chardev, netdev string) {
 	if s.Backend != BackendVhostUser {
 		return "", ""
 	}
 	nd := "vhost-user,id=" + esc(netdevID) + ",chardev=" + esc(chardevID)
+	if s.Queues > 1 {
+		nd += ",queues=" + strconv.Itoa(s.Queues)
+	}
 	if s.Role == RoleClient {
 		return "socket,id=" + esc(chardevID) + ",path=" + esc(s.Remote.Path) + ",server=on,wait=off", nd
 	}
 	return "socket,id=" + esc(chardevID) + ",path=" + esc(s.Local.Path) + ",reconnect=1", nd
+}
+
+// QEMUVhostUserDevice is the -device value for the NIC on netdev netdevID: a
+// virtio-net-pci, with mq=on when the spec has more than one queue pair (without it
+// QEMU's virtio-net offers the guest no VIRTIO_NET_F_MQ and uses pair 0 only,
+// hw/net/virtio-net.c virtio_net_device_realize). "" for other backends.
+func (s Spec) QEMUVhostUserDevice(netdevID string) string {
+	if s.Backend != BackendVhostUser {
+		return ""
+	}
+	d := "virtio-net-pci,netdev=" + esc(netdevID)
+	if s.Queues > 1 {
+		d += ",mq=on"
+	}
+	return d
 }
 
 // dialable turns a wildcard bind address into the loopback address of the same family.

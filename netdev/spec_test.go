@@ -118,6 +118,18 @@ func TestParseSpecGood(t *testing.T) {
 			qemu: "", // QEMUVhostUser
 		},
 		{
+			in:   "vhost-user,queues=4,path=/run/vu.sock",
+			want: Spec{Backend: BackendVhostUser, Role: RoleServer, Local: Addr{Type: "unix", Path: "/run/vu.sock"}, Queues: 4},
+			str:  "vhost-user,path=/run/vu.sock,queues=4",
+			qemu: "", // QEMUVhostUser
+		},
+		{
+			in:   "vhost-user,path=/run/vu.sock,server=off,queues=1",
+			want: Spec{Backend: BackendVhostUser, Role: RoleClient, Remote: Addr{Type: "unix", Path: "/run/vu.sock"}},
+			str:  "vhost-user,path=/run/vu.sock,server=off",
+			qemu: "", // QEMUVhostUser
+		},
+		{
 			in:   "vhost-user,path=/tmp/a,,b,server=no,id=x",
 			want: Spec{Backend: BackendVhostUser, Role: RoleClient, Remote: Addr{Type: "unix", Path: "/tmp/a,b"}},
 			str:  "vhost-user,path=/tmp/a,,b,server=off",
@@ -177,9 +189,29 @@ func TestQEMUVhostUser(t *testing.T) {
 	if _, err := Open(cl, Events{}); err == nil || !strings.Contains(err.Error(), "vhostnet") {
 		t.Errorf("Open(vhost-user,server=off) = %v, want an error pointing at vhostnet", err)
 	}
+	if d := cl.QEMUVhostUserDevice("n0"); d != "virtio-net-pci,netdev=n0" {
+		t.Errorf("QEMUVhostUserDevice = %q", d)
+	}
+	// queues=N: QEMU's netdev says the same and the NIC gets mq=on.
+	mq, err := ParseSpec("vhost-user,path=/run/vu.sock,queues=2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, n := mq.QEMUVhostUser("n0", "vu0"); n != "vhost-user,id=n0,chardev=vu0,queues=2" {
+		t.Errorf("QEMUVhostUser netdev (queues=2) = %q", n)
+	}
+	if d := mq.QEMUVhostUserDevice("n0"); d != "virtio-net-pci,netdev=n0,mq=on" {
+		t.Errorf("QEMUVhostUserDevice (queues=2) = %q", d)
+	}
+	if mq.QueuePairs() != 2 || cl.QueuePairs() != 1 {
+		t.Errorf("QueuePairs %d, %d; want 2, 1", mq.QueuePairs(), cl.QueuePairs())
+	}
 	st, _ := ParseSpec("stream,server=on,addr.type=unix,addr.path=/p")
 	if c, n := st.QEMUVhostUser("n0", "vu0"); c != "" || n != "" {
 		t.Errorf("QEMUVhostUser for stream = %q, %q; want empty", c, n)
+	}
+	if d := st.QEMUVhostUserDevice("n0"); d != "" {
+		t.Errorf("QEMUVhostUserDevice for stream = %q; want empty", d)
 	}
 }
 
@@ -238,6 +270,9 @@ func TestParseSpecBad(t *testing.T) {
 		{"vhost-user,path=,server=off", `bad value "" for key "path"`},
 		{"vhost-user,path=/p,server=x", `bad value "x" for key "server"`},
 		{"vhost-user,path=/p,chardev=c", `unknown key "chardev" for vhost-user`},
+		{"vhost-user,path=/p,queues=0", "vhost-user queues=0: want a number of queue pairs, 1..128"},
+		{"vhost-user,path=/p,queues=129", "queues=129"},
+		{"vhost-user,path=/p,queues=two", "queues=two"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.in, func(t *testing.T) {
