@@ -121,8 +121,9 @@ SPEC mirrors QEMU's -netdev syntax from tapgro's side:
   dgram,local.type=unix,local.path=P,remote.type=unix,remote.path=P
   stream,...,vnet-hdr=on[,shm=off]   tapgro to tapgro only: GSO frames cross whole (over
                                      unix, through shared memory unless shm=off)
-  vhost-user,path=P[,server=on|off]  tapgro is QEMU's vhost-user-net back-end on P (see README)
-                                     (QEMU: -chardev socket,path=P,reconnect=1; see README)
+  vhost-user,path=P[,server=on|off][,queues=N]  tapgro is QEMU's vhost-user-net back-end on P
+                                     (QEMU: -chardev socket,path=P,reconnect=1; see README);
+                                     queues=N: N queue pairs on N queues of a multiqueue TAP
 
 Environment (a flag on the command line wins over its variable):
   TAPGRO_GRO=on|off  TAPGRO_UDP_GRO=on|off  TAPGRO_OFFLOAD=auto|off|LIST   as --gro, --udp-gro, --offload
@@ -295,7 +296,7 @@ func checkVhostUser(o *options) error {
 		name string
 	}{
 		{o.pcapTap != "", "--pcap-tap: capture has one side on this path, --pcap-port (each frame as the guest sent or received it; the TAP sees the same frames)"},
-		{o.multiQueue, "--multi-queue: vhost-user serves one queue pair for now"},
+		{o.multiQueue, "--multi-queue: give vhost-user queue pairs with --netdev vhost-user,...,queues=N (N > 1 opens the TAP with IFF_MULTI_QUEUE, one queue per pair)"},
 	} {
 		if f.set {
 			return fmt.Errorf("--netdev vhost-user: %s", f.name)

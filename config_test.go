@@ -242,7 +242,7 @@ func TestParseFlagsVhostUser(t *testing.T) {
 		why  string
 	}{
 		{[]string{"--pcap-tap", "/tmp/x.pcap"}, "capture has one side on this path, --pcap-port"},
-		{[]string{"--multi-queue"}, "one queue pair"},
+		{[]string{"--multi-queue"}, "queues=N"},
 	} {
 		_, err := parseFlags(append([]string{"--tap", "tap0", nd}, bad.args...), io.Discard)
 		if err == nil || !strings.Contains(err.Error(), bad.why) {
@@ -253,6 +253,15 @@ func TestParseFlagsVhostUser(t *testing.T) {
 		if _, err := parseFlags(append([]string{"--tap", "tap0", nd}, good...), io.Discard); err != nil {
 			t.Errorf("%v: %v", good, err)
 		}
+	}
+	// queues=2: QEMU's netdev and NIC say so too.
+	o, err = parseFlags([]string{"--tap", "tap0", nd + ",queues=2"}, io.Discard)
+	if err != nil {
+		t.Fatalf("queues=2: %v", err)
+	}
+	kvm, _ = vhostUserQEMUArgs(o.netdev)
+	if !strings.Contains(kvm, " -netdev vhost-user,id=n0,chardev=vu0,queues=2 -device virtio-net-pci,netdev=n0,mq=on") {
+		t.Errorf("queues=2: QEMU args %s", kvm)
 	}
 	// server=off: QEMU listens, so its chardev is the server.
 	o, err = parseFlags([]string{"--tap", "tap0", nd + ",server=off"}, io.Discard)

@@ -234,15 +234,21 @@ func run(ctx context.Context, o *options, log *logrus.Logger) error {
 // refilling its receive ring is a stall), `tapgro ctl status` (the features by name) and
 // capture of the port side (--pcap-port, `tapgro ctl pcap port=…`).
 func runVhostUser(ctx context.Context, o *options, log *logrus.Logger) error {
-	tap, err := tapdev.Open(tapdev.Config{Name: o.tap, VnetHdrLen: o.vnetHdrLen})
+	// queues=N: one TAP queue per queue pair (IFF_MULTI_QUEUE when N > 1).
+	taps, err := tapdev.OpenQueues(tapdev.Config{Name: o.tap, VnetHdrLen: o.vnetHdrLen}, o.netdev.QueuePairs())
 	if err != nil {
 		return err
 	}
-	defer tap.Close()
+	defer func() {
+		for _, q := range taps {
+			q.Close()
+		}
+	}()
+	tap := taps[0]
 	if err := tap.ConfigureLink(tapdev.LinkConfig{MTU: o.mtu, TxQueueLen: o.txQueueLen, Addrs: o.addrs, Up: true}); err != nil {
 		return err
 	}
-	vn, err := vhostnet.New(vhostnet.Config{TAP: tap, MTU: o.mtu, Pcap: o.pcap, PcapPath: o.pcapPort,
+	vn, err := vhostnet.New(vhostnet.Config{TAPs: taps, MTU: o.mtu, Pcap: o.pcap, PcapPath: o.pcapPort,
 		Logf: func(f string, a ...any) { log.Warnf(f, a...) }})
 	if err != nil {
 		return err
@@ -294,6 +300,9 @@ func runVhostUser(ctx context.Context, o *options, log *logrus.Logger) error {
 	if o.pcapPort != "" {
 		fields["pcap_port"] = o.pcapPort
 	}
+	if spec.QueuePairs() > 1 {
+		fields["queue_pairs"] = spec.QueuePairs()
+	}
 	log.WithFields(fields).Info("tapgro ready (vhost-user); give QEMU: " + qemu + " (RAM = the guest's -m size; under TCG use " + tcg + ")")
 	err = serve(ctx)
 	if errors.Is(err, context.Canceled) {
@@ -313,6 +322,13 @@ func runVhostUser(ctx context.Context, o *options, log *logrus.Logger) error {
 			f["dropped_"+vhostnet.DropName(r)] = n
 		}
 	}
+	if len(st.Queues) > 1 {
+		for i := range st.Queues {
+			q := &st.Queues[i]
+			f[fmt.Sprintf("queue%d_port_to_tap_frames", i)] = q.TXFrames.Load()
+			f[fmt.Sprintf("queue%d_tap_to_port_frames", i)] = q.RXFrames.Load()
+		}
+	}
 	if c := vn.Capture().Stats(); o.pcapPort != "" || c.Frames.Load() != 0 {
 		f["pcap_port_frames"], f["pcap_port_dropped"] = c.Frames.Load(), c.Dropped.Load()
 	}
@@ -328,7 +344,7 @@ func runVhostUser(ctx context.Context, o *options, log *logrus.Logger) error {
 func vhostUserQEMUArgs(spec netdev.Spec) (kvm, tcg string) {
 	chardev, nd := spec.QEMUVhostUser("n0", "vu0")
 	base := "-object memory-backend-memfd,id=mem,size=<RAM>,share=on -machine memory-backend=mem" +
-		" -chardev " + chardev + " -netdev " + nd + " -device virtio-net-pci,netdev=n0"
+		" -chardev " + chardev + " -netdev " + nd + " -device " + spec.QEMUVhostUserDevice("n0")
 	return base, base + ",vectors=0"
 }
 
