@@ -66,7 +66,8 @@ func TestMetricsDocumented(t *testing.T) {
 // The vhost-user catalogue obeys the same rules: valid for Prometheus, every series in
 // the README, and it reads vhostnet's counters.
 func TestVhostMetricsDocumented(t *testing.T) {
-	vn := &fakeVhost{st: new(vhostnet.Stats), bs: new(vhostuser.Stats)}
+	vn := &fakeVhost{st: &vhostnet.Stats{Queues: make([]vhostnet.QueueStats, 2)}, bs: new(vhostuser.Stats)}
+	vn.st.Queues[1].RXFrames.Store(5)
 	vn.st.TXFrames.Store(7)
 	vn.st.TXGSO.Store(3)
 	vn.bs.Sessions.Store(2)
@@ -97,7 +98,8 @@ func TestVhostMetricsDocumented(t *testing.T) {
 		}
 	}
 	if got["tapgro_vhost_frames_total,port_to_tap"] != 7 || got["tapgro_vhost_sessions_total"] != 2 ||
-		got["tapgro_gso_passthrough_total,port_to_tap"] != 3 || got["tapgro_vhost_rejected_total,loop"] != 1 {
+		got["tapgro_gso_passthrough_total,port_to_tap"] != 3 || got["tapgro_vhost_rejected_total,loop"] != 1 ||
+		got["tapgro_vhost_queue_frames_total,tap_to_port,1"] != 5 {
 		t.Errorf("vhost metrics do not read the counters: %v", got)
 	}
 }

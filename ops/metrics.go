@@ -2,6 +2,7 @@ package ops
 
 import (
 	"sort"
+	"strconv"
 	"time"
 
 	"tapgro/datapath"
@@ -120,6 +121,25 @@ func NewVhostMetrics(vn VhostNet, health *HealthMonitor, version string) *Metric
 		m.add("tapgro_vhost_frames_total", "vhost-user: frames moved between guest memory and the TAP (a GSO frame counts once).", Counter, l, u(d.frames))
 		m.add("tapgro_vhost_bytes_total", "vhost-user: Ethernet bytes moved, virtio-net header excluded.", Counter, l, u(d.bytes))
 		m.add("tapgro_gso_passthrough_total", "GSO frames handed on whole (tap_to_port: to a vnet-hdr port; port_to_tap: from one to the TAP).", Counter, l, u(d.gso))
+	}
+	// Per queue pair: the TAP steers each flow to one queue (drivers/net/tun.c
+	// tun_automq_select_queue), so these show how the flows spread over the pairs.
+	for i := range st.Queues {
+		q := &st.Queues[i]
+		ql := strconv.Itoa(i)
+		for _, d := range []struct {
+			dir           string
+			frames, bytes func() uint64
+		}{
+			{"port_to_tap", q.TXFrames.Load, q.TXBytes.Load},
+			{"tap_to_port", q.RXFrames.Load, q.RXBytes.Load},
+		} {
+			l := Labels{"queue": ql, "direction": d.dir}
+			m.add("tapgro_vhost_queue_frames_total", "vhost-user: frames moved by one queue pair (its rings and its TAP queue).", Counter, l, u(d.frames))
+			m.add("tapgro_vhost_queue_bytes_total", "vhost-user: Ethernet bytes moved by one queue pair, virtio-net header excluded.", Counter, l, u(d.bytes))
+		}
+		m.add("tapgro_vhost_queue_attached", "vhost-user: 1 while the queue pair's TAP queue is attached (the guest enabled the pair).", Gauge,
+			Labels{"queue": ql}, func(*Source) float64 { return b2f(q.Attached.Load()) })
 	}
 	for r := 0; r < vhostnet.NumDrops; r++ {
 		m.add("tapgro_vhost_dropped_total", "vhost-user: frames dropped, by reason.", Counter, Labels{"reason": vhostnet.DropName(r)}, u(st.Drops[r].Load))

@@ -1,7 +1,7 @@
 // Package vhostnet is the datapath between one TAP (tapdev) and one vhost-user-net
 // device (vhostuser): QEMU hands over the guest's memory and rings, and frames move
 // between the rings and the TAP with one readv(2) or writev(2) per frame, straight
-// from and into guest memory.
+// from and into guest memory. Each queue pair has its own TAP queue.
 //
 // # Wiring
 //
@@ -15,6 +15,32 @@
 // with the socket's roles reversed: QEMU listens (-chardev socket,server=on,wait=off)
 // and Net dials it with netdev.Redial's backoff, one session at a time, and dials again
 // when a session ends.
+//
+// # Queue pairs
+//
+// New(Config{TAPs}) takes N queues of one multiqueue TAP (tapdev.OpenQueues) and offers
+// N queue pairs (vhostuser adds PROTOCOL_F_MQ, GET_QUEUE_NUM and VIRTIO_NET_F_MQ); QEMU
+// keeps one vhost device per pair on the one socket, ring 2·i being pair i's RX and
+// 2·i+1 its TX (vhost-user.rst "Multiple queue support"). A pair is a small struct: its
+// TAP queue and its counters (Stats.Queues[i]); its two rings' workers read and write
+// only that queue, as QEMU's TAP back-end gives each queue pair its own fd. Everything
+// else is the Net's and shared: features, header length, offloads, capture, Stats.
+// The TAP steers each flow to one queue by flow hash, following the queue the flow was
+// last written on (drivers/net/tun.c tun_automq_select_queue, tun_flow_update), so a
+// flow stays on one pair and nothing is reordered.
+//
+// SET_VRING_ENABLE (Handler.VringEnabled, sent whenever the guest changes its number of
+// pairs: VIRTIO_NET_CTRL_MQ_VQ_PAIRS_SET, hw/net/virtio-net.c peer_attach/peer_detach)
+// is mapped, for a pair's RX ring, onto TUNSETQUEUE: a disabled pair's queue is detached
+// so the kernel steers it nothing and purges what it held (drivers/net/tun.c
+// __tun_detach), and attached again on enable — what QEMU's own TAP back-end does
+// (net/tap-linux.c tap_fd_enable/tap_fd_disable). Between sessions, and at New, queue 0
+// is attached and the others detached: rings start disabled (vhost-user.rst "Ring
+// states") and QEMU enables the pairs the guest uses. With one pair the TAP is a
+// single-queue device and nothing is detached. The queue fds are also where the
+// device-wide settings go: TUNSETVNETHDRSZ (tun->vnet_hdr_sz) is issued on every queue
+// so that each tapdev.Device records the length, TUNSETOFFLOAD (set_offload on tun->dev)
+// once on queue 0; a detached queue's fd still takes both.
 //
 // # Features and the TAP
 //
@@ -33,7 +59,7 @@
 //
 // # Transmit (guest → TAP)
 //
-// One goroutine per TX ring: Wait for a kick, Begin, then up to 64 chains: Pop, gather
+// One goroutine per TX ring, writing its pair's TAP queue: Wait for a kick, Begin, then up to 64 chains: Pop, gather
 // the header by byte offset into a private copy (the driver may split it across
 // descriptors and start the frame inside the header's descriptor: virtio spec "Message
 // Framing"; the guest may also rewrite its memory while we look), and if the kernel
@@ -53,7 +79,7 @@
 //
 // # Receive (TAP → guest)
 //
-// One goroutine per RX ring: Begin; then up to
+// One goroutine per RX ring, reading its pair's TAP queue: Begin; then up to
 // 64 frames: ReserveRX for the worst case (header + 65593 with MRG_RXBUF, the largest
 // frame tun_put_user produces; one chain without), TryReadv the TAP straight into the
 // reserved segments, CommitRX with the length read (it writes num_buffers and hands
@@ -96,12 +122,14 @@
 // Stats: frames, bytes and GSO frames per direction, RX chains used, drops by reason,
 // RX stalls, TX blocks, linearized frames, feature changes, and two flags the health
 // monitor watches: RXWaiting (frames wait in the TAP for guest buffers) and TXWaiting
-// (a frame waits for the TAP). Kicks and calls are vhostuser.Stats (BackendStats).
+// (a frame waits for the TAP), each true while any pair's worker waits. Queues[i]:
+// pair i's frames and bytes each way and whether its TAP queue is attached. Kicks and calls are vhostuser.Stats (BackendStats).
 // State is what `tapgro ctl status` shows: connected, acked features, TAP offloads.
 //
 // # Limits
 //
-// One queue pair (a single-queue TAP). No UFO/USO. A chain set of more than 1023
+// Health is judged over all pairs together (a stalled pair next to a busy one is not
+// seen). No UFO/USO. A chain set of more than 1023
 // segments for one RX frame breaks the ring (only a guest posting tiny buffers could);
 // a TX chain of more segments than one writev takes is copied.
 package vhostnet
