@@ -115,6 +115,11 @@ type VhostStatus struct {
 	Rejected    uint64   `json:"rejected"` // chains or rings the guest broke, all reasons
 	GSOToTap    uint64   `json:"gso_port_to_tap"`
 	GSOToGuest  uint64   `json:"gso_tap_to_port"`
+
+	// QueuePairs offered (queues=N) and the pairs whose TAP queue is attached (the
+	// guest enabled them).
+	QueuePairs     int   `json:"queue_pairs"`
+	QueuesAttached []int `json:"queues_attached"`
 }
 
 type DirCounters struct {
@@ -603,6 +608,12 @@ func (s *CtlServer) vhostStatus() *Status {
 		TapOffloads: vs.TapOffloads.String(), GuestMTU: vs.GuestMTU,
 		Sessions: bs.Sessions.Load(), Kicks: bs.Kicks.Load(), Calls: bs.Calls.Load(),
 		RXStalls: st.RXStalls.Load(), GSOToTap: st.TXGSO.Load(), GSOToGuest: st.RXGSO.Load(),
+		QueuePairs: vs.QueuePairs, QueuesAttached: []int{},
+	}
+	for i, a := range vs.Attached {
+		if a {
+			v.QueuesAttached = append(v.QueuesAttached, i)
+		}
 	}
 	if vs.AckedValid {
 		v.Acked = vhostnet.FeatureNames(vs.Acked.Bits)
@@ -691,7 +702,7 @@ func (st *Status) lines() [][2]string {
 		if v.GuestMTU != 0 {
 			mtu = fmt.Sprint(v.GuestMTU)
 		}
-		return [][2]string{
+		rows := [][2]string{
 			{"tap", st.Tap},
 			{"version", st.Version},
 			{"port", port},
@@ -709,6 +720,10 @@ func (st *Status) lines() [][2]string {
 			{"rings rejected", fmt.Sprint(v.Rejected)},
 			{"pcap port", st.PcapPort},
 		}
+		if v.QueuePairs > 1 {
+			rows = append(rows, [2]string{"queue pairs", fmt.Sprintf("%d, TAP queues attached: %v (the pairs the guest uses)", v.QueuePairs, v.QueuesAttached)})
+		}
+		return rows
 	}
 	gro := onOff(st.GRO)
 	switch {
