@@ -27,6 +27,9 @@ type txState struct {
 	hdr  [vnethdr.LenMrgRxbuf]byte
 	lin  []byte // validation scratch and, rarely, a linearized frame
 	nPop int
+
+	gro *txGRO      // nil: GRO off (gro.go)
+	gh  vnethdr.Hdr // the header handed to the engine (kept off the stack)
 }
 
 func (n *Net) txLoop(w *worker) {
@@ -37,9 +40,14 @@ func (n *Net) txLoop(w *worker) {
 		iov: make([][]byte, 0, 2*v.Num()+2),
 		out: make([][]byte, 0, tapdev.MaxIov),
 		lin: make([]byte, MaxFrame),
+		gro: n.newTXGRO(),
 	}
+	defer st.gro.flushAll() // what timer mode holds goes out before the worker ends
+	var hold time.Duration  // the engine holds data: look again after this, not at a kick
 	for !w.stop.Load() {
-		if err := v.Wait(); err != nil {
+		if hold > 0 {
+			time.Sleep(hold)
+		} else if err := v.Wait(); err != nil {
 			return
 		}
 		ringHL := v.HdrLen()
@@ -66,6 +74,11 @@ func (n *Net) txLoop(w *worker) {
 			}
 			// virtio spec "Packet Transmission": used.len is 0 for TX, nothing written.
 			v.Push(c.Head, 0)
+		}
+		if st.gro != nil {
+			// Before End: the aggregates are written before the guest sees its chains
+			// used, as if each segment had been.
+			hold = st.gro.endBatch()
 		}
 		v.End()
 		n.mu.RUnlock()
@@ -125,6 +138,15 @@ func (n *Net) tx(st *txState, c vhostuser.Chain, ringHL int) error {
 		}
 		if err := n.validate(st, frame, frameLen, &h); err != nil {
 			n.stats.Drops[DropTXBadHeader].Add(1)
+			return nil
+		}
+	}
+	if st.gro != nil {
+		// The engine copies what it may merge; anything else is written below, its
+		// flow's held aggregate already written (gro.go).
+		st.gh = h
+		if st.gro.offer(st, c, ringHL, frameLen, &st.gh) {
+			clear(out)
 			return nil
 		}
 	}

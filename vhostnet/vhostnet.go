@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"tapgro/coalescer"
 	"tapgro/pcapio"
 	"tapgro/tapdev"
 	"tapgro/vhostuser"
@@ -80,6 +81,10 @@ type Stats struct {
 	Linearized atomic.Uint64
 	// FeatureChanges counts SET_FEATURES applied to the TAP.
 	FeatureChanges atomic.Uint64
+	// GRO are the counters of the engine that coalesces guest TCP segments toward the
+	// TAP (gro.go), RSC those of the one that coalesces TAP frames toward the guest
+	// (rsc.go); the engines count into them across sessions.
+	GRO, RSC coalescer.Stats
 	// RXWaiting is 1 while the RX worker waits for the guest to post buffers, frames
 	// waiting in the TAP; TXWaiting is 1 while the TX worker waits for the TAP to take a
 	// frame. The health monitor watches them (a wait that never ends is a stall).
@@ -101,6 +106,20 @@ type Config struct {
 	// Pcap is the capture writers' options; PcapPath a capture to start with ("": off).
 	Pcap     pcapio.Options
 	PcapPath string
+
+	// GRO coalesces MTU-sized TCP segments the guest sends into GSO packets for the TAP
+	// (gro.go) and, for a guest that acked GUEST_TSO4/6 while the TAP hands MTU frames,
+	// TCP segments from the TAP into GSO packets for the guest (rsc.go) (--gro).
+	GRO bool
+	// TimerFlush holds guest → TAP aggregates across TX batches for at most RSCInterval
+	// (--gro-flush timer, --rsc-interval); otherwise each batch's end flushes them.
+	TimerFlush  bool
+	RSCInterval time.Duration
+	// MaxFlows is each engine's flow table size (--gro-flows); 0: the engine's default.
+	MaxFlows int
+	// Offload caps the TAP's read offloads (--offload): nil or Auto, what the guest
+	// acked to receive; otherwise that ∩ Set (off: none, so the TAP hands MTU frames).
+	Offload *vnethdr.Choice
 }
 
 // Net is the datapath between one TAP and one vhost-user-net device (one queue pair).
@@ -113,6 +132,12 @@ type Net struct {
 	logf    func(string, ...any)
 	probed  vnethdr.Offloads
 	mtu     int
+
+	gro         bool
+	timerFlush  bool
+	rscInterval time.Duration
+	maxFlows    int
+	offloadCap  vnethdr.Offloads // TUNSETOFFLOAD never exceeds it (--offload)
 
 	// capture records every frame that crosses, as the guest sent or received it
 	// (--pcap-port, `tapgro ctl pcap port=…`).
@@ -149,6 +174,14 @@ func New(cfg Config) (*Net, error) {
 		workers: map[*vhostuser.Vring]*worker{}}
 	if n.stats == nil {
 		n.stats = new(Stats)
+	}
+	n.gro, n.timerFlush, n.rscInterval, n.maxFlows = cfg.GRO, cfg.TimerFlush, cfg.RSCInterval, cfg.MaxFlows
+	if n.timerFlush && n.rscInterval <= 0 {
+		return nil, errors.New("vhostnet: TimerFlush needs an RSCInterval")
+	}
+	n.offloadCap = ^vnethdr.Offloads(0)
+	if c := cfg.Offload; c != nil && !c.Auto {
+		n.offloadCap = c.Set
 	}
 	if n.logf == nil {
 		n.logf = func(string, ...any) {}
@@ -277,7 +310,7 @@ func (n *Net) FeaturesAcked(f vhostuser.Features) {
 		}
 	}
 	want := RXOffloads(f)
-	eff, err := n.tap.SetOffloads(want)
+	eff, err := n.tap.SetOffloads((want & n.offloadCap).Normalize())
 	if err != nil {
 		n.logf("vhostnet: %v", err)
 		// Whatever was set before may exceed the new acks: fall back to none.
