@@ -250,4 +250,3 @@ func TestGROOff(t *testing.T) {
 		t.Errorf("GRO off: %d frames at the TAP, engine saw %d", s.frames[40000], e.n.Stats().GRO.Segments.Load())
 	}
 }
-
