@@ -157,6 +157,8 @@ type Net struct {
 	txAllow  vnethdr.Offloads // frame kinds the guest acked to send (under mu)
 	guestCsm bool             // GUEST_CSUM acked (under mu)
 	mrg      bool             // MRG_RXBUF acked (under mu)
+	rscMode  bool             // RX coalesces TAP frames for the guest (rsc.go; under mu)
+	rscECN   bool             // GUEST_ECN acked: RSC may emit GSO_ECN (under mu)
 
 	wmu     sync.Mutex
 	workers map[*vhostuser.Vring]*worker
@@ -323,7 +325,15 @@ func (n *Net) FeaturesAcked(f vhostuser.Features) {
 	n.tapOffl.Store(uint64(eff))
 	n.guestCsm = f.Has(FeatureGuestCsum)
 	n.mrg = f.Has(vhostuser.FeatureNetMrgRxbuf)
-	n.logf("vhostnet: features %#x: header %d bytes, TAP offloads %s", f.Bits, n.tapHdr, eff)
+	// RSC (rsc.go) when the guest takes a TSO kind the TAP will not produce.
+	n.rscMode = n.gro && ((want&vnethdr.OffloadTSO4 != 0 && eff&vnethdr.OffloadTSO4 == 0) ||
+		(want&vnethdr.OffloadTSO6 != 0 && eff&vnethdr.OffloadTSO6 == 0))
+	n.rscECN = want&vnethdr.OffloadTSOECN != 0
+	rsc := ""
+	if n.rscMode {
+		rsc = ", coalescing toward the guest"
+	}
+	n.logf("vhostnet: features %#x: header %d bytes, TAP offloads %s%s", f.Bits, n.tapHdr, eff, rsc)
 }
 
 // worker is one ring's goroutine.
