@@ -51,9 +51,9 @@ type rxRSC struct {
 	stashHead int
 	stashN    int
 	ecn       bool // the engine's Config.ECN (GUEST_ECN acked)
-	ringHL int  // the session's header length, for this batch
-	v4, v6 bool // GUEST_TSO4 / GUEST_TSO6 acked: which IP versions may be merged
-	broken bool // the ring broke during this batch
+	ringHL    int  // the session's header length, for this batch
+	v4, v6    bool // GUEST_TSO4 / GUEST_TSO6 acked: which IP versions may be merged
+	broken    bool // the ring broke during this batch
 }
 
 func (n *Net) newRXRSC(v *vhostuser.Vring, iov [][]byte) *rxRSC {
