@@ -54,6 +54,7 @@ type rxRSC struct {
 	ringHL    int  // the session's header length, for this batch
 	v4, v6    bool // GUEST_TSO4 / GUEST_TSO6 acked: which IP versions may be merged
 	broken    bool // the ring broke during this batch
+	h         vnethdr.Hdr
 }
 
 func (n *Net) newRXRSC(v *vhostuser.Vring, iov [][]byte) *rxRSC {
@@ -122,7 +123,8 @@ func (r *rxRSC) batch(ringHL int) int {
 		if k < ringHL+14 {
 			continue // tun never hands a frame shorter than its header and Ethernet's
 		}
-		var h vnethdr.Hdr
+		h := &r.h // kept off the stack: Add takes a pointer
+		*h = vnethdr.Hdr{}
 		h.Decode(r.rd[0], ringHL)
 		need, known := h.Needs()
 		if !known || need&^n.rxAllow != 0 {
@@ -134,7 +136,7 @@ func (r *rxRSC) batch(ringHL int) int {
 		}
 		pkt := r.buf[:groHdrLen+k-ringHL]
 		if r.mergeable(pkt[groHdrLen:]) {
-			r.c.Add(pkt, &h, now)
+			r.c.Add(pkt, h, now)
 		} else {
 			h.NumBuffers = 0
 			h.Encode(pkt, groHdrLen)
