@@ -76,8 +76,9 @@ func (n *Net) txLoop(w *worker) {
 			v.Push(c.Head, 0)
 		}
 		if st.gro != nil {
-			// Before End: the aggregates are written before the guest sees its chains
-			// used, as if each segment had been.
+			// Before End: in batch mode the aggregates are written before the guest
+			// sees its chains used, as if each segment had been; timer mode may hold
+			// them, for --rsc-interval at most.
 			hold = st.gro.endBatch()
 		}
 		v.End()
