@@ -52,12 +52,13 @@ func (m *Metrics) addDatapath() {
 }
 
 func (m *Metrics) addCoalescer() {
-	m.addGRO(func(src *Source) *coalescer.Stats { return src.Snap.GRO })
+	m.addGRO(func(src *Source) *coalescer.Stats { return src.Snap.GRO }, true)
 }
 
 // addGRO adds the GRO engine's series (port → TAP), read through gro (nil: zero); the
-// engine's catalogue and vhost-user's (guest → TAP) share them.
-func (m *Metrics) addGRO(gro func(*Source) *coalescer.Stats) {
+// engine's catalogue and vhost-user's (guest → TAP) share them. hist adds the
+// segments-per-packet histogram.
+func (m *Metrics) addGRO(gro func(*Source) *coalescer.Stats, hist bool) {
 	stat := func(get func(*coalescer.Stats) uint64) func(*Source) float64 {
 		return func(src *Source) float64 {
 			s := gro(src)
@@ -79,6 +80,9 @@ func (m *Metrics) addGRO(gro func(*Source) *coalescer.Stats) {
 		r := r
 		m.add("tapgro_gro_reason_total", "GRO bypass and flush decisions, by reason.", Counter,
 			Labels{"reason": r.String()}, stat(func(s *coalescer.Stats) uint64 { return s.Reason(r).Load() }))
+	}
+	if !hist {
+		return
 	}
 	// The engine keeps non-cumulative buckets (cheap atomics on the packet path); the
 	// scrape turns them into a Prometheus histogram. Every segment leaves in exactly one
