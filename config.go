@@ -286,7 +286,9 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 }
 
 // checkVhostUser refuses, for --netdev vhost-user, the flags its datapath (package
-// vhostnet, no GRO engine) does not serve, rather than ignoring them.
+// vhostnet) does not serve, rather than ignoring them. --gro, --gro-flush,
+// --rsc-interval, --gro-flows and --offload apply (vhostnet.Config); --udp-gro has
+// nothing to switch there (no UDP coalescing), as on a TAP without USO.
 func checkVhostUser(o *options) error {
 	if o.netdev.Backend != netdev.BackendVhostUser {
 		return nil

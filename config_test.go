@@ -249,7 +249,8 @@ func TestParseFlagsVhostUser(t *testing.T) {
 			t.Errorf("%v: err = %v, want %q", bad.args, err, bad.why)
 		}
 	}
-	for _, good := range [][]string{{"--pcap-port", "/tmp/x.pcap"}, {"--ctl-socket", "/tmp/x.ctl"}} {
+	for _, good := range [][]string{{"--pcap-port", "/tmp/x.pcap"}, {"--ctl-socket", "/tmp/x.ctl"},
+		{"--gro", "off"}, {"--offload", "off"}, {"--gro-flush", "batch", "--rsc-interval", "1ms", "--gro-flows", "8"}} {
 		if _, err := parseFlags(append([]string{"--tap", "tap0", nd}, good...), io.Discard); err != nil {
 			t.Errorf("%v: %v", good, err)
 		}

@@ -228,7 +228,7 @@ func run(ctx context.Context, o *options, log *logrus.Logger) error {
 }
 
 // runVhostUser is run for --netdev vhost-user: TAP → vhostnet (straight to and from guest
-// memory, no GRO engine) → the vhost-user socket, where QEMU connects. vhostnet sets the
+// memory; the GRO engine only for frames it merges) → the vhost-user socket, where QEMU connects. vhostnet sets the
 // TAP's header length and offloads per session. The operator surfaces are the engine's,
 // over vhostnet's counters: /metrics (ops.NewVhostMetrics), /healthz (a guest that stops
 // refilling its receive ring is a stall), `tapgro ctl status` (the features by name) and
@@ -248,8 +248,13 @@ func runVhostUser(ctx context.Context, o *options, log *logrus.Logger) error {
 	if err := tap.ConfigureLink(tapdev.LinkConfig{MTU: o.mtu, TxQueueLen: o.txQueueLen, Addrs: o.addrs, Up: true}); err != nil {
 		return err
 	}
+	offload := o.offload
 	vn, err := vhostnet.New(vhostnet.Config{TAPs: taps, MTU: o.mtu, Pcap: o.pcap, PcapPath: o.pcapPort,
-		Logf: func(f string, a ...any) { log.Warnf(f, a...) }})
+		Logf: func(f string, a ...any) { log.Warnf(f, a...) },
+		// GRO toward the TAP and RSC toward the guest (vhostnet/gro.go, rsc.go), with the
+		// stream path's switches; --offload caps the TAP's read offloads.
+		GRO: o.gro, TimerFlush: o.groFlush == "timer", RSCInterval: o.rscInterval, MaxFlows: o.maxFlows,
+		Offload: &offload})
 	if err != nil {
 		return err
 	}
@@ -327,6 +332,16 @@ func runVhostUser(ctx context.Context, o *options, log *logrus.Logger) error {
 			q := &st.Queues[i]
 			f[fmt.Sprintf("queue%d_port_to_tap_frames", i)] = q.TXFrames.Load()
 			f[fmt.Sprintf("queue%d_tap_to_port_frames", i)] = q.RXFrames.Load()
+		}
+	}
+	if o.gro {
+		// As the engine's summary names them: gro_* toward the TAP, rsc_* toward the guest.
+		for _, g := range []struct {
+			p string
+			s *coalescer.Stats
+		}{{"gro_", &st.GRO}, {"rsc_", &st.RSC}} {
+			f[g.p+"segments"], f[g.p+"packets"] = g.s.Segments.Load(), g.s.Packets.Load()
+			f[g.p+"gso_packets"], f[g.p+"coalesced"] = g.s.GSOOut.Load(), g.s.Coalesced.Load()
 		}
 	}
 	if c := vn.Capture().Stats(); o.pcapPort != "" || c.Frames.Load() != 0 {

@@ -72,6 +72,8 @@ func TestVhostMetricsDocumented(t *testing.T) {
 	vn.st.TXGSO.Store(3)
 	vn.bs.Sessions.Store(2)
 	vn.bs.Rejected[vhostuser.RejectLoop].Store(1)
+	vn.st.GRO.Segments.Store(45)
+	vn.st.RSC.GSOOut.Store(4)
 	reg := prometheus.NewRegistry()
 	if err := reg.Register(newPromCollector(ops.NewVhostMetrics(vn, ops.NewVhostHealthMonitor(vn.st, time.Second), version))); err != nil {
 		t.Fatal(err)
@@ -99,7 +101,8 @@ func TestVhostMetricsDocumented(t *testing.T) {
 	}
 	if got["tapgro_vhost_frames_total,port_to_tap"] != 7 || got["tapgro_vhost_sessions_total"] != 2 ||
 		got["tapgro_gso_passthrough_total,port_to_tap"] != 3 || got["tapgro_vhost_rejected_total,loop"] != 1 ||
-		got["tapgro_vhost_queue_frames_total,tap_to_port,1"] != 5 {
+		got["tapgro_vhost_queue_frames_total,tap_to_port,1"] != 5 ||
+		got["tapgro_gro_segments_total"] != 45 || got["tapgro_vhost_rsc_gso_packets_total"] != 4 {
 		t.Errorf("vhost metrics do not read the counters: %v", got)
 	}
 }

@@ -35,6 +35,10 @@ type Config struct {
 	UDP         bool // coalesce UDP into GSO_UDP_L4 (only when the TAP accepted USO4|USO6)
 	ECN         bool // output accepts GSO_ECN (TUN_F_TSO_ECN): a CWR segment may start an aggregate
 
+	// Stats, if non-nil, receives the counters (so an exporter can hold them before
+	// the engine exists); nil: the engine keeps its own. Read at New only.
+	Stats *Stats
+
 	// Trace, if non-nil, is called once per decision (merge, start, bypass, flush)
 	// with the length of the frame or packet concerned. It runs on the packet path:
 	// keep it cheap (main rate-limits its log lines).
@@ -57,7 +61,7 @@ type Coalescer struct {
 	youngest int32
 	held     int
 	p        pkt // scratch for the frame being added
-	stats    Stats
+	stats    *Stats
 }
 
 // agg is one open aggregate: a copy of the head frame, with the payloads of the merged
@@ -108,13 +112,16 @@ const (
 // during the call; emit must not call back into the Coalescer.
 // New panics if cfg.VnetHdrLen is neither 10 nor 12 (a programming error).
 func New(cfg Config, emit func(pkt []byte)) *Coalescer {
-	c := &Coalescer{emit: emit, seed: maphash.MakeSeed()}
+	c := &Coalescer{emit: emit, seed: maphash.MakeSeed(), stats: cfg.Stats}
+	if c.stats == nil {
+		c.stats = new(Stats)
+	}
 	c.configure(cfg)
 	return c
 }
 
 // Stats returns the counters.
-func (c *Coalescer) Stats() *Stats { return &c.stats }
+func (c *Coalescer) Stats() *Stats { return c.stats }
 
 // Held returns the number of aggregates currently held.
 func (c *Coalescer) Held() int { return c.held }
@@ -240,6 +247,13 @@ func (c *Coalescer) Add(buf []byte, in *vnethdr.Hdr, now int64) {
 
 // bypass passes an ineligible frame through, after flushing its flow.
 func (c *Coalescer) bypass(buf []byte, in *vnethdr.Hdr, r Reason) {
+	c.note(c.flushFlow(r), len(buf)-c.cfg.VnetHdrLen)
+	c.pass(buf, in)
+}
+
+// flushFlow emits the aggregate held for the flow of the frame in c.p (if any) before
+// that frame passes through, and returns r refined to DupAck when it can tell.
+func (c *Coalescer) flushFlow(r Reason) Reason {
 	p := &c.p
 	if p.keyed {
 		if i := c.lookup(p); i >= 0 {
@@ -250,8 +264,7 @@ func (c *Coalescer) bypass(buf []byte, in *vnethdr.Hdr, r Reason) {
 			c.emitAgg(i)
 		}
 	}
-	c.note(r, len(buf)-c.cfg.VnetHdrLen)
-	c.pass(buf, in)
+	return r
 }
 
 // pass emits buf unchanged behind a fresh header: the arrival header for GSO and

@@ -70,6 +70,18 @@ type pkt struct {
 	flags    uint8
 	seq, ack uint32
 	win      uint16
+
+	// need is one past the last frame byte parse's decision depended on (bounds
+	// checks against the frame length aside): Classify trusts a decision made on a
+	// prefix only if need lies within it.
+	need int
+}
+
+// reach records that parse's decision depends on frame bytes before n.
+func (p *pkt) reach(n int) {
+	if n > p.need {
+		p.need = n
+	}
 }
 
 func be16(b []byte) uint16 { return binary.BigEndian.Uint16(b) }
@@ -82,6 +94,7 @@ func be32(b []byte) uint32 { return binary.BigEndian.Uint32(b) }
 // so the caller can flush the flow before the frame overtakes its held data.
 func (c *Coalescer) parse(f []byte, p *pkt) Reason {
 	p.keyed, p.hashed = false, false
+	p.need = ethHdrLen
 	if len(f) < ethHdrLen {
 		return ReasonMalformed
 	}
@@ -92,6 +105,7 @@ func (c *Coalescer) parse(f []byte, p *pkt) Reason {
 		if len(f) < vlanHdrLen {
 			return ReasonMalformed
 		}
+		p.reach(vlanHdrLen)
 		p.key[12] = 1
 		p.key[13], p.key[14] = f[14], f[15]
 		l2, et = vlanHdrLen, be16(f[16:])
@@ -108,6 +122,7 @@ func (c *Coalescer) parse(f []byte, p *pkt) Reason {
 
 func (c *Coalescer) parse4(f []byte, p *pkt) Reason {
 	ip := f[p.l2:]
+	p.reach(p.l2 + ipv4HdrLen)
 	if len(ip) < ipv4HdrLen || ip[0]>>4 != 4 {
 		return ReasonMalformed
 	}
@@ -123,6 +138,7 @@ func (c *Coalescer) parse4(f []byte, p *pkt) Reason {
 	frag := be16(ip[6:])
 	if frag&0x1fff == 0 && tot >= ihl+4 {
 		// First fragment or whole datagram: the ports are readable.
+		p.reach(p.l2 + ihl + 4)
 		p.key[15], p.key[16] = 4, proto
 		copy(p.key[17:21], ip[12:16])
 		copy(p.key[33:37], ip[16:20])
@@ -150,6 +166,7 @@ func (c *Coalescer) parse4(f []byte, p *pkt) Reason {
 
 func (c *Coalescer) parse6(f []byte, p *pkt) Reason {
 	ip := f[p.l2:]
+	p.reach(p.l2 + ipv6HdrLen)
 	if len(ip) < ipv6HdrLen || ip[0]>>4 != 6 {
 		return ReasonMalformed
 	}
@@ -172,6 +189,7 @@ walk:
 		case protoTCP, protoUDP:
 			break walk
 		case ipv6HopByHop, ipv6Routing, ipv6DstOpts:
+			p.reach(p.l2 + off + 8)
 			if off+8 > end {
 				return ReasonMalformed
 			}
@@ -189,6 +207,7 @@ walk:
 			}
 			nh, off = ip[off], off+n
 		case ipv6Fragment:
+			p.reach(p.l2 + off + 8)
 			if off+8 > end {
 				return ReasonMalformed
 			}
@@ -202,6 +221,7 @@ walk:
 		}
 	}
 	if off+4 <= end {
+		p.reach(p.l2 + off + 4)
 		p.key[15], p.key[16] = 6, nh
 		copy(p.key[17:49], ip[8:40])
 		copy(p.key[49:53], ip[off:off+4])
@@ -226,6 +246,7 @@ func (c *Coalescer) parseL4(f []byte, proto uint8, p *pkt) Reason {
 	l4 := f[p.l4Off:p.end]
 	if proto == protoUDP {
 		p.udp, p.flags = true, 0
+		p.reach(p.l4Off + udpHdrLen)
 		if len(l4) < udpHdrLen || int(be16(l4[4:])) != len(l4) {
 			return ReasonMalformed
 		}
@@ -243,6 +264,7 @@ func (c *Coalescer) parseL4(f []byte, proto uint8, p *pkt) Reason {
 		return ReasonStarted
 	}
 	p.udp = false
+	p.reach(p.l4Off + tcpHdrLen)
 	if len(l4) < tcpHdrLen {
 		return ReasonMalformed
 	}

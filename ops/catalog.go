@@ -52,13 +52,20 @@ func (m *Metrics) addDatapath() {
 }
 
 func (m *Metrics) addCoalescer() {
+	m.addGRO(func(src *Source) *coalescer.Stats { return src.Snap.GRO }, true)
+}
+
+// addGRO adds the GRO engine's series (port → TAP), read through gro (nil: zero); the
+// engine's catalogue and vhost-user's (guest → TAP) share them. hist adds the
+// segments-per-packet histogram.
+func (m *Metrics) addGRO(gro func(*Source) *coalescer.Stats, hist bool) {
 	stat := func(get func(*coalescer.Stats) uint64) func(*Source) float64 {
 		return func(src *Source) float64 {
-			s := src.Snap
-			if s.GRO == nil {
+			s := gro(src)
+			if s == nil {
 				return 0
 			}
-			return float64(get(s.GRO))
+			return float64(get(s))
 		}
 	}
 	m.add("tapgro_gro_segments_total", "Frames that entered the GRO engine.", Counter, nil,
@@ -74,15 +81,17 @@ func (m *Metrics) addCoalescer() {
 		m.add("tapgro_gro_reason_total", "GRO bypass and flush decisions, by reason.", Counter,
 			Labels{"reason": r.String()}, stat(func(s *coalescer.Stats) uint64 { return s.Reason(r).Load() }))
 	}
+	if !hist {
+		return
+	}
 	// The engine keeps non-cumulative buckets (cheap atomics on the packet path); the
 	// scrape turns them into a Prometheus histogram. Every segment leaves in exactly one
 	// packet, so the sum is the segment count.
 	m.custom = append(m.custom, func(src *Source) *Sample {
-		snap := src.Snap
 		buckets := make(map[float64]uint64, len(coalescer.HistBounds))
 		var count uint64
 		var sum float64
-		if s := snap.GRO; s != nil {
+		if s := gro(src); s != nil {
 			for i, bound := range coalescer.HistBounds {
 				count += s.SegsPerPacket[i].Load()
 				buckets[float64(bound)] = count

@@ -5,6 +5,7 @@ import (
 	"strconv"
 	"time"
 
+	"tapgro/coalescer"
 	"tapgro/datapath"
 	"tapgro/netmapio"
 	"tapgro/pcapio"
@@ -157,6 +158,17 @@ func NewVhostMetrics(vn VhostNet, health *HealthMonitor, version string) *Metric
 	m.add("tapgro_vhost_calls_total", "vhost-user: call eventfd signals (interrupts to the guest).", Counter, nil, u(bs.Calls.Load))
 	m.add("tapgro_vhost_messages_unknown_total", "vhost-user: front-end requests refused as unknown or not negotiated.", Counter, nil, u(bs.Unknown.Load))
 	m.add("tapgro_vhost_messages_failed_total", "vhost-user: front-end requests answered with a failure.", Counter, nil, u(bs.Failed.Load))
+	// GRO toward the TAP: the engine's series, same names and meaning, except the
+	// segments-per-packet histogram (segments_total / packets_total gives the mean;
+	// integration's TestQEMUVhostUser checks every scraped name, histogram suffixes
+	// included, against the README). RSC toward the guest has its own (the engine's
+	// are port → TAP only).
+	m.addGRO(func(*Source) *coalescer.Stats { return &st.GRO }, false)
+	rsc := &st.RSC
+	m.add("tapgro_vhost_rsc_segments_total", "vhost-user: frames from the TAP that entered the coalescer toward the guest.", Counter, nil, u(rsc.Segments.Load))
+	m.add("tapgro_vhost_rsc_packets_total", "vhost-user: packets the coalescer toward the guest handed to it (GSO packets and frames passed through).", Counter, nil, u(rsc.Packets.Load))
+	m.add("tapgro_vhost_rsc_coalesced_total", "vhost-user: TAP frames merged into an existing aggregate toward the guest.", Counter, nil, u(rsc.Coalesced.Load))
+	m.add("tapgro_vhost_rsc_gso_packets_total", "vhost-user: GSO packets (2 or more segments) the coalescer handed the guest.", Counter, nil, u(rsc.GSOOut.Load))
 	m.add("tapgro_port_connected", "1 while a peer is connected to the port.", Gauge, nil, func(*Source) float64 { return b2f(vn.State().Connected) })
 	c := vn.Capture().Stats()
 	l := Labels{"side": "port"}

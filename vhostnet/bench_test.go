@@ -10,6 +10,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"tapgro/vhostuser/vhostusertest"
+	"tapgro/vnethdr"
 )
 
 const benchBatch = 64
@@ -94,4 +95,93 @@ func BenchmarkRX(b *testing.B) {
 	if e.n.Stats().RXChains.Load() != e.n.Stats().RXFrames.Load() {
 		b.Fatalf("frames took more than one 4 KiB buffer: %v", e.stats())
 	}
+}
+
+// BenchmarkTXGRO: as BenchmarkTX/1514, but the frames are one flow's MTU TCP segments
+// (1448 payload bytes, contiguous sequence numbers within the 64) and GRO is on: the
+// engine merges them into GSO packets for the TAP (batch flush). Per guest frame.
+func BenchmarkTXGRO(b *testing.B) {
+	for _, partial := range []bool{false, true} {
+		b.Run(map[bool]string{false: "csum", true: "needs_csum"}[partial], func(b *testing.B) {
+			e := newEnvCfg(b, vhostusertest.Options{}, Config{GRO: true})
+			unix.Close(e.ps)
+			e.ps = -1
+			tx := e.s.TX(0)
+			heads := make([]uint16, benchBatch)
+			for i := range heads {
+				f, h := tcpSeg(e.mac, gMAC, guestIP, farIP, 40000, 5001, uint32(i*mss), 1, tcpACK, uint16(i), streamBytes(0, i*mss, mss), partial)
+				data := make([]byte, 12+len(f))
+				h.Encode(data, 12)
+				copy(data[12:], f)
+				heads[i] = tx.PrepareFrame(data, []int{12}, false)
+			}
+			b.ReportAllocs()
+			b.SetBytes(14 + 40 + mss)
+			b.ResetTimer()
+			for i := 0; i < b.N; i += benchBatch {
+				target := tx.UsedIdx() + benchBatch
+				tx.Republish(heads)
+				tx.KickNow()
+				if !tx.WaitUsed(target, 10*time.Second) {
+					b.Fatalf("TX chains not used (stats %v)", e.stats())
+				}
+				tx.DrainUsed()
+			}
+			b.StopTimer()
+			g := &e.n.Stats().GRO
+			if e.n.Stats().Drops[DropTXTAP].Load() != 0 || g.GSOOut.Load() == 0 {
+				b.Fatalf("TAP refused frames or nothing merged: %v, gso packets %d", e.stats(), g.GSOOut.Load())
+			}
+			b.ReportMetric(float64(g.Segments.Load())/float64(g.Packets.Load()), "segs/packet")
+		})
+	}
+}
+
+// BenchmarkRXRSC: the TAP's offloads capped to none (--offload off), a packet socket
+// injects 64 MTU TCP segments of one flow through the TAP per round, and the guest
+// (GUEST_TSO4, 4 KiB mergeable buffers) receives them coalesced. Per TAP frame, the
+// injection's system calls included, and the test's own allocations (unix.Sendto's
+// sockaddr, the double's PostRX slice): the datapath allocates nothing in steady state.
+func BenchmarkRXRSC(b *testing.B) {
+	off := vnethdr.Choice{}
+	e := newEnvCfg(b, vhostusertest.Options{}, Config{GRO: true, Offload: &off})
+	frames := make([][]byte, benchBatch)
+	for i := range frames {
+		frames[i] = rxTCP(e, 41000, uint32(i*mss), tcpACK, uint16(i), streamBytes(0, i*mss, mss))
+	}
+	rx := e.s.RX(0)
+	rx.PostRX(rx.Free(), 4096, 1)
+	rx.KickNow()
+	r := &e.n.Stats().RSC
+	round := func() {
+		seg := r.Segments.Load() + benchBatch
+		for _, f := range frames {
+			if err := e.injectTAP(f); err != nil {
+				b.Fatal(err)
+			}
+		}
+		for deadline := time.Now().Add(10 * time.Second); r.Segments.Load() < seg || e.n.Stats().RXWaiting.Load(); {
+			if time.Now().After(deadline) {
+				b.Fatalf("RX frames not delivered (stats %v)", e.stats())
+			}
+			rx.WaitCall(time.Millisecond)
+			rx.ReapFunc(nil)
+			if k := rx.Free(); k >= 64 {
+				rx.PostRX(k, 4096, 1) // the double's one slice per call is in B/op
+				rx.KickNow()
+			}
+		}
+	}
+	round() // the engine is allocated (4 MB) on the first batch that needs it
+	b.ReportAllocs()
+	b.SetBytes(14 + 40 + mss)
+	b.ResetTimer()
+	for i := 0; i < b.N; i += benchBatch {
+		round()
+	}
+	b.StopTimer()
+	if r.GSOOut.Load() == 0 {
+		b.Fatalf("nothing coalesced: %v", e.stats())
+	}
+	b.ReportMetric(float64(r.Segments.Load())/float64(r.Packets.Load()), "segs/packet")
 }

@@ -96,6 +96,47 @@
 // before a SET_FEATURES narrowed the mask; any such frame is counted and dropped, and
 // DATA_VALID is cleared for a guest without GUEST_CSUM.
 //
+// # GRO toward the TAP (gro.go)
+//
+// With Config.GRO (--gro on), a guest that sends MTU-sized TCP segments — it did not ack
+// HOST_TSO4/6, or switched TSO off inside, which never reaches a vhost-user back-end —
+// has them coalesced by package coalescer, the stream path's engine with its rules and
+// tapgro_gro_* counters (Stats.GRO), so the host stack gets 64 KB TCP GSO packets,
+// which tun always accepts on write (drivers/net/tun.c tun_get_user →
+// virtio_net_hdr_to_skb). Zero copy is kept for every frame the engine does not merge:
+// after the header checks above, the frame's first 512 bytes are gathered into private
+// memory and Coalescer.Classify decides from them. A merge candidate is copied whole
+// (once, into the engine's aggregate; the chain is completed at once); anything else —
+// the guest's own GSO frames, ACKs, non-TCP — has its flow's held aggregate written
+// first and is then written from guest memory as before, so a flow's frames never
+// overtake each other. Aggregates are flushed before End at the end of each TX batch
+// (--gro-flush batch), or, with --gro-flush timer, once older than --rsc-interval: the
+// worker then sleeps at most until the oldest is due instead of waiting for a kick, so
+// nothing is held while it sleeps indefinitely, and what is held when the ring stops
+// is written before the worker ends. The engine's header is 12 bytes whatever the
+// session's; each packet's header is re-encoded for the TAP's length in effect. UDP is
+// not coalesced (UDP_L4 on write needs the TAP's USO bits, which follow the guest's
+// receive acks here).
+//
+// # RSC toward the guest (rsc.go)
+//
+// When the TAP hands MTU frames although the guest acked GUEST_TSO4/6 — --offload caps
+// TUNSETOFFLOAD (Config.Offload; off sets it to 0), or the TAP probed no TSO — and GRO
+// is on, the RX worker reads the TAP into private memory instead of the guest's chains
+// and runs the frames through a second engine (Stats.RSC, tapgro_vhost_rsc_*), whose
+// packets — NEEDS_CSUM with TCPV4/TCPV6 (|ECN only with GUEST_ECN; GUEST_CSUM is
+// required for any of them: virtio spec "Feature bit requirements") — are copied into
+// reserved chains and committed: QEMU's own virtio-net RSC does the same inside the
+// device (hw/net/virtio-net.c virtio_net_rsc_receive). Frames of an IP version whose
+// GUEST_TSO bit was not acked bypass the engine, so no GSO type the guest did not ack
+// is ever produced (virtio spec "Processing of Incoming Packets"). Aggregates are
+// flushed at the end of each TAP read batch (the TAP empty or 64 frames read; the
+// timer flush does not apply here). A packet that finds the ring without room is
+// stashed, with every packet after it (one Add emits at most two), the worker stops
+// reading the TAP and waits for the guest's buffers, then delivers the stash and the
+// held aggregates one at a time (FlushOne): nothing is lost or reordered. With TSO on
+// the TAP — the usual case — the zero-copy readv path above is unchanged.
+//
 // # Stopping
 //
 // GET_VRING_BASE or the end of the session stops the ring inside vhostuser (waking Wait
@@ -119,17 +160,23 @@
 //
 // # Counters
 //
-// Stats: frames, bytes and GSO frames per direction, RX chains used, drops by reason,
+// Stats: frames, bytes and GSO frames per direction (GSO: frames passed whole; a TX frame
+// the GRO engine took counts as a frame when taken), the two engines' counters (GRO,
+// RSC), RX chains used, drops by reason,
 // RX stalls, TX blocks, linearized frames, feature changes, and two flags the health
 // monitor watches: RXWaiting (frames wait in the TAP for guest buffers) and TXWaiting
 // (a frame waits for the TAP), each true while any pair's worker waits. Queues[i]:
-// pair i's frames and bytes each way and whether its TAP queue is attached. Kicks and calls are vhostuser.Stats (BackendStats).
+// pair i's frames and bytes each way and whether its TAP queue is attached. Kicks and
+// calls are vhostuser.Stats (BackendStats).
 // State is what `tapgro ctl status` shows: connected, acked features, TAP offloads.
 //
 // # Limits
 //
 // Health is judged over all pairs together (a stalled pair next to a busy one is not
-// seen). No UFO/USO. A chain set of more than 1023
+// seen). No UFO/USO, and no UDP coalescing either way. Toward the TAP, a guest frame
+// whose TCP/IP headers extend past 512 bytes (IPv6 extension headers) is copied to be
+// classified; toward the guest, RSC mode copies every frame once more than the
+// zero-copy path. A chain set of more than 1023
 // segments for one RX frame breaks the ring (only a guest posting tiny buffers could);
 // a TX chain of more segments than one writev takes is copied.
 package vhostnet

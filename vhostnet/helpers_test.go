@@ -48,6 +48,12 @@ type env struct {
 
 func newEnv(t testing.TB, o vhostusertest.Options) *env {
 	t.Helper()
+	return newEnvCfg(t, o, Config{})
+}
+
+// newEnvCfg is newEnv with Net configured by cfg (its TAP and Logf filled in).
+func newEnvCfg(t testing.TB, o vhostusertest.Options, cfg Config) *env {
+	t.Helper()
 	ns := netnstest.New(t, "vhostnet")
 	ns.MustRun(t, "sysctl", "-qw", "net.ipv6.conf.all.disable_ipv6=1", "net.ipv6.conf.default.disable_ipv6=1")
 	e := &env{t: t, ns: ns}
@@ -98,7 +104,8 @@ func newEnv(t testing.TB, o vhostusertest.Options) *env {
 			unix.Close(e.ps)
 		}
 	})
-	n, err := New(Config{TAP: e.tap, Logf: t.Logf})
+	cfg.TAP, cfg.Logf = e.tap, t.Logf
+	n, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -18,6 +18,7 @@ const (
 	rxGo      = iota // budget spent: go on
 	rxIdle           // the TAP has nothing: wait for it
 	rxStalled        // the ring has too few buffers: wait for the guest if a frame waits
+	rxGuest          // packets wait for guest buffers (rsc.go): wait for the guest
 	rxStop
 )
 
@@ -29,6 +30,7 @@ func (n *Net) rxLoop(w *worker) {
 	// (RejectIovFull): only a guest posting tiny buffers could do that.
 	iov := make([][]byte, 0, tapdev.MaxIov-1)
 	var hdr [vnethdr.LenMrgRxbuf]byte
+	var rsc *rxRSC // created when the guest first needs it (rsc.go)
 	for !w.stop.Load() {
 		if !v.Enabled() {
 			// Started but disabled: no RX (vhost-user.rst "Ring states"). Enabling comes
@@ -50,7 +52,15 @@ func (n *Net) rxLoop(w *worker) {
 			n.mu.RUnlock()
 			return
 		}
-		for range rxBudget {
+		if n.rscMode || (rsc != nil && rsc.pending()) {
+			// Coalescing toward the guest; also while packets from it are pending
+			// after the mode ended, so that nothing is overtaken.
+			if rsc == nil {
+				rsc = n.newRXRSC(v, iov, w.q)
+			}
+			state = rsc.batch(ringHL)
+		}
+		for i := 0; i < rxBudget && state == rxGo && (rsc == nil || !n.rscMode && !rsc.pending()); i++ {
 			segs, _, err := v.ReserveRX(need, iov)
 			if err != nil {
 				state = rxStalled
@@ -96,6 +106,16 @@ func (n *Net) rxLoop(w *worker) {
 		clear(iov[:cap(iov)]) // do not keep guest memory referenced past End
 		v.End()
 		n.mu.RUnlock()
+		if state == rxGuest {
+			n.stats.RXStalls.Add(1)
+			n.setWaiting(true, true)
+			err := v.WaitMore()
+			n.setWaiting(true, false)
+			if err != nil {
+				return
+			}
+			continue
+		}
 		if state == rxStalled {
 			// Too few buffers for a frame. If a frame is waiting, that is a stall:
 			// leave it in the TAP's queue (the kernel holds up to txqueuelen, then

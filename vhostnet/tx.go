@@ -30,6 +30,8 @@ type txState struct {
 
 	tap *tapdev.Device // the pair's TAP queue
 	q   *QueueStats    // the pair's counters
+	gro *txGRO         // nil: GRO off (gro.go)
+	gh  vnethdr.Hdr    // the header handed to the engine (kept off the stack)
 }
 
 func (n *Net) txLoop(w *worker) {
@@ -42,9 +44,14 @@ func (n *Net) txLoop(w *worker) {
 		iov: make([][]byte, 0, 2*v.Num()+2),
 		out: make([][]byte, 0, tapdev.MaxIov),
 		lin: make([]byte, MaxFrame),
+		gro: n.newTXGRO(w.q),
 	}
+	defer st.gro.flushAll() // what timer mode holds goes out before the worker ends
+	var hold time.Duration  // the engine holds data: look again after this, not at a kick
 	for !w.stop.Load() {
-		if err := v.Wait(); err != nil {
+		if hold > 0 {
+			time.Sleep(hold)
+		} else if err := v.Wait(); err != nil {
 			return
 		}
 		ringHL := v.HdrLen()
@@ -71,6 +78,12 @@ func (n *Net) txLoop(w *worker) {
 			}
 			// virtio spec "Packet Transmission": used.len is 0 for TX, nothing written.
 			v.Push(c.Head, 0)
+		}
+		if st.gro != nil {
+			// Before End: in batch mode the aggregates are written before the guest
+			// sees its chains used, as if each segment had been; timer mode may hold
+			// them, for --rsc-interval at most.
+			hold = st.gro.endBatch()
 		}
 		v.End()
 		n.mu.RUnlock()
@@ -130,6 +143,15 @@ func (n *Net) tx(st *txState, c vhostuser.Chain, ringHL int) error {
 		}
 		if err := n.validate(st, frame, frameLen, &h); err != nil {
 			n.stats.Drops[DropTXBadHeader].Add(1)
+			return nil
+		}
+	}
+	if st.gro != nil {
+		// The engine copies what it may merge; anything else is written below, its
+		// flow's held aggregate already written (gro.go).
+		st.gh = h
+		if st.gro.offer(st, c, ringHL, frameLen, &st.gh) {
+			clear(out)
 			return nil
 		}
 	}

@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"tapgro/coalescer"
 	"tapgro/pcapio"
 	"tapgro/tapdev"
 	"tapgro/vhostuser"
@@ -80,6 +81,10 @@ type Stats struct {
 	Linearized atomic.Uint64
 	// FeatureChanges counts SET_FEATURES applied to the TAP.
 	FeatureChanges atomic.Uint64
+	// GRO are the counters of the engines that coalesce guest TCP segments toward the
+	// TAP (gro.go), RSC those of the ones that coalesce TAP frames toward the guest
+	// (rsc.go); the engines (one per ring worker) count into them across sessions.
+	GRO, RSC coalescer.Stats
 	// RXWaiting is 1 while an RX worker waits for the guest to post buffers, frames
 	// waiting in the TAP; TXWaiting is 1 while a TX worker waits for the TAP to take a
 	// frame (with several queue pairs: any worker). The health monitor watches them (a
@@ -117,6 +122,20 @@ type Config struct {
 	// Pcap is the capture writers' options; PcapPath a capture to start with ("": off).
 	Pcap     pcapio.Options
 	PcapPath string
+
+	// GRO coalesces MTU-sized TCP segments the guest sends into GSO packets for the TAP
+	// (gro.go) and, for a guest that acked GUEST_TSO4/6 while the TAP hands MTU frames,
+	// TCP segments from the TAP into GSO packets for the guest (rsc.go) (--gro).
+	GRO bool
+	// TimerFlush holds guest → TAP aggregates across TX batches for at most RSCInterval
+	// (--gro-flush timer, --rsc-interval); otherwise each batch's end flushes them.
+	TimerFlush  bool
+	RSCInterval time.Duration
+	// MaxFlows is each engine's flow table size (--gro-flows); 0: the engine's default.
+	MaxFlows int
+	// Offload caps the TAP's read offloads (--offload): nil or Auto, what the guest
+	// acked to receive; otherwise that ∩ Set (off: none, so the TAP hands MTU frames).
+	Offload *vnethdr.Choice
 }
 
 // Net is the datapath between one TAP and one vhost-user-net device: one queue pair per
@@ -129,6 +148,12 @@ type Net struct {
 	logf    func(string, ...any)
 	probed  vnethdr.Offloads
 	mtu     int
+
+	gro         bool
+	timerFlush  bool
+	rscInterval time.Duration
+	maxFlows    int
+	offloadCap  vnethdr.Offloads // TUNSETOFFLOAD never exceeds it (--offload)
 
 	// capture records every frame that crosses, as the guest sent or received it
 	// (--pcap-port, `tapgro ctl pcap port=…`).
@@ -148,6 +173,8 @@ type Net struct {
 	txAllow  vnethdr.Offloads // frame kinds the guest acked to send (under mu)
 	guestCsm bool             // GUEST_CSUM acked (under mu)
 	mrg      bool             // MRG_RXBUF acked (under mu)
+	rscMode  bool             // RX coalesces TAP frames for the guest (rsc.go; under mu)
+	rscECN   bool             // GUEST_ECN acked: RSC may emit GSO_ECN (under mu)
 
 	wmu     sync.Mutex
 	workers map[*vhostuser.Vring]*worker
@@ -196,6 +223,14 @@ func New(cfg Config) (*Net, error) {
 		workers: map[*vhostuser.Vring]*worker{}}
 	if n.stats == nil {
 		n.stats = new(Stats)
+	}
+	n.gro, n.timerFlush, n.rscInterval, n.maxFlows = cfg.GRO, cfg.TimerFlush, cfg.RSCInterval, cfg.MaxFlows
+	if n.timerFlush && n.rscInterval <= 0 {
+		return nil, errors.New("vhostnet: TimerFlush needs an RSCInterval")
+	}
+	n.offloadCap = ^vnethdr.Offloads(0)
+	if c := cfg.Offload; c != nil && !c.Auto {
+		n.offloadCap = c.Set
 	}
 	if n.logf == nil {
 		n.logf = func(string, ...any) {}
@@ -346,7 +381,7 @@ func (n *Net) FeaturesAcked(f vhostuser.Features) {
 	// so queue 0 sets it for all; a detached queue's fd takes it just the same.
 	tap := n.pairs[0].tap
 	want := RXOffloads(f)
-	eff, err := tap.SetOffloads(want)
+	eff, err := tap.SetOffloads((want & n.offloadCap).Normalize())
 	if err != nil {
 		n.logf("vhostnet: %v", err)
 		// Whatever was set before may exceed the new acks: fall back to none.
@@ -359,7 +394,15 @@ func (n *Net) FeaturesAcked(f vhostuser.Features) {
 	n.tapOffl.Store(uint64(eff))
 	n.guestCsm = f.Has(FeatureGuestCsum)
 	n.mrg = f.Has(vhostuser.FeatureNetMrgRxbuf)
-	n.logf("vhostnet: features %#x: header %d bytes, TAP offloads %s", f.Bits, n.tapHdr, eff)
+	// RSC (rsc.go) when the guest takes a TSO kind the TAP will not produce.
+	n.rscMode = n.gro && ((want&vnethdr.OffloadTSO4 != 0 && eff&vnethdr.OffloadTSO4 == 0) ||
+		(want&vnethdr.OffloadTSO6 != 0 && eff&vnethdr.OffloadTSO6 == 0))
+	n.rscECN = want&vnethdr.OffloadTSOECN != 0
+	rsc := ""
+	if n.rscMode {
+		rsc = ", coalescing toward the guest"
+	}
+	n.logf("vhostnet: features %#x: header %d bytes, TAP offloads %s%s", f.Bits, n.tapHdr, eff, rsc)
 }
 
 // worker is one ring's goroutine; q is its pair (the TAP queue it uses).

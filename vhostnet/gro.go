@@ -1,0 +1,146 @@
+//go:build linux
+
+package vhostnet
+
+import (
+	"errors"
+	"time"
+
+	"tapgro/coalescer"
+	"tapgro/tapdev"
+	"tapgro/vhostuser"
+	"tapgro/vnethdr"
+)
+
+// GRO toward the TAP (guest → TAP). A guest that sends MTU-sized TCP segments (it did
+// not ack HOST_TSO4/6, or runs `ethtool -K eth0 tso off gso off`, which QEMU 7.2 never
+// passes to a vhost-user back-end) would cost the host stack one skb per 1448 bytes.
+// Each TX worker runs the frames through package coalescer — the stream path's engine,
+// its merge rules and counters — so the TAP receives 64 KB TCP GSO packets, which
+// tun_get_user always accepts on write (drivers/net/tun.c → virtio_net_hdr_to_skb takes
+// VIRTIO_NET_HDR_GSO_TCPV4/6 and _ECN whatever TUNSETOFFLOAD says).
+//
+// Only the segments the engine may merge are copied. The frame's first validatePrefix
+// bytes are gathered into private memory (the guest may rewrite its own at any time,
+// and parse must never see bytes change under it) and Coalescer.Classify decides from
+// them: a merge candidate is copied whole into txGRO.buf and handed to Add, which
+// copies it into its aggregate; anything else — the guest's GSO frames, ACKs, non-TCP —
+// has had its flow's held aggregate emitted first and is then written from guest memory
+// as before, so a flow's frames never overtake each other. A prefix too short for the
+// headers (IPv6 extension headers past 512 bytes) counts as a candidate: Add then
+// decides on the full copy.
+
+// txGRO is one TX worker's engine and the buffers its output is written from.
+type txGRO struct {
+	n   *Net
+	q   *queuePair // the worker's pair: its TAP queue and counters
+	c   *coalescer.Coalescer
+	buf []byte   // [12 headroom][frame]: a merge candidate's copy for Add
+	iov [][]byte // emit's writev: our header for the TAP's length, then the packet
+	hdr [vnethdr.LenMrgRxbuf]byte
+
+	timer    bool  // --gro-flush timer: aggregates may outlive a batch, by interval at most
+	interval int64 // ns
+}
+
+// groHdrLen is the engine's header length. It is fixed at 12 whatever the session's
+// header length: emit re-encodes each packet's header for the TAP's length in effect, so
+// a SET_FEATURES that changes it between batches (timer mode may hold aggregates
+// across them) never needs the engine reconfigured.
+const groHdrLen = vnethdr.LenMrgRxbuf
+
+func (n *Net) newTXGRO(q *queuePair) *txGRO {
+	if !n.gro {
+		return nil
+	}
+	g := &txGRO{n: n, q: q, buf: make([]byte, groHdrLen+MaxFrame), iov: make([][]byte, 2),
+		timer: n.timerFlush, interval: n.rscInterval.Nanoseconds()}
+	g.c = coalescer.New(coalescer.Config{
+		MaxFlows:   n.maxFlows,
+		VnetHdrLen: groHdrLen,
+		// CWR may start an aggregate (GSO_ECN on write is always accepted, above). UDP
+		// is not coalesced: UDP_L4 on write needs the TAP's USO bits set, which follow
+		// what the guest can receive here.
+		ECN:   true,
+		Stats: &n.stats.GRO,
+	}, g.emit)
+	return g
+}
+
+// offer runs one validated guest frame (header h, frameLen bytes in c.Iov after ringHL
+// header bytes) through the engine. It returns true if the engine took it (copied:
+// the chain may be completed now), false if the caller must write it from guest memory
+// itself, now (its flow holds nothing any more).
+func (g *txGRO) offer(st *txState, c vhostuser.Chain, ringHL, frameLen int, h *vnethdr.Hdr) bool {
+	k := min(frameLen, validatePrefix)
+	vhostuser.CopyFrom(st.lin[:k], c.Iov, ringHL)
+	if !g.c.Classify(st.lin[:frameLen], k, h) {
+		return false
+	}
+	f := g.buf[groHdrLen : groHdrLen+frameLen]
+	copy(f, st.lin[:k])
+	vhostuser.CopyFrom(f[k:], c.Iov, ringHL+k)
+	if cw := g.n.capture.Writer(); cw != nil {
+		cw.WriteFrame(time.Now(), f) // as the guest sent it, before the engine rewrites headers
+	}
+	g.c.Add(g.buf[:groHdrLen+frameLen], h, time.Now().UnixNano())
+	g.n.stats.TXFrames.Add(1)
+	g.n.stats.TXBytes.Add(uint64(frameLen))
+	g.q.stats.TXFrames.Add(1)
+	g.q.stats.TXBytes.Add(uint64(frameLen))
+	return true
+}
+
+// emit writes one engine packet ([12-byte header][frame]) to the TAP, under the batch's
+// read lock (n.tapHdr is stable). A packet the TAP refuses is counted as a tx_tap drop;
+// one it cannot take now (its send buffer full, which tun's INT_MAX default makes
+// practically impossible) is dropped too rather than wait inside the batch: the
+// segments were taken from the guest, and TCP retransmits them.
+func (g *txGRO) emit(pkt []byte) {
+	n := g.n
+	var h vnethdr.Hdr
+	if h.Decode(pkt, groHdrLen) != nil {
+		return
+	}
+	tapHL := n.tapHdr
+	h.Encode(g.hdr[:], tapHL)
+	g.iov[0], g.iov[1] = g.hdr[:tapHL], pkt[groHdrLen:]
+	_, err := g.q.tap.TryWritev(g.iov)
+	g.iov[1] = nil
+	if err != nil {
+		n.stats.Drops[DropTXTAP].Add(1)
+		if errors.Is(err, tapdev.ErrWouldBlock) {
+			n.stats.TXBlocked.Add(1)
+		}
+	}
+}
+
+// endBatch applies the flush policy at the end of a TX batch (under the read lock):
+// batch mode flushes everything; timer mode flushes what is older than the interval. It
+// returns how long the worker may sleep before it must look again (0: nothing held,
+// wait for a kick as usual). The worker never blocks on a kick while the engine holds
+// data: a guest that has sent its last segment and waits for the ACK would otherwise
+// never get one.
+func (g *txGRO) endBatch() time.Duration {
+	if !g.timer {
+		g.c.Flush()
+		return 0
+	}
+	now := time.Now().UnixNano()
+	g.c.FlushExpired(now, g.interval)
+	oldest, ok := g.c.Oldest()
+	if !ok {
+		return 0
+	}
+	return time.Duration(max(oldest+g.interval-now, 1))
+}
+
+// flushAll emits everything held (the worker is ending).
+func (g *txGRO) flushAll() {
+	if g == nil || g.c.Held() == 0 {
+		return
+	}
+	g.n.mu.RLock()
+	g.c.Flush()
+	g.n.mu.RUnlock()
+}
