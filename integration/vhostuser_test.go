@@ -45,26 +45,111 @@ func vhostCounter(t *testing.T, line, name string) uint64 {
 	return n
 }
 
-func newVhostUserSetup(t *testing.T) (*qemuSetup, string) {
+func newVhostUserSetup(t *testing.T, mtu int) (*qemuSetup, string) {
 	t.Helper()
 	s := &qemuSetup{ns: netnstest.New(t, "vu"), dir: t.TempDir()}
 	sock := filepath.Join(s.dir, "vu.sock")
-	s.args = []string{"--tap", "tg0", "--mtu", "1500", "--addr", hostIP4 + "/24", "--addr", hostIP6 + "/64",
+	s.args = []string{"--tap", "tg0", "--mtu", strconv.Itoa(mtu), "--addr", hostIP4 + "/24", "--addr", hostIP6 + "/64",
 		"--netdev", "vhost-user,path=" + sock, "--metrics-addr", metricsAddr}
 	startIperf3Server(t, s.ns)
 	return s, sock
 }
 
+// vhostFile is the size of each hashed file in the "full" run. Under TCG the guest's dd
+// and sha256sum, not the network, take most of the time: about 4 s to make and hash the
+// upload, 2 s to send it, 4-6 s to receive and hash the download on this 2-CPU box.
+const vhostFile = 64 << 20
+
+// The virtio-net feature bits the guest must have negotiated with tapgro (virtio 1.2
+// section 5.1.3 "Feature bits"; VERSION_1 is section 6 "Reserved Feature Bits").
+var vhostWantFeatures = []struct {
+	bit  int
+	name string
+}{
+	{0, "CSUM"}, {1, "GUEST_CSUM"}, {7, "GUEST_TSO4"}, {8, "GUEST_TSO6"},
+	{11, "HOST_TSO4"}, {12, "HOST_TSO6"}, {15, "MRG_RXBUF"}, {32, "VERSION_1"},
+}
+
+// guestFeaturesCmd prints the driver's negotiated features, the virtio device's sysfs
+// "features" file (linux drivers/virtio/virtio.c features_show: one '0'/'1' per bit of
+// dev->features, bit 0 first), and the offloads the virtio-net driver derived from them
+// (drivers/net/virtio_net.c virtnet_probe: HOST_TSO4 → NETIF_F_TSO).
+const guestFeaturesCmd = `echo "GUEST-FEATURES=$(cat /sys/class/net/eth0/device/features)"
+ethtool -k eth0`
+
+var (
+	guestFeaturesRe = regexp.MustCompile(`GUEST-FEATURES=([01]+)`)
+	logWarnRe       = regexp.MustCompile(`level=(warning|error|fatal|panic)`)
+	// vhostnet's FeaturesAcked log line: what QEMU sent in SET_FEATURES.
+	vhostAckedRe = regexp.MustCompile(`vhostnet: features (0x[0-9a-f]+): header (\d+) bytes`)
+)
+
+// checkGuestFeatures checks that the guest's driver negotiated every bit of
+// vhostWantFeatures, that the same bits reached tapgro in SET_FEATURES (QEMU passes the
+// acked bits on to the back-end, hw/net/vhost_net.c vhost_net_ack_features), that the
+// header is 12 bytes (virtio 1.2 5.1.6 "Device Operation": num_buffers is there with
+// VERSION_1 or MRG_RXBUF), and that the guest's stack uses TSO and checksum offload.
+func checkGuestFeatures(t *testing.T, console, tapgroLog string) {
+	t.Helper()
+	m := guestFeaturesRe.FindStringSubmatch(console)
+	if m == nil {
+		t.Fatalf("guest printed no GUEST-FEATURES")
+	}
+	bits := m[1]
+	acks := vhostAckedRe.FindAllStringSubmatch(tapgroLog, -1)
+	if len(acks) == 0 {
+		t.Fatalf("tapgro logged no SET_FEATURES")
+	}
+	last := acks[len(acks)-1]
+	acked, err := strconv.ParseUint(last[1], 0, 64)
+	if err != nil {
+		t.Fatalf("tapgro's acked features %q: %v", last[1], err)
+	}
+	t.Logf("guest features %s; tapgro acked %#x, header %s bytes", bits, acked, last[2])
+	for _, f := range vhostWantFeatures {
+		if f.bit >= len(bits) || bits[f.bit] != '1' {
+			t.Errorf("guest did not negotiate %s (bit %d): features %s", f.name, f.bit, bits)
+		}
+		if acked&(1<<f.bit) == 0 {
+			t.Errorf("tapgro's SET_FEATURES %#x lacks %s (bit %d)", acked, f.name, f.bit)
+		}
+	}
+	if last[2] != "12" {
+		t.Errorf("tapgro's header length is %s bytes, want 12", last[2])
+	}
+	for _, want := range []string{"tcp-segmentation-offload: on", "tx-checksumming: on"} {
+		if !strings.Contains(console, want) {
+			t.Errorf("guest's ethtool -k eth0 does not show %q", want)
+		}
+	}
+}
+
+// vhostLogProblems is every warning or error tapgro logged other than vhostnet's own
+// SET_FEATURES report (logged through Logf, which main.go sends to Warnf).
+func vhostLogProblems(log string) []string {
+	var bad []string
+	for _, l := range strings.Split(log, "\n") {
+		if !logWarnRe.MatchString(l) || vhostAckedRe.MatchString(l) {
+			continue
+		}
+		bad = append(bad, l)
+	}
+	return bad
+}
+
 // TestQEMUVhostUser runs the real guest's whole battery (ping v4/v6, iperf3 both ways, a
-// hashed file each way, a DF ping at the MTU) with its NIC on tapgro's vhost-user socket.
+// hashed file each way, a DF ping at the MTU) with its NIC on tapgro's vhost-user socket,
+// and restarts tapgro under the guest.
 func TestQEMUVhostUser(t *testing.T) {
 	netnstest.RequirePriv(t)
 	guestImage(t)
 	tapgroBin(t)
 
+	// The battery with 64 MiB files, after the guest printed what it negotiated: the
+	// offloads must be on end to end, and GSO frames must cross vhostnet whole both ways.
 	t.Run("full", func(t *testing.T) {
 		start := time.Now()
-		s, sock := newVhostUserSetup(t)
+		s, sock := newVhostUserSetup(t, 1500)
 		s.startTapgro(t, "tapgro")
 		if out := s.tg.out.String(); !strings.Contains(out, "-chardev socket,id=vu0,path="+sock+",reconnect=1") ||
 			!strings.Contains(out, "vectors=0") {
@@ -72,14 +157,36 @@ func TestQEMUVhostUser(t *testing.T) {
 		}
 		var netdev string
 		s.guestArgs, netdev, s.guestDev = vhostUserGuest(sock)
-		runFullGuest(t, s, netdev, 1500)
+		s.fileSize = vhostFile
+		s.guestExtra = guestFeaturesCmd
+		s.whileWaiting = func() {
+			// The guest's GUEST_TSO4/6 acks became the TAP's offloads (vhostnet
+			// FeaturesAcked → TUNSETOFFLOAD; drivers/net/tun.c set_offload turns
+			// them into the netdev's TSO features), read back from the kernel.
+			if got := ethtoolOffloads(t, s.ns, "tg0"); !strings.Contains(got, "tso4") || !strings.Contains(got, "tso6") {
+				t.Errorf("tg0's offloads with the guest connected: %s, want tso4 and tso6", got)
+			}
+		}
+		console := runFullGuest(t, s, netdev, 1500)
+		checkGuestFeatures(t, console, s.tg.out.String())
 		m := scrape(t, s.ns, metricsAddr)
+		// Both directions carry bulk TCP (iperf3 both ways, the files), so with the
+		// offloads on GSO frames go through whole: from the guest's TSO (HOST_TSO4) to
+		// the TAP, and from the host's TCP through the TAP to the guest (GUEST_TSO4).
 		for _, name := range []string{`tapgro_vhost_frames_total{direction="port_to_tap"}`, `tapgro_vhost_frames_total{direction="tap_to_port"}`,
-			`tapgro_gso_passthrough_total{direction="port_to_tap"}`, `tapgro_vhost_sessions_total`} {
+			`tapgro_gso_passthrough_total{direction="port_to_tap"}`, `tapgro_gso_passthrough_total{direction="tap_to_port"}`,
+			`tapgro_vhost_sessions_total`} {
 			if v := m.get(t, name); v < 1 {
 				t.Errorf("%s = %v after the guest's traffic", name, v)
 			}
 		}
+		for _, name := range []string{`tapgro_vhost_bytes_total{direction="port_to_tap"}`, `tapgro_vhost_bytes_total{direction="tap_to_port"}`} {
+			if v := m.get(t, name); v < vhostFile {
+				t.Errorf("%s = %v, want >= %d (a hashed file each way)", name, v, vhostFile)
+			}
+		}
+		t.Logf("metrics: %v", m.pick(t, `tapgro_gso_passthrough_total{direction="port_to_tap"}`,
+			`tapgro_gso_passthrough_total{direction="tap_to_port"}`, `tapgro_vhost_rx_stalls_total`))
 		// Every tapgro_vhost_* series in the README is exported, and everything exported
 		// is in the README.
 		readme := readmeText(t)
@@ -107,13 +214,16 @@ func TestQEMUVhostUser(t *testing.T) {
 		if tx < 1000 || rx < 1000 {
 			t.Errorf("port_to_tap_frames=%d tap_to_port_frames=%d: the guest's traffic did not go through vhostnet", tx, rx)
 		}
+		if bad := vhostLogProblems(s.tg.out.String()); len(bad) > 0 {
+			t.Errorf("tapgro logged:\n%s", strings.Join(bad, "\n"))
+		}
 	})
 
 	// tapgro dies and comes back while the guest runs: QEMU's chardev reconnects
 	// (reconnect=1) and the new session starts over from GET_FEATURES.
 	t.Run("tapgro-restart", func(t *testing.T) {
 		start := time.Now()
-		s, sock := newVhostUserSetup(t)
+		s, sock := newVhostUserSetup(t, 1500)
 		s.startTapgro(t, "tapgro")
 		args, netdev, dev := vhostUserGuest(sock)
 		cmd := fmt.Sprintf(`ping -c 1 -W 30 %[1]s
@@ -137,6 +247,9 @@ iperf3 -c %[1]s -t 2
 			t.Logf("guest iperf3: %s", strings.TrimSpace(m))
 		}
 		s.tg.stop()
+		if bad := vhostLogProblems(s.tg.out.String()); len(bad) > 0 {
+			t.Errorf("restarted tapgro logged:\n%s", strings.Join(bad, "\n"))
+		}
 		t.Logf("took %v", time.Since(start).Round(time.Millisecond))
 	})
 }
