@@ -164,7 +164,7 @@ func snmpCounter(t *testing.T, ns *netnstest.NS, file, proto, name string) uint6
 
 // TestQEMUVhostUser runs the real guest's whole battery (ping v4/v6, iperf3 both ways, a
 // hashed file each way, a DF ping at the MTU) with its NIC on tapgro's vhost-user socket,
-// at MTU 1500 and 9000, and restarts tapgro under the guest.
+// at MTU 1500 and 9000, and restarts each side under the other.
 func TestQEMUVhostUser(t *testing.T) {
 	netnstest.RequirePriv(t)
 	guestImage(t)
@@ -293,6 +293,46 @@ func TestQEMUVhostUser(t *testing.T) {
 			t.Errorf("tapgro logged:\n%s", strings.Join(bad, "\n"))
 		}
 		t.Logf("tapgro: %s; took %v", vhostExitRe.FindString(s.tg.out.String()), time.Since(start).Round(time.Millisecond))
+	})
+
+	// The guest powers off (QEMU exits, closing the socket) and a second QEMU connects to
+	// the same tapgro, which must have ended the first session and gone back to
+	// accepting: the second guest's traffic works and is counted on top of the first's.
+	t.Run("guest-restart", func(t *testing.T) {
+		start := time.Now()
+		s, sock := newVhostUserSetup(t, 1500)
+		s.startTapgro(t, "tapgro")
+		args, netdev, dev := vhostUserGuest(sock)
+		// A fixed amount each way (-n, not -t), so what the counters must grow by does
+		// not depend on how fast TCG is.
+		const bulk = 32 << 20
+		cmd := fmt.Sprintf("set -e\nping -c 2 %[1]s\nping6 -c 2 %[2]s\niperf3 -c %[1]s -n %[3]d\niperf3 -c %[1]s -n %[3]d -R\n",
+			hostIP4, hostIP6, bulk)
+		keys := []string{`tapgro_vhost_bytes_total{direction="port_to_tap"}`, `tapgro_vhost_bytes_total{direction="tap_to_port"}`}
+		prev := map[string]float64{}
+		for i := 1; i <= 2; i++ {
+			g := startGuest(t, guestOpts{Name: fmt.Sprintf("guest %d", i), NS: s.ns, Netdev: netdev, QEMUArgs: args, DevOpts: dev,
+				IP: guestIP4 + "/24", IP6: guestIP6 + "/64", MTU: 1500, Cmd: cmd})
+			console := g.mustSucceed(guestLimit) // the guest powered off and QEMU exited
+			for _, m := range iperfSummaryRe.FindAllString(console, -1) {
+				t.Logf("guest %d iperf3: %s", i, strings.TrimSpace(m))
+			}
+			cur := scrape(t, s.ns, metricsAddr).pick(t, keys...)
+			for _, k := range keys {
+				if d := cur[k] - prev[k]; d < bulk {
+					t.Errorf("guest %d: %s grew by %v, want >= %d (its iperf3 -n)", i, k, d, bulk)
+				}
+			}
+			prev = cur
+		}
+		if n := scrape(t, s.ns, metricsAddr).get(t, `tapgro_vhost_sessions_total`); n != 2 {
+			t.Errorf("tapgro_vhost_sessions_total = %v, want one per guest (2)", n)
+		}
+		s.tg.stop()
+		if bad := vhostLogProblems(s.tg.out.String()); len(bad) > 0 {
+			t.Errorf("tapgro logged:\n%s", strings.Join(bad, "\n"))
+		}
+		t.Logf("took %v", time.Since(start).Round(time.Millisecond))
 	})
 
 	// tapgro dies and comes back while the guest runs: QEMU's chardev reconnects
