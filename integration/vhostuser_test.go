@@ -137,6 +137,23 @@ func vhostLogProblems(log string) []string {
 	return bad
 }
 
+// qemuComplaintRe is a message QEMU's error_report printed (util/error-report.c prefixes
+// the program name); QEMU's stderr shares the console with the guest's serial output.
+var qemuComplaintRe = regexp.MustCompile(`qemu-system-x86_64: .*`)
+
+// checkQEMUQuiet fails the test if QEMU reported an error: with tapgro alive throughout,
+// every vhost-user request (GET_VRING_BASE at the guest's power-off included) must have
+// succeeded. When the back-end dies QEMU prints "Failed to set msg fds."
+// (hw/virtio/vhost-user.c vhost_user_write, the chardev is gone) and "vhost VQ n ring
+// restore failed" (hw/virtio/vhost.c vhost_virtqueue_stop, GET_VRING_BASE unanswered),
+// so tapgro-restart, which SIGKILLs tapgro, does not use this.
+func checkQEMUQuiet(t *testing.T, name, console string) {
+	t.Helper()
+	if m := qemuComplaintRe.FindAllString(console, -1); len(m) > 0 {
+		t.Errorf("%s: QEMU reported:\n%s", name, strings.Join(m, "\n"))
+	}
+}
+
 // snmpCounter reads one counter of ns's /proc/net/snmp ("Ip: ... ReasmReqds ...") or
 // /proc/net/snmp6 ("Ip6ReasmReqds N"); /proc/net is the reading process's namespace.
 func snmpCounter(t *testing.T, ns *netnstest.NS, file, proto, name string) uint64 {
@@ -193,6 +210,7 @@ func TestQEMUVhostUser(t *testing.T) {
 			}
 		}
 		console := runFullGuest(t, s, netdev, 1500)
+		checkQEMUQuiet(t, "guest", console)
 		checkGuestFeatures(t, console, s.tg.out.String())
 		m := scrape(t, s.ns, metricsAddr)
 		// Both directions carry bulk TCP (iperf3 both ways, the files), so with the
@@ -272,7 +290,7 @@ func TestQEMUVhostUser(t *testing.T) {
 				}
 			}
 		}
-		runFullGuest(t, s, netdev, 9000)
+		checkQEMUQuiet(t, "guest", runFullGuest(t, s, netdev, 9000))
 		// Every ping above crossed as one frame: the host reassembled nothing (with -M
 		// do neither side fragments locally; a path that split frames would show here).
 		if n := snmpCounter(t, s.ns, "/proc/net/snmp", "Ip", "ReasmReqds"); n != 0 {
@@ -314,6 +332,7 @@ func TestQEMUVhostUser(t *testing.T) {
 			g := startGuest(t, guestOpts{Name: fmt.Sprintf("guest %d", i), NS: s.ns, Netdev: netdev, QEMUArgs: args, DevOpts: dev,
 				IP: guestIP4 + "/24", IP6: guestIP6 + "/64", MTU: 1500, Cmd: cmd})
 			console := g.mustSucceed(guestLimit) // the guest powered off and QEMU exited
+			checkQEMUQuiet(t, g.name, console)
 			for _, m := range iperfSummaryRe.FindAllString(console, -1) {
 				t.Logf("guest %d iperf3: %s", i, strings.TrimSpace(m))
 			}
