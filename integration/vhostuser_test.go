@@ -3,6 +3,7 @@
 package integration
 
 import (
+	"encoding/json"
 	"fmt"
 	"path/filepath"
 	"regexp"
@@ -50,9 +51,23 @@ func newVhostUserSetup(t *testing.T, mtu int) (*qemuSetup, string) {
 	s := &qemuSetup{ns: netnstest.New(t, "vu"), dir: t.TempDir()}
 	sock := filepath.Join(s.dir, "vu.sock")
 	s.args = []string{"--tap", "tg0", "--mtu", strconv.Itoa(mtu), "--addr", hostIP4 + "/24", "--addr", hostIP6 + "/64",
-		"--netdev", "vhost-user,path=" + sock, "--metrics-addr", metricsAddr}
+		"--netdev", "vhost-user,path=" + sock, "--metrics-addr", metricsAddr, "--ctl-socket", filepath.Join(s.dir, "ctl")}
 	startIperf3Server(t, s.ns)
 	return s, sock
+}
+
+// vhostStatus is `tapgro ctl --json status` of s's tapgro (ctlVhostJSON: vhostops_test.go).
+func vhostStatus(t *testing.T, s *qemuSetup) ctlVhostJSON {
+	t.Helper()
+	out, err := ctl(t, s.ns, filepath.Join(s.dir, "ctl"), "--json", "status")
+	if err != nil {
+		t.Fatalf("tapgro ctl status: %v\n%s", err, out)
+	}
+	var st ctlVhostJSON
+	if err := json.Unmarshal([]byte(out), &st); err != nil || st.Status.Vhost == nil {
+		t.Fatalf("ctl status reply %q: %v", out, err)
+	}
+	return st
 }
 
 // vhostFile is the size of each hashed file in the "full" run. Under TCG the guest's dd
@@ -60,12 +75,15 @@ func newVhostUserSetup(t *testing.T, mtu int) (*qemuSetup, string) {
 // upload, 2 s to send it, 4-6 s to receive and hash the download on this 2-CPU box.
 const vhostFile = 64 << 20
 
-// The virtio-net feature bits the guest must have negotiated with tapgro (virtio 1.2
-// section 5.1.3 "Feature bits"; VERSION_1 is section 6 "Reserved Feature Bits").
-var vhostWantFeatures = []struct {
+// virtioFeature is a virtio feature bit and its name in the virtio spec.
+type virtioFeature struct {
 	bit  int
 	name string
-}{
+}
+
+// The virtio-net feature bits the guest must have negotiated with tapgro (virtio 1.2
+// section 5.1.3 "Feature bits"; VERSION_1 is section 6 "Reserved Feature Bits").
+var vhostWantFeatures = []virtioFeature{
 	{0, "CSUM"}, {1, "GUEST_CSUM"}, {7, "GUEST_TSO4"}, {8, "GUEST_TSO6"},
 	{11, "HOST_TSO4"}, {12, "HOST_TSO6"}, {15, "MRG_RXBUF"}, {32, "VERSION_1"},
 }
@@ -85,11 +103,11 @@ var (
 )
 
 // checkGuestFeatures checks that the guest's driver negotiated every bit of
-// vhostWantFeatures, that the same bits reached tapgro in SET_FEATURES (QEMU passes the
+// vhostWantFeatures and extra, that the same bits reached tapgro in SET_FEATURES (QEMU passes the
 // acked bits on to the back-end, hw/net/vhost_net.c vhost_net_ack_features), that the
 // header is 12 bytes (virtio 1.2 5.1.6 "Device Operation": num_buffers is there with
 // VERSION_1 or MRG_RXBUF), and that the guest's stack uses TSO and checksum offload.
-func checkGuestFeatures(t *testing.T, console, tapgroLog string) {
+func checkGuestFeatures(t *testing.T, console, tapgroLog string, extra ...virtioFeature) {
 	t.Helper()
 	m := guestFeaturesRe.FindStringSubmatch(console)
 	if m == nil {
@@ -106,7 +124,7 @@ func checkGuestFeatures(t *testing.T, console, tapgroLog string) {
 		t.Fatalf("tapgro's acked features %q: %v", last[1], err)
 	}
 	t.Logf("guest features %s; tapgro acked %#x, header %s bytes", bits, acked, last[2])
-	for _, f := range vhostWantFeatures {
+	for _, f := range append(vhostWantFeatures[:len(vhostWantFeatures):len(vhostWantFeatures)], extra...) {
 		if f.bit >= len(bits) || bits[f.bit] != '1' {
 			t.Errorf("guest did not negotiate %s (bit %d): features %s", f.name, f.bit, bits)
 		}
@@ -262,10 +280,12 @@ func TestQEMUVhostUser(t *testing.T) {
 		}
 	})
 
-	// Jumbo frames: the TAP and the guest at MTU 9000 (host_mtu=9000 gives the guest
-	// VIRTIO_NET_F_MTU; QEMU 7.2 sends NET_SET_MTU only to a back-end that offers
-	// PROTOCOL_F_NET_MTU, hw/virtio/vhost-user.c vhost_user_net_set_mtu, which tapgro does
-	// not). Full-size DF pings both ways, then the battery (iperf3, hashed files).
+	// Jumbo frames: the TAP and the guest at MTU 9000. host_mtu=9000 gives the guest
+	// VIRTIO_NET_F_MTU with 9000 in its config space, and QEMU tells the back-end in
+	// NET_SET_MTU (hw/net/virtio-net.c virtio_net_vhost_status → vhost_net_set_mtu; sent
+	// because tapgro offers PROTOCOL_F_NET_MTU, hw/virtio/vhost-user.c
+	// vhost_user_net_set_mtu). Full-size DF pings both ways, then the battery (iperf3,
+	// hashed files).
 	t.Run("mtu9000", func(t *testing.T) {
 		start := time.Now()
 		s, sock := newVhostUserSetup(t, 9000)
@@ -273,10 +293,13 @@ func TestQEMUVhostUser(t *testing.T) {
 		var netdev string
 		s.guestArgs, netdev, s.guestDev = vhostUserGuest(sock)
 		// /usr/bin/ping is iputils' (build.sh): busybox's ping cannot set DF.
-		s.guestExtra = fmt.Sprintf("/usr/bin/ping -c 2 -W 5 -M do -s 8972 %s\n/usr/bin/ping -6 -c 2 -W 5 -M do -s 8952 %s",
+		s.guestExtra = guestFeaturesCmd + fmt.Sprintf("\n/usr/bin/ping -c 2 -W 5 -M do -s 8972 %s\n/usr/bin/ping -6 -c 2 -W 5 -M do -s 8952 %s",
 			hostIP4, hostIP6)
 		const frame = 14 + 9000
 		s.whileWaiting = func() {
+			if st := vhostStatus(t, s); st.Status.Vhost.MTU != 9000 {
+				t.Errorf("ctl status: guest MTU %d, want 9000 (QEMU's NET_SET_MTU)", st.Status.Vhost.MTU)
+			}
 			// Host → guest, the guest idle: the requests and replies are (nearly)
 			// all that crosses vhostnet here, and they must be counted at full size.
 			keys := []string{`tapgro_vhost_bytes_total{direction="tap_to_port"}`, `tapgro_vhost_bytes_total{direction="port_to_tap"}`}
@@ -290,7 +313,9 @@ func TestQEMUVhostUser(t *testing.T) {
 				}
 			}
 		}
-		checkQEMUQuiet(t, "guest", runFullGuest(t, s, netdev, 9000))
+		console := runFullGuest(t, s, netdev, 9000)
+		checkQEMUQuiet(t, "guest", console)
+		checkGuestFeatures(t, console, s.tg.out.String(), virtioFeature{3, "MTU"})
 		// Every ping above crossed as one frame: the host reassembled nothing (with -M
 		// do neither side fragments locally; a path that split frames would show here).
 		if n := snmpCounter(t, s.ns, "/proc/net/snmp", "Ip", "ReasmReqds"); n != 0 {
