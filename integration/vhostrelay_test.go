@@ -93,7 +93,7 @@ func TestVhostRelay(t *testing.T) {
 
 	m := scrape(t, host, metricsAddr)
 	for _, dir := range []string{"port_to_tap", "tap_to_port"} {
-		if v := m.get(t, `tapgro_vhost_gso_frames_total{direction="`+dir+`"}`); v < 100 {
+		if v := m.get(t, `tapgro_gso_passthrough_total{direction="`+dir+`"}`); v < 100 {
 			t.Errorf("%s: %v GSO frames: GSO did not cross whole", dir, v)
 		}
 	}
