@@ -4,6 +4,7 @@ package integration
 
 import (
 	"crypto/sha256"
+	"encoding/binary"
 	"encoding/hex"
 	"fmt"
 	"io"
@@ -85,6 +86,13 @@ type qemuSetup struct {
 	// DevOpts).
 	guestArgs []string
 	guestDev  string
+	// fileSize is the size of each hashed file runFullGuest moves (0: guestFile).
+	fileSize int
+	// guestExtra is shell the battery runs right after `ip link show eth0` (under set -e).
+	guestExtra string
+	// whileWaiting runs on the host while the battery's guest waits at GUEST-WAITING,
+	// before runFullGuest's own pings.
+	whileWaiting func()
 }
 
 func newQEMUSetup(t *testing.T, tapgroSpec func(string) string, mtu int) *qemuSetup {
@@ -143,12 +151,14 @@ type guestFiles struct {
 	up       chan upResult
 	downSum  string
 	downSize int
+	downTook chan time.Duration // accept to the last byte written, for the log
 }
 
 type upResult struct {
-	sum string
-	n   int64
-	err error
+	sum  string
+	n    int64
+	err  error
+	took time.Duration // accept to EOF, for the log
 }
 
 func serveGuestFiles(t *testing.T, ns *netnstest.NS, size int) *guestFiles {
@@ -167,11 +177,14 @@ func serveGuestFiles(t *testing.T, ns *netnstest.NS, size int) *guestFiles {
 
 	data := make([]byte, size)
 	rng := rand.New(rand.NewPCG(uint64(size), guestDown))
-	for i := range data {
-		data[i] = byte(rng.Uint32())
+	for i := 0; i < size; i += 8 {
+		var w [8]byte
+		binary.LittleEndian.PutUint64(w[:], rng.Uint64())
+		copy(data[i:], w[:])
 	}
 	sum := sha256.Sum256(data)
-	f := &guestFiles{up: make(chan upResult, 1), downSum: hex.EncodeToString(sum[:]), downSize: size}
+	f := &guestFiles{up: make(chan upResult, 1), downSum: hex.EncodeToString(sum[:]), downSize: size,
+		downTook: make(chan time.Duration, 1)}
 
 	go func() {
 		c, err := upLn.Accept()
@@ -180,19 +193,22 @@ func serveGuestFiles(t *testing.T, ns *netnstest.NS, size int) *guestFiles {
 			return
 		}
 		defer c.Close()
-		c.SetDeadline(time.Now().Add(guestLimit))
+		start := time.Now()
+		c.SetDeadline(start.Add(guestLimit))
 		h := sha256.New()
 		n, err := io.Copy(h, c)
-		f.up <- upResult{sum: hex.EncodeToString(h.Sum(nil)), n: n, err: err}
+		f.up <- upResult{sum: hex.EncodeToString(h.Sum(nil)), n: n, err: err, took: time.Since(start)}
 	}()
 	go func() {
 		c, err := downLn.Accept()
 		if err != nil {
 			return
 		}
-		defer c.Close()
-		c.SetDeadline(time.Now().Add(guestLimit))
+		start := time.Now()
+		c.SetDeadline(start.Add(guestLimit))
 		c.Write(data)
+		c.Close()
+		f.downTook <- time.Since(start)
 	}()
 	return f
 }
@@ -201,27 +217,36 @@ var (
 	guestUpRe       = regexp.MustCompile(`GUEST-UP-SHA=([0-9a-f]{64})`)
 	guestDownRe     = regexp.MustCompile(`GUEST-DOWN-SHA=([0-9a-f]{64})`)
 	guestWaitingRe  = regexp.MustCompile(`GUEST-WAITING`)
+	guestClockRe    = regexp.MustCompile(`GUEST-CLOCK-([A-Z]+)=([0-9.]+)`)
 	portConnectedRe = regexp.MustCompile(`port connected`)
 	iperfSummaryRe  = regexp.MustCompile(`(?m)^.*\s(sender|receiver)$`)
 )
 
-// fullGuestCmd is the whole battery, run by the guest: ping v4 and v6, iperf3 guest->host
-// and host->guest, a file each way with SHA-256 printed, then it waits for the host's
-// jumbo-sized DF ping and a connection on guestGo before it exits.
-func fullGuestCmd() string {
+// fullGuestCmd is the whole battery, run by the guest: extra (shell, may be empty), ping
+// v4 and v6, iperf3 guest->host and host->guest, a file of size bytes (a multiple of 64
+// KiB) each way with SHA-256 printed, then it waits for the host's jumbo-sized DF ping and
+// a connection on guestGo before it exits. GUEST-CLOCK-* lines are the guest's uptime
+// around the file phase, for the log.
+func fullGuestCmd(size int, extra string) string {
 	return fmt.Sprintf(`set -e
 ip link show eth0
+%[7]s
 ping -c 3 %[1]s
 ping6 -c 3 %[2]s
 iperf3 -c %[1]s -t 3
 iperf3 -c %[1]s -t 3 -R
+echo "GUEST-CLOCK-FILES=$(cut -d' ' -f1 /proc/uptime)"
 dd if=/dev/urandom of=up bs=64k count=%[3]d 2>/dev/null
 echo "GUEST-UP-SHA=$(sha256sum <up | cut -d' ' -f1)"
+echo "GUEST-CLOCK-SEND=$(cut -d' ' -f1 /proc/uptime)"
 nc %[1]s %[4]d <up
+rm up
+echo "GUEST-CLOCK-RECEIVE=$(cut -d' ' -f1 /proc/uptime)"
 echo "GUEST-DOWN-SHA=$(nc %[1]s %[5]d </dev/null | sha256sum | cut -d' ' -f1)"
+echo "GUEST-CLOCK-DONE=$(cut -d' ' -f1 /proc/uptime)"
 echo GUEST-WAITING
 nc -l -p %[6]d </dev/null >/dev/null
-`, hostIP4, hostIP6, guestFile/(64<<10), guestUp, guestDown, guestGo)
+`, hostIP4, hostIP6, size/(64<<10), guestUp, guestDown, guestGo, extra)
 }
 
 // releaseGuest connects to the guest's nc -l on guestGo and closes: the guest carries on.
@@ -238,17 +263,25 @@ func releaseGuest(t *testing.T, ns *netnstest.NS) {
 	}
 }
 
-// runFullGuest boots the battery against s's tapgro and checks everything it reports.
-func runFullGuest(t *testing.T, s *qemuSetup, netdev string, mtu int) {
+// runFullGuest boots the battery against s's tapgro, checks everything it reports and
+// returns the guest's console.
+func runFullGuest(t *testing.T, s *qemuSetup, netdev string, mtu int) string {
 	t.Helper()
-	files := serveGuestFiles(t, s.ns, guestFile)
-	o := guestOpts{NS: s.ns, Netdev: netdev, IP: guestIP4 + "/24", IP6: guestIP6 + "/64", MTU: mtu, Cmd: fullGuestCmd(),
-		QEMUArgs: s.guestArgs, DevOpts: s.guestDev}
+	size := s.fileSize
+	if size == 0 {
+		size = guestFile
+	}
+	files := serveGuestFiles(t, s.ns, size)
+	o := guestOpts{NS: s.ns, Netdev: netdev, IP: guestIP4 + "/24", IP6: guestIP6 + "/64", MTU: mtu,
+		Cmd: fullGuestCmd(size, s.guestExtra), QEMUArgs: s.guestArgs, DevOpts: s.guestDev}
 	if mtu != 1500 {
 		o.HostMTU = mtu
 	}
 	g := startGuest(t, o)
 	g.waitConsole(guestWaitingRe, guestLimit)
+	if s.whileWaiting != nil {
+		s.whileWaiting()
+	}
 	// Host -> guest at the full MTU with DF set: a frame that does not fit anywhere on the
 	// path (TAP, tapgro, QEMU, virtio-net) fails here instead of being fragmented.
 	s.ns.MustRun(t, "ping", "-c", "2", "-W", "5", "-M", "do", "-s", strconv.Itoa(mtu-28), guestIP4)
@@ -270,15 +303,34 @@ func runFullGuest(t *testing.T, s *qemuSetup, netdev string, mtu int) {
 			t.Errorf("guest->host file: %v after %d bytes", r.err, r.n)
 		case want == nil:
 			t.Errorf("guest printed no GUEST-UP-SHA")
-		case r.n != guestFile || r.sum != want[1]:
-			t.Errorf("guest->host file: host got %d bytes sha256 %s; guest sent %d bytes sha256 %s", r.n, r.sum, guestFile, want[1])
+		case r.n != int64(size) || r.sum != want[1]:
+			t.Errorf("guest->host file: host got %d bytes sha256 %s; guest sent %d bytes sha256 %s", r.n, r.sum, size, want[1])
+		default:
+			t.Logf("guest->host file: %d MiB, sha256 matches; host sink %v", size>>20, r.took.Round(time.Millisecond))
 		}
 	case <-time.After(10 * time.Second):
 		t.Errorf("guest->host file: host sink never finished")
 	}
 	if m := guestDownRe.FindStringSubmatch(console); m == nil || m[1] != files.downSum {
 		t.Errorf("host->guest file: guest says sha256 %v; host sent %d bytes sha256 %s", m, files.downSize, files.downSum)
+	} else {
+		select {
+		case d := <-files.downTook:
+			t.Logf("host->guest file: %d MiB, sha256 matches; host source %v", size>>20, d.Round(time.Millisecond))
+		default:
+		}
 	}
+	// The guest's clock around the file phase: what the transfers cost it, dd and
+	// sha256sum included (under TCG these, not the network, take the time).
+	clock := map[string]float64{}
+	for _, m := range guestClockRe.FindAllStringSubmatch(console, -1) {
+		clock[m[1]], _ = strconv.ParseFloat(m[2], 64)
+	}
+	if len(clock) == 4 {
+		t.Logf("guest clock: up (dd + sha256sum %.1fs, send %.1fs), down (receive + sha256sum) %.1fs",
+			clock["SEND"]-clock["FILES"], clock["RECEIVE"]-clock["SEND"], clock["DONE"]-clock["RECEIVE"])
+	}
+	return console
 }
 
 // groCounters reads tapgro's GRO counters from /metrics, then stops it.

@@ -5,7 +5,8 @@
 # fetched with apt-get download and unpacked into a temporary directory (never installed on
 # this host). busybox-static, iperf3 and ethtool are copied from the host together with every
 # shared library ldd lists and the dynamic loader; they are installed with apt-get when
-# missing. /init (the file next to this script) configures eth0 from the kernel command line
+# missing. iputils' ping goes in as /usr/bin/ping next to busybox's /bin/ping (first in the
+# guest's PATH): busybox ping cannot set DF, and the MTU tests need ping -M do. /init (the file next to this script) configures eth0 from the kernel command line
 # and runs the test's command. The result is reused while CACHE_DIR/stamp matches the hash of
 # this script and of init.
 set -eu
@@ -34,6 +35,14 @@ need busybox busybox-static
 need iperf3 iperf3
 need ethtool ethtool
 need cpio cpio
+# The host's ping must be iputils' (busybox's has no -M).
+iping=$(command -v ping || true)
+if [ -z "$iping" ] || ! "$iping" -V 2>/dev/null | grep -q iputils; then
+	[ "$(id -u)" = 0 ] || { echo "build.sh: iputils ping missing; apt-get install iputils-ping" >&2; exit 1; }
+	apt-get install -y -q iputils-ping >/dev/null || { apt-get update -q >/dev/null && apt-get install -y -q iputils-ping >/dev/null; }
+	iping=/usr/bin/ping
+	"$iping" -V 2>/dev/null | grep -q iputils || { echo "build.sh: $iping is not iputils ping" >&2; exit 1; }
+fi
 # The guest has no libc of its own for busybox: it must be busybox-static's binary.
 bb=$(command -v busybox)
 if ldd "$bb" >/dev/null 2>&1; then
@@ -109,7 +118,7 @@ cp "$bb" "$root/bin/busybox"
 for a in $("$bb" --list-full); do
 	[ -e "$root/$a" ] || ln -s /bin/busybox "$root/$a"
 done
-for b in "$(command -v iperf3)" "$(command -v ethtool)"; do
+for b in "$(command -v iperf3)" "$(command -v ethtool)" "$iping"; do
 	cp "$b" "$root/usr/bin/"
 	# Every library ldd resolves, at its own path, plus the loader (the line without =>).
 	for lib in $(ldd "$b" | awk '$2 == "=>" && $3 ~ /^\// {print $3} $1 ~ /^\// {print $1}'); do
