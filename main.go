@@ -250,7 +250,7 @@ func runVhostUser(ctx context.Context, o *options, log *logrus.Logger) error {
 	}
 	offload := o.offload
 	vn, err := vhostnet.New(vhostnet.Config{TAPs: taps, MTU: o.mtu, Pcap: o.pcap, PcapPath: o.pcapPort,
-		Logf: func(f string, a ...any) { log.Warnf(f, a...) },
+		Logf: func(f string, a ...any) { log.Warnf(f, a...) }, Infof: func(f string, a ...any) { log.Infof(f, a...) },
 		// GRO toward the TAP and RSC toward the guest (vhostnet/gro.go, rsc.go), with the
 		// stream path's switches; --offload caps the TAP's read offloads.
 		GRO: o.gro, TimerFlush: o.groFlush == "timer", RSCInterval: o.rscInterval, MaxFlows: o.maxFlows,

@@ -39,7 +39,7 @@ func TestQEMUVhostGRO(t *testing.T) {
 
 	t.Run("tx-gro", func(t *testing.T) {
 		start := time.Now()
-		s, sock := newVhostUserSetup(t)
+		s, sock := newVhostUserSetup(t, 1500)
 		s.startTapgro(t, "tapgro")
 		files := serveGuestFiles(t, s.ns, guestFile)
 		args, netdev, dev := vhostUserGuest(sock)
@@ -84,7 +84,7 @@ nc %[1]s %[3]d <up
 
 	t.Run("rsc", func(t *testing.T) {
 		start := time.Now()
-		s, sock := newVhostUserSetup(t)
+		s, sock := newVhostUserSetup(t, 1500)
 		s.args = append(s.args, "--offload", "off")
 		s.startTapgro(t, "tapgro")
 		files := serveGuestFiles(t, s.ns, guestFile)

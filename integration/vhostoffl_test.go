@@ -30,7 +30,7 @@ func TestQEMUVhostGuestOffloads(t *testing.T) {
 	guestImage(t)
 	tapgroBin(t)
 	start := time.Now()
-	s, sock := newVhostUserSetup(t)
+	s, sock := newVhostUserSetup(t, 1500)
 	s.startTapgro(t, "tapgro")
 	files := serveGuestFiles(t, s.ns, guestFile)
 	args, netdev, dev := vhostUserGuest(sock)

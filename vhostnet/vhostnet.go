@@ -114,8 +114,9 @@ type Config struct {
 	// Stats and BackendStats may be shared with a metrics exporter; nil allocates.
 	Stats        *Stats
 	BackendStats *vhostuser.Stats
-	// Logf reports session ends and unusual events; nil discards.
-	Logf func(format string, args ...any)
+	// Logf reports session ends and unusual events, Infof routine ones (each session's
+	// negotiated features); nil discards.
+	Logf, Infof func(format string, args ...any)
 	// MTU is the TAP's MTU as configured (0: not known); a guest MTU that differs
 	// (NET_SET_MTU) is logged.
 	MTU int
@@ -146,6 +147,7 @@ type Net struct {
 	backend *vhostuser.Backend
 	stats   *Stats
 	logf    func(string, ...any)
+	infof   func(string, ...any)
 	probed  vnethdr.Offloads
 	mtu     int
 
@@ -234,6 +236,9 @@ func New(cfg Config) (*Net, error) {
 	}
 	if n.logf == nil {
 		n.logf = func(string, ...any) {}
+	}
+	if n.infof = cfg.Infof; n.infof == nil {
+		n.infof = func(string, ...any) {}
 	}
 	if len(n.stats.Queues) != len(taps) {
 		n.stats.Queues = make([]QueueStats, len(taps))
@@ -402,7 +407,7 @@ func (n *Net) FeaturesAcked(f vhostuser.Features) {
 	if n.rscMode {
 		rsc = ", coalescing toward the guest"
 	}
-	n.logf("vhostnet: features %#x: header %d bytes, TAP offloads %s%s", f.Bits, n.tapHdr, eff, rsc)
+	n.infof("vhostnet: features %#x (%s): header %d bytes, TAP offloads %s%s", f.Bits, FeatureString(f.Bits), n.tapHdr, eff, rsc)
 }
 
 // worker is one ring's goroutine; q is its pair (the TAP queue it uses).

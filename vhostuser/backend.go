@@ -34,7 +34,7 @@ type Stats struct {
 	Rejected [NumReasons]atomic.Uint64     // rejected chains / rings, by reason
 	Kicks    atomic.Uint64                 // kick eventfd reads that returned a count
 	Calls    atomic.Uint64                 // call eventfd signals
-	Sessions atomic.Uint64
+	Sessions atomic.Uint64                 // connections whose front-end sent at least one message
 }
 
 // Features is what SET_FEATURES acked.
@@ -172,7 +172,6 @@ func (b *Backend) Serve(uc *net.UnixConn) error {
 	for i := range s.rings {
 		s.rings[i] = newVring(i, b.stats)
 	}
-	b.stats.Sessions.Add(1)
 	err = s.loop()
 	s.teardown()
 	uc.Close()
@@ -184,10 +183,15 @@ func (b *Backend) Serve(uc *net.UnixConn) error {
 }
 
 func (s *Session) loop() error {
-	for {
+	for first := true; ; first = false {
 		m := &s.msg
 		if err := s.c.readMsg(m); err != nil {
 			return err
+		}
+		if first {
+			// A session is a front-end that spoke: a connection closed before its first
+			// message (a listening QEMU's backlog emptied as it exits) is not one.
+			s.stats.Sessions.Add(1)
 		}
 		s.stats.Messages[min(m.req, MaxRequest)].Add(1)
 		err := s.dispatch(m)
