@@ -35,8 +35,9 @@ const (
 // address. Datagrams outside [port.MinFrame, port.MaxFrame] are dropped and counted, never fatal.
 type DgramPort struct {
 	port.Base
-	conn net.Conn
-	rc   syscall.RawConn
+	conn     net.Conn
+	rc       syscall.RawConn
+	sendWait time.Duration // dgramSendWait; tests whose reader may be starved raise it
 
 	dst    [unix.SizeofSockaddrAny]byte // raw sockaddr of the remote, built once
 	dstLen uint32
@@ -75,7 +76,7 @@ func NewDgramPort(c net.Conn, remote net.Addr, st *port.Stats) (*DgramPort, erro
 	if err != nil {
 		return nil, err
 	}
-	p := &DgramPort{conn: c, rc: rc}
+	p := &DgramPort{conn: c, rc: rc, sendWait: dgramSendWait}
 	switch c := c.(type) {
 	case *net.UDPConn:
 		ra, ok := remote.(*net.UDPAddr)
@@ -364,7 +365,7 @@ func (p *DgramPort) send(k int) error {
 			break
 		}
 		// Slow path: wait in the poller, but not forever.
-		_ = p.conn.SetWriteDeadline(time.Now().Add(dgramSendWait))
+		_ = p.conn.SetWriteDeadline(time.Now().Add(p.sendWait))
 		p.wBlock = true
 	}
 	if err == nil {

@@ -1,11 +1,13 @@
 package sockport
 
 import (
+	"bytes"
 	"errors"
 	"net"
 	"path/filepath"
 	"tapgro/port"
 	"testing"
+	"time"
 )
 
 // dgramPorts returns two DgramPorts that send to each other.
@@ -54,7 +56,11 @@ func TestDgramRoundTrip(t *testing.T) {
 			// 100 small frames in one batch, then the size classes one at a time. The
 			// writer runs concurrently: an AF_UNIX datagram queue holds only
 			// net.unix.max_dgram_qlen (default 10) datagrams, so the sender must wait
-			// for the reader (and be woken by it) rather than drop.
+			// for the reader (and be woken by it) rather than drop. A reader starved of
+			// CPU for dgramSendWait (go test -race on a loaded machine) would make the
+			// sender drop by design, so the wait is raised here: the test is about the
+			// wake-up, not the give-up (TestDgramSendGivesUp covers that).
+			a.sendWait, b.sendWait = time.Minute, time.Minute
 			var frames [][]byte
 			for i := 0; i < 100; i++ {
 				frames = append(frames, frame(60+i, byte(i)))
@@ -205,5 +211,39 @@ func TestDgramZeroAllocs(t *testing.T) {
 				t.Errorf("%v allocations per batch round trip, want 0", allocs)
 			}
 		})
+	}
+}
+
+// TestDgramSendGivesUp: a unixgram receiver that never reads fills its queue
+// (net.unix.max_dgram_qlen); the sender waits sendWait, then drops the rest of the batch
+// and counts it, rather than wedge the pipeline. Every datagram is either queued for the
+// receiver or counted.
+func TestDgramSendGivesUp(t *testing.T) {
+	checkLeaks(t)
+	a, b := dgramPorts(t, "unixgram")
+	a.sendWait = 20 * time.Millisecond
+	var frames [][]byte
+	for i := 0; i < 40; i++ {
+		frames = append(frames, frame(60, byte(i)))
+	}
+	if n, err := a.WriteBatch(frames); n != len(frames) || err != nil {
+		t.Fatalf("WriteBatch = %d, %v; want every frame sent or dropped", n, err)
+	}
+	drops := a.Stats().SendDrops.Load()
+	if drops == 0 {
+		t.Fatal("no datagram dropped with a receiver that never reads")
+	}
+	bufs, sizes := makeBufs(64, port.MaxFrame)
+	n, err := b.ReadBatch(bufs, sizes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if uint64(n)+drops != uint64(len(frames)) {
+		t.Errorf("%d queued + %d dropped, want %d", n, drops, len(frames))
+	}
+	for i := 0; i < n; i++ {
+		if !bytes.Equal(bufs[i][:sizes[i]], frames[i]) {
+			t.Fatalf("queued datagram %d differs: the ones kept must be the first, in order", i)
+		}
 	}
 }
