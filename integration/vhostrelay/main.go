@@ -218,8 +218,13 @@ func run(sock, tapName, addr string, mtu, num, rxBuf int, wait time.Duration, ts
 	case err = <-errc:
 	case <-sig:
 	}
+	// One pair keeps the line TestVhostRelay parses; more name their pair.
 	for _, r := range rs {
-		fmt.Fprintf(os.Stderr, "vhostrelay: pair %d: %v\n", r.pair, &r.c)
+		if len(rs) == 1 {
+			fmt.Fprintf(os.Stderr, "vhostrelay: %v\n", &r.c)
+		} else {
+			fmt.Fprintf(os.Stderr, "vhostrelay: pair %d: %v\n", r.pair, &r.c)
+		}
 	}
 	return err
 }
