@@ -16,7 +16,11 @@
 // side, the bench front-end (integration/vhostrelay): it maps its own memfd guest RAM,
 // connects to tapgro's socket as QEMU would and relays between the rings and a TAP of
 // its own, so GSO frames cross whole both ways; two processes and two TAP copies, as
-// the two-thread relay, which is its ceiling.
+// the two-thread relay, which is its ceiling. Its variants: "guest TSO off" (the
+// front-end's TAP without TSO, so the TX ring carries MTU segments; tapgro's GRO on vs
+// off, guest -> host), "TAP offloads off" (tapgro --offload off, so its TAP hands MTU
+// frames; RSC, switched by --gro, on vs off, host -> guest) and "2 queue pairs" (tapgro
+// queues=2 and the front-end with two pairs and a two-queue TAP; see the 4-stream table).
 // The guest side is emulated the way the issue asks: its TAP keeps TSO on and its tapgro
 // segments in software, so the stream carries exactly the MTU frames a QEMU guest behind
 // -netdev stream would send, without a per-frame TAP read capping the sender.
@@ -75,6 +79,21 @@ var cases = []caseDef{
 	{gsoRelayRow, kindGSORelay, nil},
 	{gsoSplitRow, kindGSORelay, []string{"-split"}},
 	{vhostUserRow, kindVhostUser, nil},
+	// Guest TSO off: the front-end's TAP reads MTU frames (CSUM only) and puts them on
+	// the TX ring as MTU segments, HOST_TSO4/6 still acked (a Linux guest after ethtool
+	// -K tso off); tapgro's GRO toward its TAP coalesces them or (off) writes each one.
+	// Guest -> host is the direction it changes.
+	{vhostGuestTSOOffGROOn, kindVhostUser, []string{"--gro", "on"}},
+	{vhostGuestTSOOffGROOff, kindVhostUser, []string{"--gro", "off"}},
+	// TAP offloads off: tapgro's TAP reads MTU frames; RSC (--gro on) coalesces them
+	// into GSO packets in the guest's buffers, or (off) each goes in as it came, and
+	// the front-end writes what it gets to its TAP as is. Host -> guest is the direction.
+	{vhostTAPOffRSCOn, kindVhostUser, []string{"--offload", "off", "--gro", "on"}},
+	{vhostTAPOffRSCOff, kindVhostUser, []string{"--offload", "off", "--gro", "off"}},
+	// Two queue pairs on both sides (tapgro queues=2, front-end -queues 2, its TAP
+	// multi-queue); compare with the plain row in the 4-stream table, where the kernel
+	// spreads the flows over the queues.
+	{vhostTwoQueues, kindVhostUser, nil},
 }
 
 // vnetRow joins the two tapgro with the vnet-hdr=on stream (tapgro to tapgro only):
@@ -87,10 +106,25 @@ const (
 	gsoRelayRow   = "TAP-to-TAP relay, one process, GSO passthrough (no socket)"
 	gsoSplitRow   = "TAP-to-TAP relay, reader and writer threads (no socket)"
 	vhostUserRow  = "tapgro vhost-user (bench front-end relaying to a TAP)"
+
+	vhostGuestTSOOffGROOn  = "tapgro vhost-user, guest TSO off, GRO on"
+	vhostGuestTSOOffGROOff = "tapgro vhost-user, guest TSO off, GRO off"
+	vhostTAPOffRSCOn       = "tapgro vhost-user, TAP offloads off, RSC on"
+	vhostTAPOffRSCOff      = "tapgro vhost-user, TAP offloads off, RSC off"
+	vhostTwoQueues         = "tapgro vhost-user, 2 queue pairs"
 )
 
-// netdevSuffix is appended to both tapgro --netdev specs of a row.
-var netdevSuffix = map[string]string{vnetRow: ",vnet-hdr=on", vnetSocketRow: ",vnet-hdr=on,shm=off"}
+// netdevSuffix is appended to both tapgro --netdev specs of a row (vhost-user rows: to
+// the one tapgro's).
+var netdevSuffix = map[string]string{vnetRow: ",vnet-hdr=on", vnetSocketRow: ",vnet-hdr=on,shm=off", vhostTwoQueues: ",queues=2"}
+
+// frontEndArgs are a vhost-user row's extra bench front-end (vhostrelay) flags; its
+// args are tapgro's.
+var frontEndArgs = map[string][]string{
+	vhostGuestTSOOffGROOn:  {"-tso=false"},
+	vhostGuestTSOOffGROOff: {"-tso=false"},
+	vhostTwoQueues:         {"-queues", "2"},
+}
 
 type testDef struct {
 	name  string
@@ -388,9 +422,9 @@ func (b *bench) setup(c caseDef) error {
 		// socket (tapgro binds it once tg0 is up) and connects.
 		vsock := filepath.Join(b.work, "vu.sock")
 		os.Remove(vsock)
-		b.start("host", b.nsHost, b.tapgro, "--tap", "tg0", "--mtu", mtu, "--addr", "198.18.0.1/24", "--log-level", "warn",
-			"--netdev", "vhost-user,path="+vsock)
-		b.start("guest", b.nsGuest, b.vhostrelay, append([]string{"-connect", vsock, "-tap", "vr0", "-addr", "198.18.0.2/24", "-mtu", mtu}, c.args...)...)
+		b.start("host", b.nsHost, b.tapgro, append([]string{"--tap", "tg0", "--mtu", mtu, "--addr", "198.18.0.1/24", "--log-level", "warn",
+			"--netdev", "vhost-user,path=" + vsock + netdevSuffix[c.name]}, c.args...)...)
+		b.start("guest", b.nsGuest, b.vhostrelay, append([]string{"-connect", vsock, "-tap", "vr0", "-addr", "198.18.0.2/24", "-mtu", mtu}, frontEndArgs[c.name]...)...)
 	}
 	deadline := time.Now().Add(15 * time.Second)
 	for exec.Command("ip", "netns", "exec", b.nsGuest, "ping", "-c", "1", "-W", "1", "198.18.0.1").Run() != nil {
@@ -603,12 +637,19 @@ func (b *bench) report(path, pngPath string, sel []caseDef, tests []testDef, dir
 	fmt.Fprintf(&w, "latency:        ping -q -c 200 -i 0.005 DST            (mean RTT)\n")
 	fmt.Fprintf(&w, "```\n\nRow flags:\n\n")
 	for _, c := range sel {
-		if c.kind == kindTapgro {
+		switch {
+		case c.kind == kindTapgro:
 			flags := strings.Join(c.args, " ")
 			if sfx := netdevSuffix[c.name]; sfx != "" {
 				flags = strings.TrimSpace(flags + " --netdev ...,addr.path=S" + sfx)
 			}
 			fmt.Fprintf(&w, "- %s: `%s`\n", c.name, flags)
+		case c.kind == kindVhostUser && (len(c.args) > 0 || len(frontEndArgs[c.name]) > 0 || netdevSuffix[c.name] != ""):
+			tg := strings.Join(c.args, " ")
+			if sfx := netdevSuffix[c.name]; sfx != "" {
+				tg = strings.TrimSpace(tg + " --netdev vhost-user,path=V" + sfx)
+			}
+			fmt.Fprintf(&w, "- %s: tapgro `%s`, vhostrelay `%s`\n", c.name, tg, strings.Join(frontEndArgs[c.name], " "))
 		}
 	}
 	if err := os.WriteFile(path, w.Bytes(), 0o644); err != nil {

@@ -29,7 +29,21 @@
 // EVENT_IDX: used_event is written only before sleeping (virtqueue_enable_cb_prepare),
 // so while a loop keeps up, tapgro never calls.
 //
-// Usage: vhostrelay -connect SOCK -tap NAME -addr CIDR [-mtu N] [-num 256] [-rx-buf 4096]
+// With -tso=false our TAP's read offloads are CSUM only, so the kernel hands us MTU
+// frames and the TX ring carries MTU segments, as from a Linux guest after
+// `ethtool -K eth0 tso off`: such a guest keeps its acked HOST_TSO4/6 (TSO is a netdev
+// feature the core applies, and virtio_net's ndo_set_features, virtnet_set_features in
+// drivers/net/virtio_net.c, acts only on the guest-side offloads and RXHASH; the acked
+// virtio features change only at a device reset), so we keep them too, and tapgro's
+// GRO toward its TAP is what can make GSO packets of them again.
+//
+// With -queues N we ack VIRTIO_NET_F_MQ, set up N queue pairs and open our TAP with N
+// queues (IFF_MULTI_QUEUE): pair i relays with TAP queue i, one goroutine per direction
+// per pair, as a Linux guest runs one NAPI and one TX queue per pair; the kernel picks
+// a TAP queue per flow (drivers/net/tun.c tun_select_queue), and tapgro's worker of the
+// pair does the same on its side.
+//
+// Usage: vhostrelay -connect SOCK -tap NAME -addr CIDR [-mtu N] [-num 256] [-rx-buf 4096] [-tso=false] [-queues N]
 package main
 
 import (
@@ -76,8 +90,10 @@ func main() {
 	num := flag.Int("num", 256, "ring size (QEMU's default rx/tx_queue_size is 256)")
 	rxBuf := flag.Int("rx-buf", 4096, "bytes per RX buffer (one descriptor per chain); Linux's mergeable buffers are at most a page")
 	wait := flag.Duration("wait", 10*time.Second, "how long to wait for the socket to appear")
+	tso := flag.Bool("tso", true, "TSO4/6 in our TAP's read offloads; false: CSUM only, MTU segments on the TX ring (a guest with tso off), HOST_TSO4/6 still acked")
+	queues := flag.Int("queues", 1, "queue pairs (acks MQ when > 1; tapgro needs queues=N or more) and TAP queues")
 	flag.Parse()
-	if err := run(*sock, *tapName, *addr, *mtu, *num, *rxBuf, *wait); err != nil {
+	if err := run(*sock, *tapName, *addr, *mtu, *num, *rxBuf, *wait, *tso, *queues); err != nil {
 		fmt.Fprintln(os.Stderr, "vhostrelay:", err)
 		os.Exit(1)
 	}
@@ -112,7 +128,7 @@ func (c *counters) String() string {
 		c.kicksRX.Load(), c.kicksTX.Load(), c.sleepsRX.Load(), c.sleepsTX.Load(), c.txRingFull.Load())
 }
 
-func run(sock, tapName, addr string, mtu, num, rxBuf int, wait time.Duration) error {
+func run(sock, tapName, addr string, mtu, num, rxBuf int, wait time.Duration, tso bool, queues int) error {
 	if sock == "" || addr == "" {
 		return errors.New("-connect and -addr are required")
 	}
@@ -126,10 +142,16 @@ func run(sock, tapName, addr string, mtu, num, rxBuf int, wait time.Duration) er
 	if num < 2 || num > 32768 || num&(num-1) != 0 {
 		return fmt.Errorf("-num %d: want a power of two up to 32768 (virtio spec \"Virtqueues\")", num)
 	}
-	tap, err := tapdev.Open(tapdev.Config{Name: tapName, VnetHdrLen: hdrLen})
+	if queues < 1 || queues > 0x8000 {
+		return fmt.Errorf("-queues %d: want 1..32768 (virtio spec \"Device configuration layout\", max_virtqueue_pairs)", queues)
+	}
+	// One TAP queue per pair; the header length and offloads are device-wide, set once
+	// below through the first queue (tapdev.OpenQueues).
+	taps, err := tapdev.OpenQueues(tapdev.Config{Name: tapName, VnetHdrLen: hdrLen}, queues)
 	if err != nil {
 		return err
 	}
+	tap := taps[0]
 	if err := tap.ConfigureLink(tapdev.LinkConfig{MTU: mtu, Addrs: []netip.Prefix{pfx}, Up: true}); err != nil {
 		return err
 	}
@@ -144,8 +166,15 @@ func run(sock, tapName, addr string, mtu, num, rxBuf int, wait time.Duration) er
 	}
 	// Guest RAM: both rings' slots (slotSize each) plus the rings and the layout's
 	// first 1 MiB, with room to spare.
-	mem := uint64(2*num*slotSize) + 16<<20
-	s := vhostusertest.Dial(progTB{}, sock, vhostusertest.Options{Ack: ackWanted, Num: num, MemSize: mem, TXSlot: slotSize, RXSlot: slotSize})
+	mem := uint64(2*queues*num*slotSize) + 16<<20
+	ack := uint64(ackWanted)
+	if queues > 1 {
+		// A multiqueue guest acks MQ (virtio spec "Automatic receive steering in
+		// multiqueue mode"); with vhost-user the front-end enables the pairs with
+		// SET_VRING_ENABLE, which the double sends for every ring.
+		ack |= 1 << vhostuser.FeatureNetMQ
+	}
+	s := vhostusertest.Dial(progTB{}, sock, vhostusertest.Options{Ack: ack, Pairs: queues, Num: num, MemSize: mem, TXSlot: slotSize, RXSlot: slotSize})
 	for _, b := range []uint{vhostuser.FeatureVersion1, vhostuser.FeatureEventIdx} {
 		if !s.Has(b) {
 			return fmt.Errorf("tapgro did not offer virtio feature %d (offered %#x); the relay needs VERSION_1 and EVENT_IDX", b, s.Offered)
@@ -156,10 +185,10 @@ func run(sock, tapName, addr string, mtu, num, rxBuf int, wait time.Duration) er
 	var want vnethdr.Offloads
 	if s.Has(vhostnet.FeatureCsum) {
 		want |= vnethdr.OffloadCSUM
-		if s.Has(vhostnet.FeatureHostTSO4) {
+		if tso && s.Has(vhostnet.FeatureHostTSO4) {
 			want |= vnethdr.OffloadTSO4
 		}
-		if s.Has(vhostnet.FeatureHostTSO6) {
+		if tso && s.Has(vhostnet.FeatureHostTSO6) {
 			want |= vnethdr.OffloadTSO6
 		}
 	}
@@ -167,13 +196,21 @@ func run(sock, tapName, addr string, mtu, num, rxBuf int, wait time.Duration) er
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(os.Stderr, "vhostrelay: %s on %s: acked %#x of %#x, TAP offloads %s, ring %d, RX buffers %d B\n",
-		tap.Name(), sock, s.Acked, s.Offered, eff, num, rxBuf)
+	if queues > 1 && !s.Has(vhostuser.FeatureNetMQ) {
+		return fmt.Errorf("-queues %d: tapgro did not offer MQ (offered %#x)", queues, s.Offered)
+	}
+	fmt.Fprintf(os.Stderr, "vhostrelay: %s on %s: acked %#x of %#x, TAP offloads %s, %d queue pair(s), ring %d, RX buffers %d B\n",
+		tap.Name(), sock, s.Acked, s.Offered, eff, queues, num, rxBuf)
 
-	r := &relay{s: s, tap: tap, mrg: s.Has(vhostuser.FeatureNetMrgRxbuf)}
-	errc := make(chan error, 3)
-	go func() { errc <- r.guestRX(rxBuf) }()
-	go func() { errc <- r.guestTX() }()
+	// Counters per pair, so that goroutines of different pairs share no cache lines.
+	rs := make([]*relay, queues)
+	errc := make(chan error, 2*queues+1)
+	for p := range rs {
+		r := &relay{s: s, tap: taps[p], pair: p, mrg: s.Has(vhostuser.FeatureNetMrgRxbuf)}
+		rs[p] = r
+		go func() { errc <- r.guestRX(rxBuf) }()
+		go func() { errc <- r.guestTX() }()
+	}
 	go func() { errc <- watch(s.FE.FD) }()
 	sig := make(chan os.Signal, 1)
 	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)
@@ -181,7 +218,14 @@ func run(sock, tapName, addr string, mtu, num, rxBuf int, wait time.Duration) er
 	case err = <-errc:
 	case <-sig:
 	}
-	fmt.Fprintf(os.Stderr, "vhostrelay: %v\n", &r.c)
+	// One pair keeps the line TestVhostRelay parses; more name their pair.
+	for _, r := range rs {
+		if len(rs) == 1 {
+			fmt.Fprintf(os.Stderr, "vhostrelay: %v\n", &r.c)
+		} else {
+			fmt.Fprintf(os.Stderr, "vhostrelay: pair %d: %v\n", r.pair, &r.c)
+		}
+	}
 	return err
 }
 
@@ -206,10 +250,11 @@ func watch(fd int) error {
 }
 
 type relay struct {
-	s   *vhostusertest.Session
-	tap *tapdev.Device
-	mrg bool
-	c   counters
+	s    *vhostusertest.Session
+	tap  *tapdev.Device // this pair's TAP queue
+	pair int
+	mrg  bool
+	c    counters
 }
 
 // fenceWord is touched by fence only.
@@ -253,7 +298,7 @@ func (c *caller) sleepUntilUsed(ring *vhostusertest.Ring, seen uint16) error {
 
 // guestRX moves what tapgro put in the RX ring to our TAP and reposts the buffers.
 func (r *relay) guestRX(bufLen int) error {
-	ring := r.s.RX(0)
+	ring := r.s.RX(r.pair)
 	call, err := newCaller(ring)
 	if err != nil {
 		return err
@@ -341,7 +386,7 @@ func (r *relay) guestRX(bufLen int) error {
 
 // guestTX reads our TAP into TX chains for tapgro.
 func (r *relay) guestTX() error {
-	ring := r.s.TX(0)
+	ring := r.s.TX(r.pair)
 	call, err := newCaller(ring)
 	if err != nil {
 		return err
