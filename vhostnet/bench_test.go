@@ -140,8 +140,8 @@ func BenchmarkTXGRO(b *testing.B) {
 // BenchmarkRXRSC: the TAP's offloads capped to none (--offload off), a packet socket
 // injects 64 MTU TCP segments of one flow through the TAP per round, and the guest
 // (GUEST_TSO4, 4 KiB mergeable buffers) receives them coalesced. Per TAP frame, the
-// injection's system calls included, and the test's own allocations (unix.Sendto's
-// sockaddr, the double's PostRX slice): the datapath allocates nothing in steady state.
+// injection's system calls included, and the test's own allocations (the double's
+// PostRX slice, once per round): the datapath allocates nothing in steady state.
 func BenchmarkRXRSC(b *testing.B) {
 	off := vnethdr.Choice{}
 	e := newEnvCfg(b, vhostusertest.Options{}, Config{GRO: true, Offload: &off})

@@ -158,8 +158,10 @@ func (e *env) recvTAP(buf []byte) ([]byte, error) {
 // injectTAP transmits frame through the TAP (kernel → TAP → Net's RX).
 func (e *env) injectTAP(frame []byte) error {
 	for {
-		err := unix.Sendto(e.ps, frame, 0, &unix.SockaddrLinklayer{Ifindex: e.ifx, Halen: 6,
-			Addr: [8]byte{frame[0], frame[1], frame[2], frame[3], frame[4], frame[5]}})
+		// The socket is bound to the TAP, so a plain write sends there (net/packet/af_packet.c
+		// packet_snd takes the bound ifindex when no address is given), and allocates
+		// nothing, unlike Sendto's sockaddr conversion.
+		_, err := unix.Write(e.ps, frame)
 		if errors.Is(err, unix.ENOBUFS) || errors.Is(err, unix.EAGAIN) {
 			time.Sleep(100 * time.Microsecond)
 			continue
