@@ -110,10 +110,11 @@
 // the guest's own GSO frames, ACKs, non-TCP — has its flow's held aggregate written
 // first and is then written from guest memory as before, so a flow's frames never
 // overtake each other. Aggregates are flushed before End at the end of each TX batch
-// (--gro-flush batch), or, with --gro-flush timer, once older than --rsc-interval: the
-// worker then sleeps at most until the oldest is due instead of waiting for a kick, so
-// nothing is held while it sleeps indefinitely, and what is held when the ring stops
-// is written before the worker ends. The engine's header is 12 bytes whatever the
+// (--gro-flush batch); with --gro-flush timer, a batch that ended on its budget (more
+// chains wait) keeps what is younger than --rsc-interval for the next batch to extend,
+// and a batch after which the worker will wait (ring empty, TAP full) flushes
+// everything: nothing is ever held while the worker sleeps, and what is held when the
+// ring stops is written before the worker ends. The engine's header is 12 bytes whatever the
 // session's; each packet's header is re-encoded for the TAP's length in effect. UDP is
 // not coalesced (UDP_L4 on write needs the TAP's USO bits, which follow the guest's
 // receive acks here).

@@ -115,24 +115,21 @@ func (g *txGRO) emit(pkt []byte) {
 	}
 }
 
-// endBatch applies the flush policy at the end of a TX batch (under the read lock):
-// batch mode flushes everything; timer mode flushes what is older than the interval. It
-// returns how long the worker may sleep before it must look again (0: nothing held,
-// wait for a kick as usual). The worker never blocks on a kick while the engine holds
-// data: a guest that has sent its last segment and waits for the ACK would otherwise
-// never get one.
-func (g *txGRO) endBatch() time.Duration {
-	if !g.timer {
+// endBatch applies the flush policy at the end of a TX batch (under the read lock).
+// idle says the worker is about to wait (the ring is empty, or the TAP is full): then
+// everything held is written, since nothing is held while the worker sleeps — a guest
+// that sent its last segment and waits for the ACK would otherwise stall, and Go's
+// timers are too coarse (netpoll waits in milliseconds) to wake a worker for a 50 µs
+// deadline without losing the kicks that arrive meanwhile. A batch that ended on its
+// budget is followed at once by the next one: batch mode (--gro-flush batch) flushes
+// anyway, timer mode keeps what is younger than --rsc-interval so the next batch can
+// extend it, like the stream path's timer holding aggregates across reads.
+func (g *txGRO) endBatch(idle bool) {
+	if !g.timer || idle {
 		g.c.Flush()
-		return 0
+		return
 	}
-	now := time.Now().UnixNano()
-	g.c.FlushExpired(now, g.interval)
-	oldest, ok := g.c.Oldest()
-	if !ok {
-		return 0
-	}
-	return time.Duration(max(oldest+g.interval-now, 1))
+	g.c.FlushExpired(time.Now().UnixNano(), g.interval)
 }
 
 // flushAll emits everything held (the worker is ending).

@@ -47,11 +47,8 @@ func (n *Net) txLoop(w *worker) {
 		gro: n.newTXGRO(w.q),
 	}
 	defer st.gro.flushAll() // what timer mode holds goes out before the worker ends
-	var hold time.Duration  // the engine holds data: look again after this, not at a kick
 	for !w.stop.Load() {
-		if hold > 0 {
-			time.Sleep(hold)
-		} else if err := v.Wait(); err != nil {
+		if err := v.Wait(); err != nil {
 			return
 		}
 		ringHL := v.HdrLen()
@@ -60,11 +57,12 @@ func (n *Net) txLoop(w *worker) {
 			n.mu.RUnlock()
 			return
 		}
-		blocked := false
+		blocked, empty := false, false
 		for range txBudget {
 			c, err := v.Pop(st.iov)
 			if err != nil {
-				break // ErrEmpty; a broken ring makes the next Wait fail
+				empty = true // ErrEmpty; a broken ring makes the next Wait fail
+				break
 			}
 			if !v.Enabled() {
 				n.stats.Drops[DropTXDisabled].Add(1)
@@ -80,10 +78,9 @@ func (n *Net) txLoop(w *worker) {
 			v.Push(c.Head, 0)
 		}
 		if st.gro != nil {
-			// Before End: in batch mode the aggregates are written before the guest
-			// sees its chains used, as if each segment had been; timer mode may hold
-			// them, for --rsc-interval at most.
-			hold = st.gro.endBatch()
+			// Before End: the aggregates are written before the guest sees its chains
+			// used, as if each segment had been (endBatch says when).
+			st.gro.endBatch(empty || blocked)
 		}
 		v.End()
 		n.mu.RUnlock()
