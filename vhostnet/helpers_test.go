@@ -64,46 +64,7 @@ func newEnvCfg(t testing.TB, o vhostusertest.Options, cfg Config) *env {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { e.tap.Close() })
-	if err := e.tap.ConfigureLink(tapdev.LinkConfig{MTU: tapdev.MaxMTU, TxQueueLen: 1000,
-		Addrs: []netip.Prefix{tapPfx}, Up: true}); err != nil {
-		t.Fatal(err)
-	}
-	// Until linkwatch attaches the real qdisc (asynchronously, after carrier), frames
-	// sent through the TAP go to noop_qdisc and are dropped: wait for it.
-	for deadline := time.Now().Add(5 * time.Second); ; {
-		out := ns.MustRun(t, "ip", "link", "show", "dev", tapName)
-		if !bytes.Contains(out, []byte("qdisc noop")) {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s keeps noop qdisc: %s", tapName, out)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-	if err := ns.Do(func() error {
-		ifc, err := net.InterfaceByName(tapName)
-		if err != nil {
-			return err
-		}
-		e.mac, e.ifx = ifc.HardwareAddr, ifc.Index
-		fd, err := unix.Socket(unix.AF_PACKET, unix.SOCK_RAW|unix.SOCK_CLOEXEC, int(htons(unix.ETH_P_ALL)))
-		if err != nil {
-			return err
-		}
-		e.ps = fd
-		unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, 64<<20)
-		unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_SNDBUFFORCE, 16<<20)
-		tv := unix.Timeval{Sec: 5}
-		unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv)
-		return unix.Bind(fd, &unix.SockaddrLinklayer{Protocol: htons(unix.ETH_P_ALL), Ifindex: e.ifx})
-	}); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if e.ps >= 0 {
-			unix.Close(e.ps)
-		}
-	})
+	e.attach(tapName)
 	cfg.TAP, cfg.Logf = e.tap, t.Logf
 	n, err := New(cfg)
 	if err != nil {
@@ -246,4 +207,51 @@ func (e *env) stats() map[string]uint64 {
 		}
 	}
 	return m
+}
+
+// attach brings e.tap (named name) up with the test address, waits for its real qdisc,
+// and binds e.ps, a packet socket, to it.
+func (e *env) attach(name string) {
+	t := e.t
+	t.Helper()
+	if err := e.tap.ConfigureLink(tapdev.LinkConfig{MTU: tapdev.MaxMTU, TxQueueLen: 1000,
+		Addrs: []netip.Prefix{tapPfx}, Up: true}); err != nil {
+		t.Fatal(err)
+	}
+	// Until linkwatch attaches the real qdisc (asynchronously, after carrier), frames
+	// sent through the TAP go to noop_qdisc and are dropped: wait for it.
+	for deadline := time.Now().Add(5 * time.Second); ; {
+		out := e.ns.MustRun(t, "ip", "link", "show", "dev", name)
+		if !bytes.Contains(out, []byte("qdisc noop")) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s keeps noop qdisc: %s", name, out)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if err := e.ns.Do(func() error {
+		ifc, err := net.InterfaceByName(name)
+		if err != nil {
+			return err
+		}
+		e.mac, e.ifx = ifc.HardwareAddr, ifc.Index
+		fd, err := unix.Socket(unix.AF_PACKET, unix.SOCK_RAW|unix.SOCK_CLOEXEC, int(htons(unix.ETH_P_ALL)))
+		if err != nil {
+			return err
+		}
+		e.ps = fd
+		unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, 64<<20)
+		unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_SNDBUFFORCE, 16<<20)
+		tv := unix.Timeval{Sec: 5}
+		unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv)
+		return unix.Bind(fd, &unix.SockaddrLinklayer{Protocol: htons(unix.ETH_P_ALL), Ifindex: e.ifx})
+	}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if e.ps >= 0 {
+			unix.Close(e.ps)
+		}
+	})
 }

@@ -6,7 +6,6 @@ import (
 	"bytes"
 	"encoding/binary"
 	"net"
-	"net/netip"
 	"testing"
 	"time"
 
@@ -41,39 +40,7 @@ func newMQEnv(t *testing.T, pairs int) *env {
 		}
 	})
 	e.tap = qs[0]
-	if err := e.tap.ConfigureLink(tapdev.LinkConfig{MTU: tapdev.MaxMTU, TxQueueLen: 1000,
-		Addrs: []netip.Prefix{tapPfx}, Up: true}); err != nil {
-		t.Fatal(err)
-	}
-	for deadline := time.Now().Add(5 * time.Second); ; {
-		out := ns.MustRun(t, "ip", "link", "show", "dev", mqTap)
-		if !bytes.Contains(out, []byte("qdisc noop")) {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s keeps noop qdisc: %s", mqTap, out)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-	if err := ns.Do(func() error {
-		ifc, err := net.InterfaceByName(mqTap)
-		if err != nil {
-			return err
-		}
-		e.mac, e.ifx = ifc.HardwareAddr, ifc.Index
-		fd, err := unix.Socket(unix.AF_PACKET, unix.SOCK_RAW|unix.SOCK_CLOEXEC, int(htons(unix.ETH_P_ALL)))
-		if err != nil {
-			return err
-		}
-		e.ps = fd
-		unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, 16<<20)
-		tv := unix.Timeval{Sec: 5}
-		unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv)
-		return unix.Bind(fd, &unix.SockaddrLinklayer{Protocol: htons(unix.ETH_P_ALL), Ifindex: e.ifx})
-	}); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { unix.Close(e.ps) })
+	e.attach(mqTap)
 	n, err := New(Config{TAPs: qs, Logf: t.Logf})
 	if err != nil {
 		t.Fatal(err)
