@@ -249,6 +249,43 @@ nc -l -p %[6]d </dev/null >/dev/null
 `, hostIP4, hostIP6, size/(64<<10), guestUp, guestDown, guestGo, extra)
 }
 
+// check compares what the host's ends of the transfers saw with the SHA-256 sums the
+// guest printed (GUEST-UP-SHA, GUEST-DOWN-SHA) for size-byte files.
+func (files *guestFiles) check(t *testing.T, console string, size int) {
+	t.Helper()
+	files.checkUp(t, console, size)
+	if m := guestDownRe.FindStringSubmatch(console); m == nil || m[1] != files.downSum {
+		t.Errorf("host->guest file: guest says sha256 %v; host sent %d bytes sha256 %s", m, files.downSize, files.downSum)
+	} else {
+		select {
+		case d := <-files.downTook:
+			t.Logf("host->guest file: %d MiB, sha256 matches; host source %v", size>>20, d.Round(time.Millisecond))
+		default:
+		}
+	}
+}
+
+// checkUp is check's guest → host half.
+func (files *guestFiles) checkUp(t *testing.T, console string, size int) {
+	t.Helper()
+	select {
+	case r := <-files.up:
+		want := guestUpRe.FindStringSubmatch(console)
+		switch {
+		case r.err != nil:
+			t.Errorf("guest->host file: %v after %d bytes", r.err, r.n)
+		case want == nil:
+			t.Errorf("guest printed no GUEST-UP-SHA")
+		case r.n != int64(size) || r.sum != want[1]:
+			t.Errorf("guest->host file: host got %d bytes sha256 %s; guest sent %d bytes sha256 %s", r.n, r.sum, size, want[1])
+		default:
+			t.Logf("guest->host file: %d MiB, sha256 matches; host sink %v", size>>20, r.took.Round(time.Millisecond))
+		}
+	case <-time.After(10 * time.Second):
+		t.Errorf("guest->host file: host sink never finished")
+	}
+}
+
 // releaseGuest connects to the guest's nc -l on guestGo and closes: the guest carries on.
 func releaseGuest(t *testing.T, ns *netnstest.NS) {
 	t.Helper()
@@ -295,31 +332,7 @@ func runFullGuest(t *testing.T, s *qemuSetup, netdev string, mtu int) string {
 	for _, m := range iperfSummaryRe.FindAllString(console, -1) {
 		t.Logf("guest iperf3: %s", strings.TrimSpace(m))
 	}
-	select {
-	case r := <-files.up:
-		want := guestUpRe.FindStringSubmatch(console)
-		switch {
-		case r.err != nil:
-			t.Errorf("guest->host file: %v after %d bytes", r.err, r.n)
-		case want == nil:
-			t.Errorf("guest printed no GUEST-UP-SHA")
-		case r.n != int64(size) || r.sum != want[1]:
-			t.Errorf("guest->host file: host got %d bytes sha256 %s; guest sent %d bytes sha256 %s", r.n, r.sum, size, want[1])
-		default:
-			t.Logf("guest->host file: %d MiB, sha256 matches; host sink %v", size>>20, r.took.Round(time.Millisecond))
-		}
-	case <-time.After(10 * time.Second):
-		t.Errorf("guest->host file: host sink never finished")
-	}
-	if m := guestDownRe.FindStringSubmatch(console); m == nil || m[1] != files.downSum {
-		t.Errorf("host->guest file: guest says sha256 %v; host sent %d bytes sha256 %s", m, files.downSize, files.downSum)
-	} else {
-		select {
-		case d := <-files.downTook:
-			t.Logf("host->guest file: %d MiB, sha256 matches; host source %v", size>>20, d.Round(time.Millisecond))
-		default:
-		}
-	}
+	files.check(t, console, size)
 	// The guest's clock around the file phase: what the transfers cost it, dd and
 	// sha256sum included (under TCG these, not the network, take the time).
 	clock := map[string]float64{}

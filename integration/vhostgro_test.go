@@ -61,7 +61,7 @@ nc %[1]s %[3]d <up
 		if !strings.Contains(console, "tcp-segmentation-offload: off") {
 			t.Errorf("the guest's TSO is not off:\n%s", console)
 		}
-		checkUpFile(t, files, console)
+		files.checkUp(t, console, guestFile)
 		c := scrape(t, s.ns, metricsAddr).pick(t, mGROSegments, mGROPackets, mGROGSOPackets, mVhostTXPassGSO)
 		s.tg.stop()
 		line := vhostExitRe.FindString(s.tg.out.String())
@@ -120,25 +120,6 @@ echo "GUEST-DOWN-SHA=$(nc %[1]s %[2]d </dev/null | sha256sum | cut -d' ' -f1)"
 		}
 		t.Logf("%.1f segments per packet toward the guest", c[mVhostRSCSegments]/c[mVhostRSCPackets])
 	})
-}
-
-// checkUpFile checks the guest → host file against the hash the guest printed.
-func checkUpFile(t *testing.T, files *guestFiles, console string) {
-	t.Helper()
-	select {
-	case r := <-files.up:
-		want := guestUpRe.FindStringSubmatch(console)
-		switch {
-		case r.err != nil:
-			t.Errorf("guest->host file: %v after %d bytes", r.err, r.n)
-		case want == nil:
-			t.Errorf("guest printed no GUEST-UP-SHA")
-		case r.n != guestFile || r.sum != want[1]:
-			t.Errorf("guest->host file: host got %d bytes sha256 %s; guest sent %d bytes sha256 %s", r.n, r.sum, guestFile, want[1])
-		}
-	case <-time.After(10 * time.Second):
-		t.Errorf("guest->host file: host sink never finished")
-	}
 }
 
 // guestHasFeature finds the guest's /sys/class/net/eth0/device/features line (a string

@@ -163,23 +163,7 @@ func TestQEMUVhostMQ(t *testing.T) {
 	for _, line := range iperfSummaryRe.FindAllString(console, -1) {
 		t.Logf("guest iperf3: %s", strings.TrimSpace(line))
 	}
-	select {
-	case r := <-files.up:
-		want := guestUpRe.FindStringSubmatch(console)
-		switch {
-		case r.err != nil:
-			t.Errorf("guest->host file: %v after %d bytes", r.err, r.n)
-		case want == nil:
-			t.Errorf("guest printed no GUEST-UP-SHA")
-		case r.n != guestFile || r.sum != want[1]:
-			t.Errorf("guest->host file: host got %d bytes sha256 %s; guest sent %d bytes sha256 %s", r.n, r.sum, guestFile, want[1])
-		}
-	case <-time.After(10 * time.Second):
-		t.Errorf("guest->host file: host sink never finished")
-	}
-	if mm := guestDownRe.FindStringSubmatch(console); mm == nil || mm[1] != files.downSum {
-		t.Errorf("host->guest file: guest says sha256 %v; host sent %d bytes sha256 %s", mm, files.downSize, files.downSum)
-	}
+	files.check(t, console, guestFile)
 	m = scrape(t, s.ns, metricsAddr)
 	for q := 0; q < 2; q++ {
 		t.Logf("pair %d: frames port_to_tap %v tap_to_port %v, bytes port_to_tap %v tap_to_port %v", q,

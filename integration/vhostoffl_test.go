@@ -81,18 +81,7 @@ echo "GUEST-DOWN-SHA=$(nc %[1]s %[5]d </dev/null | sha256sum | cut -d' ' -f1)"
 	if n := len(iperfSummaryRe.FindAllString(console, -1)); n < 6 {
 		t.Errorf("%d iperf3 summary lines, want 6 (three runs): a run stalled or failed", n)
 	}
-	select {
-	case r := <-files.up:
-		want := guestUpRe.FindStringSubmatch(console)
-		if r.err != nil || want == nil || r.n != guestFile || r.sum != want[1] {
-			t.Errorf("guest->host file after the reload: host got %d bytes sha256 %s (err %v); guest sent %v", r.n, r.sum, r.err, want)
-		}
-	case <-time.After(10 * time.Second):
-		t.Errorf("guest->host file: the host sink never finished")
-	}
-	if m := guestDownRe.FindStringSubmatch(console); m == nil || m[1] != files.downSum {
-		t.Errorf("host->guest file after the reload: guest says %v, host sent sha256 %s", m, files.downSum)
-	}
+	files.check(t, console, guestFile) // after the driver reload
 	m := scrape(t, s.ns, metricsAddr)
 	if v := m.get(t, "tapgro_vhost_sessions_total"); v != 1 {
 		t.Errorf("tapgro_vhost_sessions_total = %v: the driver reload must stay within the session", v)
