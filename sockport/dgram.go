@@ -53,10 +53,10 @@ type DgramPort struct {
 	// once; a batch only fills in iovec bases and lengths.
 	wmsgs      [maxDgramBatch]unix.Mmsghdr
 	wiov       [2 * maxDgramBatch]unix.Iovec // two per message: wmsgs[i] uses wiov[2i:2i+2]
-	wIdx, wEnd int   // wmsgs[wIdx:wEnd] is still to be sent
-	wErr       error // errno that ended the current sendmmsg loop
-	wBlock     bool  // EAGAIN waits in the poller (true) or returns to send (false)
-	wAgain     bool  // the last writeFn run stopped on EAGAIN
+	wIdx, wEnd int                           // wmsgs[wIdx:wEnd] is still to be sent
+	wErr       error                         // errno that ended the current sendmmsg loop
+	wBlock     bool                          // EAGAIN waits in the poller (true) or returns to send (false)
+	wAgain     bool                          // the last writeFn run stopped on EAGAIN
 	writeFn    func(fd uintptr) bool
 	waiter     *writeWaiter
 	room       *sockRoom
