@@ -163,10 +163,12 @@ func newBridge(cfg bridgeConfig, tap tapIO) *bridge {
 func (b *bridge) frameCap() int { return b.cfg.vnetHdrLen + port.MaxFrame }
 
 // runTapToPort reads the TAP until it is closed. It returns nil on Close.
-func (b *bridge) runTapToPort() error {
-	p := newTapToPort(b)
+func (b *bridge) runTapToPort() error { return newTapToPort(b).run() }
+
+// run is the TAP→port loop: read a batch, stage and flush it, free its buffers.
+func (p *tapToPort) run() error {
 	for {
-		n, err := b.tap.ReadBatch(p.prepare(), p.sizes, 0)
+		n, err := p.b.tap.ReadBatch(p.prepare(), p.sizes, 0)
 		if n > 0 {
 			p.process(n)
 		}
