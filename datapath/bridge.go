@@ -184,10 +184,13 @@ func (p *tapToPort) run() error {
 }
 
 // tapToPort is the state of the TAP→port pipeline. Every frame for the port is staged
-// in the receive pool (rxpool): plain frames are copied in, GSO frames are split
-// straight into reserved pool buffers. The pool is flushed at the end of each TAP read
+// in the receive pool (rxpool) without copying its payload (package doc, "TAP→port
+// without a payload copy"): plain frames as views of the read buffer behind the port's
+// header, GSO frames as per-segment headers built in the pool's header slots followed by
+// payload slices of the read buffer. The pool is flushed at the end of each TAP read
 // batch, or earlier when it is full; when the port is full the flush waits for it in the
-// netpoller, so this goroutine stops reading the TAP until the peer catches up.
+// netpoller, so this goroutine stops reading the TAP until the peer catches up, and the
+// read buffers are free again only once the flush has returned with the pool empty.
 type tapToPort struct {
 	b     *bridge
 	bufs  [][]byte // the pipeline's own read buffers
