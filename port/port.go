@@ -75,8 +75,8 @@ type Port interface {
 }
 
 // BatchSender is what the TAP→port pool (package rxpool) needs of a Port to deliver in
-// batches without blocking. A Port that does not implement it is written to with
-// WriteBatch. It belongs to the goroutine that calls WriteBatch.
+// batches without blocking (with VecSender, without copying frames together first). A
+// Port that does not implement it is written to with WriteBatch. It belongs to the goroutine that calls WriteBatch.
 type BatchSender interface {
 	// TryWriteBatch is WriteBatch without waiting: it writes frames in order until the
 	// transport is full and then returns how many went out whole, with ErrWouldBlock. On

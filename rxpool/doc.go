@@ -1,7 +1,8 @@
 // Package rxpool is the receive-buffer pool of the TAP→port direction: every frame for
-// the peer (a guest's QEMU port) is staged in preallocated buffers and delivered in
-// batches, one system call for many frames, with backpressure instead of loss when the
-// peer falls behind.
+// the peer (a guest's QEMU port) is staged — copied into preallocated buffers, or, for
+// most frames, described as a vector of a header slot and memory the caller lends (see
+// Vectors) — and delivered in batches, one system call for many frames, with
+// backpressure instead of loss when the peer falls behind.
 //
 // # Buffers
 //
