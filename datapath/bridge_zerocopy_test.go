@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"math/rand/v2"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -71,9 +72,9 @@ func TestTapToPortBuffersNotReusedWhileStaged(t *testing.T) {
 	near, far, _ := statPair(t)
 	b.port.Store(newPortRef(near))
 	p := newTapToPort(b)
-	releases := 0
+	var releases atomic.Int64 // read by the test while the pipeline runs
 	p.onRelease = func(bufs [][]byte) {
-		releases++
+		releases.Add(1)
 		for _, buf := range bufs {
 			for i := range buf {
 				buf[i] = 0xee
@@ -144,8 +145,8 @@ func TestTapToPortBuffersNotReusedWhileStaged(t *testing.T) {
 			time.Sleep(time.Millisecond)
 		}
 	}
-	if releases == 0 || b.rxStats.Stalls.Load() == 0 || b.t2p.DropPortError.Load() != 0 {
-		t.Fatalf("releases %d, stalls %d, port-error drops %d", releases, b.rxStats.Stalls.Load(), b.t2p.DropPortError.Load())
+	if releases.Load() == 0 || b.rxStats.Stalls.Load() == 0 || b.t2p.DropPortError.Load() != 0 {
+		t.Fatalf("releases %d, stalls %d, port-error drops %d", releases.Load(), b.rxStats.Stalls.Load(), b.t2p.DropPortError.Load())
 	}
 }
 
