@@ -94,6 +94,9 @@ func (n *Net) rxLoop(w *worker) {
 				cw.WriteFrameV(time.Now(), segs, ringHL, k-ringHL)
 			}
 			used := v.CommitRX(k)
+			if n.perFrame {
+				v.Publish()
+			}
 			n.stats.RXFrames.Add(1)
 			n.stats.RXBytes.Add(uint64(k - ringHL))
 			w.q.stats.RXFrames.Add(1)

@@ -76,6 +76,10 @@ func (n *Net) txLoop(w *worker) {
 			}
 			// virtio spec "Packet Transmission": used.len is 0 for TX, nothing written.
 			v.Push(c.Head, 0)
+			if n.perFrame {
+				// What GRO holds is a copy: the chain is free for the guest.
+				v.Publish()
+			}
 		}
 		if st.gro != nil {
 			// Before End: the aggregates are written before the guest sees its chains
