@@ -150,6 +150,8 @@ type bench struct {
 	procs           []*exec.Cmd
 	relayPIDs       map[string]int // "host"/"guest" -> pid
 	selection       string         // the -cases/-tests/-qemu-cases flags given, for the report
+	self            string         // this binary, re-run as the ping-pong client
+	rr              []rrRow        // the QEMU ping-pong rows (-qemu-rr)
 	log             *bufio.Writer
 }
 
@@ -165,7 +167,16 @@ func main() {
 	withQEMU := flag.Bool("qemu", true, "add TCP rows for a real QEMU guest under TCG (needs qemu-system-x86_64)")
 	onlyQEMU := flag.String("qemu-cases", "", "comma-separated QEMU case numbers to run (default all, none)")
 	replot := flag.Bool("replot", false, "only redraw -png from the TCP 1-stream tables of an existing -out report")
+	withRR := flag.Bool("qemu-rr", true, "with the QEMU vhost-user rows: also 1-byte TCP ping-pong host -> guest (p50/p99)")
+	rrAddr := flag.String("rr-client", "", "internal: be the ping-pong client of ADDR")
+	rrN := flag.Int("rr-rounds", rrRounds, "internal: round trips for -rr-client")
 	flag.Parse()
+	if *rrAddr != "" {
+		if err := rrClient(*rrAddr, *rrN); err != nil {
+			fatal("%v", err)
+		}
+		return
+	}
 	if *replot {
 		if err := replotFrom(*out, *png); err != nil {
 			fatal("%v", err)
@@ -181,6 +192,9 @@ func main() {
 		}
 	}
 	var err error
+	if b.self, err = os.Executable(); err != nil {
+		fatal("%v", err)
+	}
 	if b.work, err = os.MkdirTemp("", "tapgro-benchtool-"); err != nil {
 		fatal("%v", err)
 	}
@@ -306,6 +320,22 @@ func main() {
 				}
 				res[tcp1][d.name][c.name] = r
 			}
+			if *withRR && c.kind == kindVhostUser {
+				r := rrRow{name: c.name}
+				for i := 0; i < b.reps && r.err == nil; i++ {
+					v, err := b.qemuRR(c, kernel, initrd)
+					if err != nil {
+						r.err = fmt.Errorf("run %d: %w", i+1, err)
+					}
+					r.rtts = append(r.rtts, v...)
+				}
+				if r.err != nil {
+					fmt.Fprintf(os.Stderr, "   %-38s FAILED: %v\n", "1-byte ping-pong", r.err)
+				} else {
+					fmt.Fprintf(os.Stderr, "   %-38s p50 %.0f µs, p99 %.0f µs\n", "1-byte ping-pong", r.pct(50), r.pct(99))
+				}
+				b.rr = append(b.rr, r)
+			}
 			sel = append(sel, c)
 		}
 	}
@@ -335,6 +365,27 @@ func pick[T any](flagName, list string, items []T) []T {
 		out = append(out, items[i])
 	}
 	return out
+}
+
+// rrRow is one QEMU case's ping-pong round trips, all runs together.
+type rrRow struct {
+	name string
+	rtts []float64 // µs
+	err  error
+}
+
+func (r *rrRow) pct(p float64) float64 {
+	v := append([]float64(nil), r.rtts...)
+	sort.Float64s(v)
+	return v[min(len(v)-1, int(float64(len(v))*p/100))]
+}
+
+func (r *rrRow) mean() float64 {
+	t := 0.0
+	for _, x := range r.rtts {
+		t += x
+	}
+	return t / float64(len(r.rtts))
 }
 
 // row is one case's measurements in one test and direction. A row that failed keeps
@@ -624,6 +675,19 @@ func (b *bench) report(path, pngPath string, sel []caseDef, tests []testDef, dir
 			}
 			fmt.Fprintln(&w)
 		}
+	}
+	if len(b.rr) > 0 {
+		fmt.Fprintf(&w, "## 1-byte TCP ping-pong, host -> QEMU guest (µs)\n\n")
+		fmt.Fprintf(&w, "%d runs (one guest boot each) of %d round trips after %d unmeasured, one outstanding at a time; the guest echoes with `nc -ll -e /bin/cat`.\n\n", b.reps, rrRounds, rrWarm)
+		fmt.Fprintf(&w, "| case | p50 | p90 | p99 | round trips/s (1/mean) |\n|---|---|---|---|---|\n")
+		for _, r := range b.rr {
+			if r.err != nil {
+				fmt.Fprintf(&w, "| %s | **failed**: %s | - | - | - |\n", r.name, strings.ReplaceAll(strings.SplitN(r.err.Error(), "\n", 2)[0], "|", "/"))
+				continue
+			}
+			fmt.Fprintf(&w, "| %s | %.0f | %.0f | %.0f | %.0f |\n", r.name, r.pct(50), r.pct(90), r.pct(99), 1e6/r.mean())
+		}
+		fmt.Fprintln(&w)
 	}
 	fmt.Fprintf(&w, "## Commands\n\n```\n")
 	fmt.Fprintf(&w, "tapgro (host):  ip netns exec HOST  tapgro --tap tg0 --mtu %d --addr 198.18.0.1/24 --netdev stream,server=on,addr.type=unix,addr.path=S [row flags]\n", b.mtu)
