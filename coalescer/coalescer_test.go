@@ -1211,6 +1211,27 @@ func TestTimer(t *testing.T) {
 	}
 }
 
+// TestFlushOneExpired: the one-at-a-time timer flush emits only an expired oldest
+// aggregate, one per call, counted as timer.
+func TestFlushOneExpired(t *testing.T) {
+	h := newHarness(t, Config{})
+	a, b := newFlow("tcp4"), newFlow("tcp4", withPort(9))
+	h.c.Add(withHeadroom(a.seg(mss)), nil, 100)
+	h.c.Add(withHeadroom(b.seg(mss)), nil, 100) // same start: one batch's clock
+	if h.c.FlushOneExpired(150, 100) {
+		t.Fatal("flushed an aggregate younger than maxAge")
+	}
+	if !h.c.FlushOneExpired(200, 100) || len(h.out) != 1 || h.c.Held() != 1 {
+		t.Fatalf("first expired flush: %d packets, %d held", len(h.out), h.c.Held())
+	}
+	if !h.c.FlushOneExpired(200, 100) || h.c.FlushOneExpired(200, 100) || h.c.Held() != 0 {
+		t.Fatalf("second expired flush: %d packets, %d held", len(h.out), h.c.Held())
+	}
+	if n := h.c.Stats().Timer.Load(); n != 2 {
+		t.Errorf("timer flushes %d, want 2", n)
+	}
+}
+
 func withHeadroom(f []byte) []byte {
 	return append(make([]byte, vnethdr.Len), f...)
 }
