@@ -111,9 +111,9 @@ func (n *Net) rxLoop(w *worker) {
 		n.mu.RUnlock()
 		if state == rxGuest {
 			n.stats.RXStalls.Add(1)
-			n.setWaiting(true, true)
+			n.setWaiting(w.q, true, true)
 			err := v.WaitMore()
-			n.setWaiting(true, false)
+			n.setWaiting(w.q, true, false)
 			if err != nil {
 				return
 			}
@@ -131,9 +131,9 @@ func (n *Net) rxLoop(w *worker) {
 			state = rxIdle
 			if ready {
 				n.stats.RXStalls.Add(1)
-				n.setWaiting(true, true)
+				n.setWaiting(w.q, true, true)
 				err := v.WaitMore()
-				n.setWaiting(true, false)
+				n.setWaiting(w.q, true, false)
 				if err != nil {
 					return
 				}

@@ -90,9 +90,9 @@ func (n *Net) txLoop(w *worker) {
 		n.mu.RUnlock()
 		if blocked {
 			n.stats.TXBlocked.Add(1)
-			n.setWaiting(false, true)
+			n.setWaiting(w.q, false, true)
 			err := st.tap.WaitWritable()
-			n.setWaiting(false, false)
+			n.setWaiting(w.q, false, false)
 			if err != nil && w.stop.Load() {
 				return
 			}

@@ -101,6 +101,9 @@ type QueueStats struct {
 	TXFrames, TXBytes atomic.Uint64
 	RXFrames, RXBytes atomic.Uint64
 	Attached          atomic.Bool
+	// RXWaiting and TXWaiting are the pair's own share of Stats.RXWaiting/TXWaiting,
+	// so a health monitor sees one stalled pair while the others move.
+	RXWaiting, TXWaiting atomic.Bool
 }
 
 // Config is one TAP and what to offer its guest.
@@ -539,12 +542,17 @@ func (n *Net) resetQueues() {
 	}
 }
 
-// setWaiting raises or lowers one direction's count of workers waiting (RX: for guest
-// buffers, TX: for the TAP) and keeps its Stats flag true while any waits.
-func (n *Net) setWaiting(rx, on bool) {
+// setWaiting raises or lowers one direction's wait (RX: for guest buffers with frames
+// in the TAP; TX: for the TAP to take a frame) for pair q and for the whole port.
+func (n *Net) setWaiting(q *queuePair, rx, on bool) {
 	d := -1
 	if on {
 		d = 1
+	}
+	if rx {
+		q.stats.RXWaiting.Store(on)
+	} else {
+		q.stats.TXWaiting.Store(on)
 	}
 	n.waitMu.Lock()
 	if rx {
