@@ -152,6 +152,7 @@ type bench struct {
 	selection       string         // the -cases/-tests/-qemu-cases flags given, for the report
 	self            string         // this binary, re-run as the ping-pong client
 	rr              []rrRow        // the QEMU ping-pong rows (-qemu-rr)
+	calls           uint64         // the last QEMU vhost-user run's calls to the guest
 	log             *bufio.Writer
 }
 
@@ -296,6 +297,7 @@ func main() {
 			for _, d := range dirs {
 				r := &row{}
 				var cpu, gb float64
+				var calls uint64
 				for i := 0; i < b.reps; i++ {
 					v, used, err := b.qemuTCP(c, kernel, initrd, d.client == b.nsHost)
 					if err != nil {
@@ -304,12 +306,17 @@ func main() {
 					}
 					r.vals = append(r.vals, v)
 					cpu += used
+					calls += b.calls
 					gb += v * float64(b.secs) / 8
 				}
 				if r.err != nil {
 					fmt.Fprintf(os.Stderr, "   %-38s %-14s FAILED: %v\n", tcp1, d.name, r.err)
 				} else {
 					r.cpu = fmt.Sprintf("%.2f (tapgro)", cpu/gb)
+					if c.kind == kindVhostUser {
+						// Interrupts to the guest, both rings, over the whole run.
+						r.cpu += fmt.Sprintf("; %.0f calls/GB", float64(calls)/gb)
+					}
 					fmt.Fprintf(os.Stderr, "   %-38s %-14s %v Gbit/s, CPU s/GB %s\n", tcp1, d.name, fmtVals(r.vals), r.cpu)
 				}
 				if res[tcp1] == nil {
@@ -328,6 +335,7 @@ func main() {
 						r.err = fmt.Errorf("run %d: %w", i+1, err)
 					}
 					r.rtts = append(r.rtts, v...)
+					r.calls += b.calls
 				}
 				if r.err != nil {
 					fmt.Fprintf(os.Stderr, "   %-38s FAILED: %v\n", "1-byte ping-pong", r.err)
@@ -369,9 +377,10 @@ func pick[T any](flagName, list string, items []T) []T {
 
 // rrRow is one QEMU case's ping-pong round trips, all runs together.
 type rrRow struct {
-	name string
-	rtts []float64 // µs
-	err  error
+	name  string
+	rtts  []float64 // µs
+	calls uint64    // calls to the guest over the runs (boot included)
+	err   error
 }
 
 func (r *rrRow) pct(p float64) float64 {
@@ -679,13 +688,13 @@ func (b *bench) report(path, pngPath string, sel []caseDef, tests []testDef, dir
 	if len(b.rr) > 0 {
 		fmt.Fprintf(&w, "## 1-byte TCP ping-pong, host -> QEMU guest (µs)\n\n")
 		fmt.Fprintf(&w, "%d runs (one guest boot each) of %d round trips after %d unmeasured, one outstanding at a time; the guest echoes with `nc -ll -e /bin/cat`.\n\n", b.reps, rrRounds, rrWarm)
-		fmt.Fprintf(&w, "| case | p50 | p90 | p99 | round trips/s (1/mean) |\n|---|---|---|---|---|\n")
+		fmt.Fprintf(&w, "| case | p50 | p90 | p99 | round trips/s (1/mean) | calls per round trip (boot included) |\n|---|---|---|---|---|---|\n")
 		for _, r := range b.rr {
 			if r.err != nil {
-				fmt.Fprintf(&w, "| %s | **failed**: %s | - | - | - |\n", r.name, strings.ReplaceAll(strings.SplitN(r.err.Error(), "\n", 2)[0], "|", "/"))
+				fmt.Fprintf(&w, "| %s | **failed**: %s | - | - | - | - |\n", r.name, strings.ReplaceAll(strings.SplitN(r.err.Error(), "\n", 2)[0], "|", "/"))
 				continue
 			}
-			fmt.Fprintf(&w, "| %s | %.0f | %.0f | %.0f | %.0f |\n", r.name, r.pct(50), r.pct(90), r.pct(99), 1e6/r.mean())
+			fmt.Fprintf(&w, "| %s | %.0f | %.0f | %.0f | %.0f | %.2f |\n", r.name, r.pct(50), r.pct(90), r.pct(99), 1e6/r.mean(), float64(r.calls)/float64(len(r.rtts)+rrWarm*b.reps))
 		}
 		fmt.Fprintln(&w)
 	}

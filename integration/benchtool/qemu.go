@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"encoding/base64"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net"
@@ -14,6 +15,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"tapgro/ops"
 )
 
 // QEMU rows: a real virtio-net guest under TCG (the tiny Debian guest the integration
@@ -166,6 +169,7 @@ func rrClient(addr string, n int) error {
 // CPU seconds tapgro used. With wait the guest's own exit ends the run; otherwise
 // during runs against the booted guest and QEMU is stopped after it.
 func (b *bench) qemuRun(c caseDef, kernel, initrd, script string, wait bool, during func() error) (console []byte, cpu float64, err error) {
+	b.calls = 0
 	sock := filepath.Join(b.work, "q.sock")
 	os.Remove(sock)
 	b.relayPIDs = map[string]int{}
@@ -189,8 +193,9 @@ func (b *bench) qemuRun(c caseDef, kernel, initrd, script string, wait bool, dur
 		qnet = []string{"-chardev", "socket,id=vu0,path=" + sock + ",reconnect=1", "-netdev", "vhost-user,id=n0,chardev=vu0",
 			"-device", "virtio-net-pci,netdev=n0,vectors=0"}
 	}
+	ctl := filepath.Join(b.work, "q.ctl")
 	args := append([]string{"--tap", "tg0", "--mtu", strconv.Itoa(b.mtu), "--addr", "198.18.0.1/24", "--log-level", "warn",
-		"--netdev", netdev}, c.args...)
+		"--netdev", netdev, "--ctl-socket", ctl}, c.args...)
 	b.start("host", b.nsHost, b.tapgro, args...)
 	// tapgro binds its socket after the TAP has its address, so once the socket exists
 	// the iperf3 server can bind 198.18.0.1.
@@ -243,5 +248,23 @@ func (b *bench) qemuRun(c caseDef, kernel, initrd, script string, wait bool, dur
 	if err := b.relaysAlive(); err != nil {
 		return nil, 0, fmt.Errorf("%w; guest console: %s", err, out)
 	}
+	if c.kind == kindVhostUser {
+		if b.calls, err = vhostCalls(b.tapgro, ctl); err != nil {
+			return nil, 0, err
+		}
+	}
 	return out, b.cpu()["host"], nil
+}
+
+// vhostCalls asks tapgro (ctl status) how many calls it sent the guest.
+func vhostCalls(tapgro, ctl string) (uint64, error) {
+	out, err := exec.Command(tapgro, "ctl", "--socket", ctl, "--json", "status").Output()
+	if err != nil {
+		return 0, fmt.Errorf("tapgro ctl status: %v", err)
+	}
+	var r ops.Response
+	if err := json.Unmarshal(out, &r); err != nil || r.Status == nil || r.Status.Vhost == nil {
+		return 0, fmt.Errorf("tapgro ctl status: no vhost-user status in %q", out)
+	}
+	return r.Status.Vhost.Calls, nil
 }
