@@ -33,7 +33,7 @@ func BenchmarkInOrder(b *testing.B) {
 	f := newFlow("tcp4")
 	var batch [][]byte
 	for range 44 {
-		batch = append(batch, withHeadroom(f.seg(mss)))
+		batch = append(batch, withHeadroom(f.Seg(mss)))
 	}
 	runBatches(b, Config{}, batch, 44*mss)
 }
@@ -43,7 +43,7 @@ func BenchmarkInOrderTCP6(b *testing.B) {
 	f := newFlow("tcp6")
 	var batch [][]byte
 	for range 44 {
-		batch = append(batch, withHeadroom(f.seg(mss)))
+		batch = append(batch, withHeadroom(f.Seg(mss)))
 	}
 	runBatches(b, Config{}, batch, 44*mss)
 }
@@ -58,7 +58,7 @@ func BenchmarkInterleaved64(b *testing.B) {
 	var batch [][]byte
 	for range 8 {
 		for _, f := range flows {
-			batch = append(batch, withHeadroom(f.seg(mss)))
+			batch = append(batch, withHeadroom(f.Seg(mss)))
 		}
 	}
 	runBatches(b, Config{}, batch, len(batch)*mss)
@@ -70,8 +70,8 @@ func BenchmarkIneligible(b *testing.B) {
 	f := newFlow("tcp4")
 	var batch [][]byte
 	for range 44 {
-		batch = append(batch, withHeadroom(f.seg(0, withAck(f.s.ack+1448))))
-		f.s.ack += 1448
+		batch = append(batch, withHeadroom(f.Seg(0, withAck(f.Spec.Ack+1448))))
+		f.Spec.Ack += 1448
 	}
 	runBatches(b, Config{}, batch, 0)
 }
@@ -81,7 +81,7 @@ func BenchmarkUDPOff(b *testing.B) {
 	f := newFlow("udp4")
 	var batch [][]byte
 	for range 44 {
-		batch = append(batch, withHeadroom(f.seg(1400)))
+		batch = append(batch, withHeadroom(f.Seg(1400)))
 	}
 	runBatches(b, Config{}, batch, 44*1400)
 }

@@ -32,14 +32,14 @@ func genFlow(rng *rand.Rand, kind string, port uint16) [][]byte {
 	}
 	fixedID := !v6 && rng.IntN(3) == 0
 	f := newFlow(kind, mods...)
-	udp := f.s.udp
+	udp := f.Spec.UDP
 	sizes := []int{100, 536, 1200, 1448, 1448, 8072, 9000, 16000}
 	m := sizes[rng.IntN(len(sizes))]
 	// fill: sizes chosen so that runs of full segments plus one tail add up to exactly
 	// 65535 IP bytes, the most Linux puts in one packet.
 	fill := m >= 1448 && rng.IntN(2) == 0
-	probe := f.s
-	probe.n = 0
+	probe := f.Spec
+	probe.N = 0
 	pl, _ := vnethdr.ParseLayout(build(probe))
 	capPayload := maxIPLen - (pl.PayloadOff - pl.L3Off)
 	room := capPayload
@@ -53,7 +53,7 @@ func genFlow(rng *rand.Rand, kind string, port uint16) [][]byte {
 				ts++
 			}
 			if rng.IntN(20) == 0 {
-				f.s.ack += 1448
+				f.Spec.Ack += 1448
 			}
 			sm = append(sm, withOpts(tsOpts(ts)))
 		}
@@ -89,7 +89,7 @@ func genFlow(rng *rand.Rand, kind string, port uint16) [][]byte {
 		if size == 0 && udp {
 			size = 1
 		}
-		out = append(out, f.seg(size, sm...))
+		out = append(out, f.Seg(size, sm...))
 	}
 	// Loss, duplication and reordering.
 	var res [][]byte
