@@ -153,6 +153,7 @@ type bench struct {
 	self            string         // this binary, re-run as the ping-pong client
 	rr              []rrRow        // the QEMU ping-pong rows (-qemu-rr)
 	calls           uint64         // the last QEMU vhost-user run's calls to the guest
+	perfDir         string         // -perf: where profiles go ("" off)
 	log             *bufio.Writer
 }
 
@@ -171,6 +172,7 @@ func main() {
 	withRR := flag.Bool("qemu-rr", true, "with the QEMU vhost-user rows: also 1-byte TCP ping-pong host -> guest (p50/p99)")
 	rrAddr := flag.String("rr-client", "", "internal: be the ping-pong client of ADDR")
 	rrN := flag.Int("rr-rounds", rrRounds, "internal: round trips for -rr-client")
+	flag.StringVar(&b.perfDir, "perf", "", "during the first run of each TCP row, perf record -g each relay into DIR and write DIR/*.txt summaries (needs perf)")
 	flag.Parse()
 	if *rrAddr != "" {
 		if err := rrClient(*rrAddr, *rrN); err != nil {
@@ -246,7 +248,14 @@ func main() {
 				}
 				cpu0 := b.cpu()
 				for i := 0; i < b.reps && r.err == nil; i++ {
+					var prof func()
+					if i == 0 && t.tcp && b.perfDir != "" && c.kind != kindVeth {
+						prof = b.profile(c.name + " " + t.name + " " + d.name)
+					}
 					v, err := t.run(b, d)
+					if prof != nil {
+						prof()
+					}
 					if err != nil {
 						r.err = fmt.Errorf("run %d: %w", i+1, err)
 						break
@@ -373,6 +382,46 @@ func pick[T any](flagName, list string, items []T) []T {
 		out = append(out, items[i])
 	}
 	return out
+}
+
+// profile starts perf record -g on every relay for the coming run and returns the
+// function that waits for it and writes a summary per relay: the top symbols by self
+// time, and by time including callees.
+func (b *bench) profile(label string) func() {
+	os.MkdirAll(b.perfDir, 0o755)
+	base := strings.Map(func(r rune) rune {
+		if r >= 'a' && r <= 'z' || r >= '0' && r <= '9' || r == '-' {
+			return r
+		}
+		if r >= 'A' && r <= 'Z' {
+			return r + 'a' - 'A'
+		}
+		return '_'
+	}, label)
+	var cmds []*exec.Cmd
+	var outs []string
+	for role, pid := range b.relayPIDs {
+		data := filepath.Join(b.perfDir, base+"-"+role+".data")
+		cmd := exec.Command("perf", "record", "-g", "-q", "-o", data, "-p", strconv.Itoa(pid), "--", "sleep", strconv.Itoa(max(1, b.secs-1)))
+		if err := cmd.Start(); err != nil {
+			fmt.Fprintf(os.Stderr, "   perf: %v\n", err)
+			continue
+		}
+		cmds, outs = append(cmds, cmd), append(outs, data)
+	}
+	return func() {
+		for i, cmd := range cmds {
+			cmd.Wait()
+			var sum bytes.Buffer
+			fmt.Fprintf(&sum, "# %s (%s)\n\n## self\n", label, filepath.Base(outs[i]))
+			self, _ := exec.Command("perf", "report", "-i", outs[i], "--stdio", "--no-children", "-g", "none", "--percent-limit", "1").Output()
+			sum.Write(self)
+			fmt.Fprintf(&sum, "\n## children\n")
+			children, _ := exec.Command("perf", "report", "-i", outs[i], "--stdio", "--children", "-g", "none", "--percent-limit", "4").Output()
+			sum.Write(children)
+			os.WriteFile(strings.TrimSuffix(outs[i], ".data")+".txt", sum.Bytes(), 0o644)
+		}
+	}
 }
 
 // rrRow is one QEMU case's ping-pong round trips, all runs together.
