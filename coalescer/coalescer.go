@@ -295,13 +295,16 @@ func (c *Coalescer) AddRef(buf []byte, in *vnethdr.Hdr, now int64, tag int) {
 }
 
 // Pinned reports whether a held aggregate refers to a buffer of tag.
-func (c *Coalescer) Pinned(tag int) bool { return c.pins[tag] > 0 }
+func (c *Coalescer) Pinned(tag int) bool { return uint(tag) < uint(len(c.pins)) && c.pins[tag] > 0 }
 
 // Release ends every reference into the buffers of tag: each held aggregate referring
 // to one copies all its referenced payloads into its own buffer (copy on hold) and stays
 // held, so the caller may overwrite them; what the engine emits, and when, does not
 // change. Without references into tag it returns at once.
 func (c *Coalescer) Release(tag int) {
+	if !c.Pinned(tag) {
+		return
+	}
 	for i := c.oldest; i >= 0 && c.pins[tag] > 0; {
 		a := &c.aggs[i]
 		next := a.next
