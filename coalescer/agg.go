@@ -31,11 +31,15 @@ func (c *Coalescer) FlushExpired(now, maxAge int64) {
 
 // merge appends the payload of the frame in buf (parsed into c.p, already checked by
 // mergeCheck) to aggregate i, verifying its L4 checksum in the same pass, and then emits
-// the aggregate if this segment must be its last. tag < 0 copies the payload (Add);
-// otherwise it is referenced where it lies (AddRef) and only read for the checksum.
+// the aggregate if this segment must be its last. tag < 0 or an aggregate built by copy
+// copies the payload (Add); otherwise it is referenced where it lies (AddRef) and only
+// read for the checksum.
 func (c *Coalescer) merge(i int32, buf []byte, in *vnethdr.Hdr, tag int32) {
 	vl := c.cfg.VnetHdrLen
 	a, p := &c.aggs[i], &c.p
+	if !a.byRef {
+		tag = -1
+	}
 	frame := buf[vl:]
 	src := frame[p.payOff:p.end]
 	var s uint16
@@ -147,6 +151,9 @@ func (c *Coalescer) startAgg(buf []byte, in *vnethdr.Hdr, now int64, tag int32) 
 		c.pass(buf, in)
 		return
 	}
+	if p.payload < c.cfg.RefMinPayload {
+		tag = -1 // cheaper copied than gathered (Config.RefMinPayload)
+	}
 
 	if len(c.free) == 0 {
 		// Table full: deliver the oldest aggregate, never drop (as Linux
@@ -196,7 +203,7 @@ func (c *Coalescer) startAgg(buf []byte, in *vnethdr.Hdr, now int64, tag int32) 
 	c.free = c.free[:len(c.free)-1]
 
 	a.key, a.hash, a.start = p.key, c.hashOf(p), now
-	a.v6, a.udp = p.v6, p.udp
+	a.v6, a.udp, a.byRef = p.v6, p.udp, tag >= 0
 	a.l2, a.l4Off, a.payOff, a.end = p.l2, p.l4Off, p.payOff, p.end
 	if tag >= 0 {
 		a.flat = 0

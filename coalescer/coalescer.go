@@ -53,6 +53,12 @@ type Config struct {
 	// aggregate's own buffer (the decision to merge does not change), so an emitted
 	// packet never needs more than MaxRefs+1 iovecs.
 	MaxRefs int
+	// RefMinPayload is the smallest first-segment payload for which AddRef references
+	// instead of copying: an aggregate that starts with a smaller segment is built by
+	// copy, as by Add (its buffers are not pinned). 0: always reference. The datapath
+	// sets it from a measurement: a gathered write costs the kernel per iovec, so small
+	// segments are cheaper copied (datapath.groRefMinPayload).
+	RefMinPayload int
 }
 
 // DefaultMaxRefs covers a full 64 KB aggregate of segments down to 512 bytes of payload
@@ -103,7 +109,8 @@ type agg struct {
 	start      int64
 
 	v6, udp bool
-	l2      int // offsets within the frame, as in pkt
+	byRef   bool // started by AddRef at or above RefMinPayload: payloads are referenced
+	l2      int  // offsets within the frame, as in pkt
 	l4Off   int
 	payOff  int
 	end     int // L2 + current IP length: payOff + flat + the referenced bytes

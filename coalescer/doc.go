@@ -33,6 +33,9 @@
 // [virtio header + headers + flat part][payload]…, which the datapath hands to one
 // writev(2) on the TAP, so the only copy of a payload is the kernel's. A lone segment is
 // emitted from the caller's buffer itself, behind a header written into its headroom.
+// Config.RefMinPayload makes AddRef copy aggregates of small segments anyway: a
+// gathered write costs the kernel per iovec, which for MTU-sized segments is more than
+// the copy saves (the datapath's groRefMinPayload gives the measurement).
 //
 // Ownership is explicit. AddRef takes a tag naming the caller's buffer (Config.RefTags
 // of them); the engine counts the references it holds per tag and drops an

@@ -133,6 +133,7 @@ func TestPropertyResegmentation(t *testing.T) {
 		// MaxRefs), so the frames generated stay those of rng's sequence.
 		rng2 := rand.New(rand.NewPCG(uint64(iter), 0x71e))
 		cfg.MaxRefs = []int{0, 1, 3, 40}[rng2.IntN(4)]
+		cfg.RefMinPayload = []int{0, 0, 1000}[rng2.IntN(3)] // some aggregates by copy
 		h := newHarness(t, cfg)
 
 		perFlow := make([][][]byte, nflows)

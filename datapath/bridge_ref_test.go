@@ -3,6 +3,7 @@ package datapath
 import (
 	"bytes"
 	"encoding/binary"
+	"fmt"
 	"math/rand/v2"
 	"os"
 	"testing"
@@ -11,6 +12,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"tapgro/coalescer"
+	"tapgro/integration/netnstest"
 	"tapgro/port"
 	"tapgro/tapdev"
 	"tapgro/tapdev/taptest"
@@ -133,16 +135,23 @@ func TestPortToTapRefPoisoned(t *testing.T) {
 		interval   time.Duration
 		maxFlows   int
 		pendingAll bool
+		seg        int  // full segment payload
+		refMin     bool // keep groRefMinPayload (else reference every aggregate)
 	}{
-		{"timer-held", true, time.Hour, 8, false},
-		{"timer-expiring", true, 2 * time.Millisecond, 8, false},
-		{"batch-pending", false, 0, 8, true},
-		{"batch", false, 0, 64, false},
+		{"timer-held", true, time.Hour, 8, false, 1448, false},
+		{"timer-expiring", true, 2 * time.Millisecond, 8, false, 1448, false},
+		{"batch-pending", false, 0, 8, true, 1448, false},
+		{"batch", false, 0, 64, false, 1448, false},
+		{"jumbo-timer-held", true, time.Hour, 8, false, 8948, true},
+		{"mtu-default", true, time.Hour, 8, false, 1448, true},
 	} {
 		t.Run(mode.name, func(t *testing.T) {
 			tap := taptest.New(true)
 			b := testBridge(tap, true)
 			b.cfg.timerFlush, b.cfg.rscInterval, b.cfg.maxFlows = mode.timer, mode.interval, mode.maxFlows
+			if !mode.refMin {
+				b.groRefMin = 0
+			}
 			rng := rand.New(rand.NewPCG(7, uint64(len(mode.name))))
 
 			const nflows = 10
@@ -157,10 +166,10 @@ func TestPortToTapRefPoisoned(t *testing.T) {
 					if f >= 3 && rng.IntN(3) != 0 {
 						f = rng.IntN(3) // three busy flows, seven sparse ones
 					}
-					size, flags := 1448, byte(0)
+					size, flags := mode.seg, byte(0)
 					switch r := rng.IntN(100); {
 					case r < 3:
-						size = 1 + rng.IntN(1447) // short: ends the aggregate
+						size = 1 + rng.IntN(mode.seg-1) // short: ends the aggregate
 					case r < 5:
 						flags = 0x08 // PSH
 					}
@@ -215,7 +224,11 @@ func TestPortToTapRefPoisoned(t *testing.T) {
 				t.Fatal("nothing was coalesced")
 			}
 			switch mode.name {
-			case "timer-held", "batch-pending":
+			case "mtu-default":
+				if st.HeldCopies.Load() != 0 {
+					t.Fatal("MTU segments were referenced below groRefMinPayload")
+				}
+			case "timer-held", "batch-pending", "jumbo-timer-held":
 				if st.Eviction.Load() == 0 || st.HeldCopies.Load() == 0 {
 					t.Fatal("the run did not exercise eviction and copy on hold")
 				}
@@ -247,53 +260,145 @@ func TestMaxIov(t *testing.T) {
 // reference (ref: claim, AddRef, one writev per aggregate) or by copying into the
 // aggregate (copy: Add, the path before). One op is one segment.
 func BenchmarkPortToTapRef(b *testing.B) {
-	const batch = 64
-	const frames = 45 * batch // 64 full aggregates, then the flow wraps (out of order)
+	const frames = 45 * 64 // 64 full aggregates, then the flow wraps (out of order)
 	src := make([][]byte, frames)
 	for i := range src {
 		src[i] = tcp4(1+uint32(i*1448), uint16(i), pattern(1448))
 	}
 	for _, mode := range []string{"copy", "ref"} {
 		b.Run(mode, func(b *testing.B) {
-			tap := taptest.New(false)
-			br := testBridge(tap, true)
-			p := newPortToTap(br, 0)
-			coal := br.coalescerFor()
-			p.ring = mode == "ref"
-			next := 0
-			hl := br.cfg.vnetHdrLen
-			b.SetBytes(1448)
-			b.ReportAllocs()
-			b.ResetTimer()
-			for i := 0; i < b.N; i += batch {
-				if p.ring {
-					p.claim(coal)
-				}
-				for j := range batch {
-					p.sizes[j] = copy(p.views[j], src[next])
-					if next++; next == frames {
-						next = 0
-					}
-				}
-				p.consumed(batch)
-				now := time.Now().UnixNano()
-				for j := range batch {
-					if p.ring {
-						coal.AddRef(p.cur[j][:hl+p.sizes[j]], nil, now, p.tags[j])
-					} else {
-						coal.Add(p.cur[j][:hl+p.sizes[j]], nil, now)
-					}
-				}
-				// No flush per batch (as while the port has more buffered): aggregates
-				// end full, at 65535 bytes, and span two batches.
-			}
-			b.StopTimer()
-			coal.Flush()
+			br := testBridge(taptest.New(false), true)
+			coal := benchPipeline(b, br, mode == "ref", src, 1448)
 			st := coal.Stats()
 			b.ReportMetric(float64(st.Segments.Load())/float64(st.Packets.Load()), "segs/packet")
-			if br.p2t.DropTapError.Load() != 0 {
-				b.Fatal("TAP write errors")
-			}
 		})
+	}
+}
+
+// benchPipeline times the port→TAP pipeline of br on src, 64 frames a batch, by
+// reference (ref, every size) or by copy, with b.SetBytes(seg) per op (one segment).
+func benchPipeline(b *testing.B, br *bridge, ref bool, src [][]byte, seg int) *coalescer.Coalescer {
+	const batch = 64
+	if ref {
+		br.groRefMin = 0
+	}
+	p := newPortToTap(br, 0)
+	coal := br.coalescerFor()
+	p.ring = ref
+	next := 0
+	hl := br.cfg.vnetHdrLen
+	b.SetBytes(int64(seg))
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i += batch {
+		if p.ring {
+			p.claim(coal)
+		}
+		for j := range batch {
+			p.sizes[j] = copy(p.views[j], src[next])
+			if next++; next == len(src) {
+				next = 0
+			}
+		}
+		p.consumed(batch)
+		now := time.Now().UnixNano()
+		for j := range batch {
+			if p.ring {
+				coal.AddRef(p.cur[j][:hl+p.sizes[j]], nil, now, p.tags[j])
+			} else {
+				coal.Add(p.cur[j][:hl+p.sizes[j]], nil, now)
+			}
+		}
+		// No flush per batch (as while the port has more buffered): aggregates end
+		// full, at 65535 bytes, and span batches.
+	}
+	b.StopTimer()
+	coal.Flush()
+	if br.p2t.DropTapError.Load() != 0 {
+		b.Fatal("TAP write errors")
+	}
+	return coal
+}
+
+// benchTap opens a TAP (10-byte vnet header) in a namespace of its own, link up, for
+// the benchmarks that need the kernel's side of a write. It skips without root.
+func benchTap(b *testing.B, name string) *tapdev.Device {
+	ns := netnstest.New(b, name)
+	var d *tapdev.Device
+	if err := ns.Do(func() (err error) {
+		d, err = tapdev.Open(tapdev.Config{Name: name + "0", VnetHdrLen: 10})
+		return err
+	}); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { d.Close() })
+	if err := d.ConfigureLink(tapdev.LinkConfig{MTU: 1500, Up: true}); err != nil {
+		b.Fatal(err)
+	}
+	return d
+}
+
+// BenchmarkPortToTapRealTap is BenchmarkPortToTapRef into a real TAP, by segment size:
+// what groRefMinPayload is chosen from. The frames are addressed to another MAC, so the
+// kernel builds each skb (the copy in question) and drops it in ip_rcv.
+func BenchmarkPortToTapRealTap(b *testing.B) {
+	d := benchTap(b, "tgbref")
+	for _, seg := range []int{1448, 4344, 8948} {
+		src := make([][]byte, (65000/seg)*64)
+		for i := range src {
+			src[i] = tcp4(1+uint32(i*seg), uint16(i), pattern(seg))
+		}
+		for _, mode := range []string{"copy", "ref"} {
+			b.Run(fmt.Sprintf("%d/%s", seg, mode), func(b *testing.B) {
+				benchPipeline(b, testBridge(d, true), mode == "ref", src, seg)
+			})
+		}
+	}
+}
+
+// BenchmarkTapWritev is the kernel's cost of one ~64 KB GSO write into a real TAP, from
+// one buffer (write), from two (writev2: header, payload) or gathered from one buffer
+// per segment (writev), and write after copying the pieces together in userspace
+// (copy+write; cold pieces, unlike GRO's cache-hot copy). One op is one packet.
+func BenchmarkTapWritev(b *testing.B) {
+	d := benchTap(b, "tgbwv")
+	for _, seg := range []int{1448, 4344, 8948} {
+		nseg := 65000 / seg
+		pkt := gsoTCP4(10, pattern(nseg*seg), seg)
+		pkt[10] = 0x02 // another destination MAC: dropped once the skb is built
+		hdrEnd := 10 + 54
+		iov := [][]byte{pkt[:hdrEnd]}
+		for i := range nseg {
+			piece := make([]byte, 64+seg) // one allocation per piece, as the ring's buffers
+			copy(piece[64:], pkt[hdrEnd+i*seg:hdrEnd+(i+1)*seg])
+			iov = append(iov, piece[64:])
+		}
+		iov2 := [][]byte{pkt[:hdrEnd], pkt[hdrEnd:]}
+		for _, mode := range []string{"write", "writev2", "writev", "copy+write"} {
+			b.Run(fmt.Sprintf("%d/%s", seg, mode), func(b *testing.B) {
+				b.SetBytes(int64(len(pkt)))
+				b.ReportAllocs()
+				for b.Loop() {
+					var err error
+					switch mode {
+					case "write":
+						_, err = d.Write(pkt)
+					case "writev2":
+						_, err = d.Writev(iov2)
+					case "writev":
+						_, err = d.Writev(iov)
+					default:
+						off := hdrEnd
+						for _, p := range iov[1:] {
+							off += copy(pkt[off:], p)
+						}
+						_, err = d.Write(pkt)
+					}
+					if err != nil {
+						b.Fatal(err)
+					}
+				}
+			})
+		}
 	}
 }
