@@ -50,7 +50,9 @@ func (c *Coalescer) merge(i int32, buf []byte, in *vnethdr.Hdr, tag int32) {
 		}
 	default:
 		// The copy goes after everything held, referenced payloads included.
-		c.materialize(a)
+		if len(a.refs) > 0 {
+			c.materialize(a)
+		}
 		dst := a.buf[vl+a.end:]
 		if trusted(in) {
 			copy(dst, src)
