@@ -478,6 +478,45 @@ func TestAllocs(t *testing.T) {
 	}
 }
 
+// TestAllocsRef: AddRef, Release (copy on hold), FlushExpired and Flush allocate nothing
+// either; nothing stays referenced after Flush.
+func TestAllocsRef(t *testing.T) {
+	const ring = 16
+	c := New(Config{VnetHdrLen: vnethdr.Len, UDP: true, RefTags: ring}, func([]byte) {})
+	c.SetEmitV(func([][]byte) {})
+	f, g := newFlow("tcp4"), newFlow("tcp4", withPort(7))
+	bufs := make([][]byte, ring)
+	for i := range bufs {
+		if i%4 == 3 {
+			bufs[i] = withHeadroom(g.Seg(mss))
+		} else {
+			bufs[i] = withHeadroom(f.Seg(mss))
+		}
+	}
+	var now int64
+	n := testing.AllocsPerRun(100, func() {
+		for k, b := range bufs {
+			now++
+			c.Release(k)
+			c.AddRef(b, nil, now, k)
+			c.Release((k + ring/2) % ring)
+		}
+		c.FlushExpired(now, 4)
+		c.Flush()
+	})
+	if n != 0 {
+		t.Errorf("%v allocations per batch, want 0", n)
+	}
+	for k := range ring {
+		if c.Pinned(k) {
+			t.Errorf("tag %d pinned after Flush", k)
+		}
+	}
+	if c.Stats().GSOOut.Load() == 0 || c.Stats().HeldCopies.Load() == 0 {
+		t.Error("no GSO packet, or no copy on hold")
+	}
+}
+
 func TestSumCopyFused(t *testing.T) {
 	src := make([]byte, 2000)
 	for i := range src {

@@ -1,6 +1,7 @@
 package coalescer
 
 import (
+	"bytes"
 	"testing"
 
 	"tapgro/coalescer/grotest"
@@ -63,31 +64,118 @@ type harness struct {
 	c   *Coalescer
 	vl  int
 	out []outPkt
+	now int64 // the time add passes; the caller moves it
+
+	// By reference (ring > 0): frames go in through AddRef from a ring of buffers, each
+	// released (Release) and poisoned before it is reused, so an aggregate that still
+	// pointed into it would emit poison and fail the comparison with the input.
+	ring  [][]byte
+	used  []int // bytes of ring[k] the last frame occupied
+	next  int
+	iovs  int // most iovecs one emitV call carried
+	vcall int // emitV calls
 }
 
-func newHarness(t testing.TB, cfg Config) *harness {
+// harnessRing, when > 0, makes newHarness feed frames by reference from a ring of that
+// many buffers (TestByReference runs the table tests that way).
+var harnessRing int
+
+// ringBufs and poison are the by-reference harnesses' buffers, allocated once.
+var (
+	ringBufs [][]byte
+	poison   []byte
+)
+
+const ringBufLen = vnethdr.LenMrgRxbuf + maxL2 + maxIPLen + 64 // a padded jumbo frame fits
+
+func newHarness(t testing.TB, cfg Config) *harness { return newHarnessRing(t, cfg, harnessRing) }
+
+func newHarnessRing(t testing.TB, cfg Config, ring int) *harness {
 	h := &harness{t: t, vl: cfg.VnetHdrLen}
 	if h.vl == 0 {
 		cfg.VnetHdrLen, h.vl = vnethdr.Len, vnethdr.Len
 	}
-	h.c = New(cfg, func(pkt []byte) {
-		var o outPkt
-		if err := o.hdr.Decode(pkt, h.vl); err != nil {
-			t.Fatalf("emitted %d bytes, shorter than the header", len(pkt))
+	if ring > 0 {
+		cfg.RefTags = ring
+		if poison == nil {
+			poison = bytes.Repeat([]byte{0xdb}, ringBufLen)
 		}
-		o.frame = append([]byte(nil), pkt[h.vl:]...)
-		h.out = append(h.out, o)
-	})
+		for len(ringBufs) < ring {
+			ringBufs = append(ringBufs, bytes.Clone(poison))
+		}
+		h.ring, h.used = ringBufs[:ring], make([]int, ring)
+	}
+	h.c = New(cfg, h.record)
+	if ring > 0 {
+		var pkt []byte
+		h.c.SetEmitV(func(iov [][]byte) {
+			h.vcall++
+			h.iovs = max(h.iovs, len(iov))
+			if len(iov) > h.c.maxRefs+1 || len(iov) > MaxIovRefs+1 {
+				t.Fatalf("emitV with %d iovecs, MaxRefs %d", len(iov), h.c.maxRefs)
+			}
+			if len(iov[0]) < h.vl {
+				t.Fatalf("emitV: first iovec of %d bytes holds no header", len(iov[0]))
+			}
+			pkt = pkt[:0]
+			for _, b := range iov {
+				pkt = append(pkt, b...)
+			}
+			h.record(pkt)
+		})
+	}
 	return h
+}
+
+func (h *harness) record(pkt []byte) {
+	var o outPkt
+	if err := o.hdr.Decode(pkt, h.vl); err != nil {
+		h.t.Fatalf("emitted %d bytes, shorter than the header", len(pkt))
+	}
+	o.frame = append([]byte(nil), pkt[h.vl:]...)
+	h.out = append(h.out, o)
 }
 
 // add offers frame (copied into a buffer with headroom) with arrival header in.
 func (h *harness) add(frame []byte, in *vnethdr.Hdr) {
+	if h.ring != nil {
+		h.addRef(frame, in)
+		return
+	}
 	buf := make([]byte, h.vl+len(frame))
 	// Garbage in the headroom: the engine must write a fresh header, never pass it on.
 	for i := range h.vl {
 		buf[i] = 0xee
 	}
 	copy(buf[h.vl:], frame)
-	h.c.Add(buf, in, 0)
+	h.c.Add(buf, in, h.now)
+}
+
+// addRef is add by reference: the next ring buffer is released, poisoned where the
+// last frame lay, and filled.
+func (h *harness) addRef(frame []byte, in *vnethdr.Hdr) {
+	k := h.next
+	h.next = (k + 1) % len(h.ring)
+	h.c.Release(k)
+	if h.c.Pinned(k) {
+		h.t.Fatalf("buffer %d still pinned after Release", k)
+	}
+	b := h.ring[k]
+	copy(b[:h.used[k]], poison)
+	h.used[k] = h.vl + len(frame)
+	for i := range h.vl {
+		b[i] = 0xee
+	}
+	copy(b[h.vl:], frame)
+	h.c.AddRef(b[:h.vl+len(frame)], in, h.now, k)
+}
+
+// pinned reports whether any ring buffer is still referenced.
+func (h *harness) pinned() bool {
+	for k := range h.ring {
+		if h.c.Pinned(k) {
+			return true
+		}
+	}
+	return false
 }
