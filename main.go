@@ -254,7 +254,10 @@ func runVhostUser(ctx context.Context, o *options, log *logrus.Logger) error {
 		// GRO toward the TAP and RSC toward the guest (vhostnet/gro.go, rsc.go), with the
 		// stream path's switches; --offload caps the TAP's read offloads.
 		GRO: o.gro, TimerFlush: o.groFlush == "timer", RSCInterval: o.rscInterval, MaxFlows: o.maxFlows,
-		Offload: &offload})
+		Offload: &offload,
+		// The receive pool's switches mean the same here: --rx-batch off notifies per
+		// frame, --rx-flush-delay bounds the calls to the guest under load.
+		PerFrame: o.rx.PerFrame, CallInterval: max(o.rx.FlushDelay, 0)})
 	if err != nil {
 		return err
 	}

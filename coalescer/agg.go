@@ -31,16 +31,36 @@ func (c *Coalescer) FlushExpired(now, maxAge int64) {
 
 // merge appends the payload of the frame in buf (parsed into c.p, already checked by
 // mergeCheck) to aggregate i, verifying its L4 checksum in the same pass, and then emits
-// the aggregate if this segment must be its last.
-func (c *Coalescer) merge(i int32, buf []byte, in *vnethdr.Hdr) {
+// the aggregate if this segment must be its last. tag < 0 or an aggregate built by copy
+// copies the payload (Add); otherwise it is referenced where it lies (AddRef) and only
+// read for the checksum.
+func (c *Coalescer) merge(i int32, buf []byte, in *vnethdr.Hdr, tag int32) {
 	vl := c.cfg.VnetHdrLen
 	a, p := &c.aggs[i], &c.p
+	if !a.byRef {
+		tag = -1
+	}
 	frame := buf[vl:]
-	src, dst := frame[p.payOff:p.end], a.buf[vl+a.end:]
-	if trusted(in) {
-		copy(dst, src)
-	} else {
-		s := sumCopy(dst, src)
+	src := frame[p.payOff:p.end]
+	var s uint16
+	switch {
+	case tag >= 0:
+		if !trusted(in) {
+			s = vnethdr.Fold(vnethdr.Sum(src, 0))
+		}
+	default:
+		// The copy goes after everything held, referenced payloads included.
+		if len(a.refs) > 0 {
+			c.materialize(a)
+		}
+		dst := a.buf[vl+a.end:]
+		if trusted(in) {
+			copy(dst, src)
+		} else {
+			s = sumCopy(dst, src)
+		}
+	}
+	if !trusted(in) {
 		seed := a.pseudo + uint64(p.end-p.l4Off) + uint64(s)
 		if vnethdr.Fold(vnethdr.Sum(frame[p.l4Off:p.payOff], seed)) != 0xffff {
 			// A corrupted segment must not be merged: NEEDS_CSUM on the output would
@@ -51,6 +71,19 @@ func (c *Coalescer) merge(i int32, buf []byte, in *vnethdr.Hdr) {
 			c.pass(buf, in)
 			return
 		}
+	}
+	if tag >= 0 {
+		if len(a.refs) == c.maxRefs {
+			// Bound the iovecs of one packet (MaxRefs): copy what is referenced so far.
+			c.materialize(a)
+		}
+		// The head's own frame is no longer what a lone emit writes.
+		a.head = nil
+		a.refs = append(a.refs, src)
+		a.tags = append(a.tags, tag)
+		c.pins[tag]++
+	} else {
+		a.flat += p.payload
 	}
 	a.end += p.payload
 	a.segs++
@@ -91,7 +124,9 @@ func (c *Coalescer) merge(i int32, buf []byte, in *vnethdr.Hdr) {
 
 // startAgg opens an aggregate for the frame in buf (parsed into c.p; its flow holds
 // none), or passes the frame through if it could only ever be a 1-segment aggregate.
-func (c *Coalescer) startAgg(buf []byte, in *vnethdr.Hdr, now int64) {
+// tag < 0 copies the frame (Add); otherwise only its headers are copied and the
+// payload is referenced (AddRef).
+func (c *Coalescer) startAgg(buf []byte, in *vnethdr.Hdr, now int64, tag int32) {
 	vl := c.cfg.VnetHdrLen
 	p := &c.p
 	frame := buf[vl:]
@@ -118,6 +153,9 @@ func (c *Coalescer) startAgg(buf []byte, in *vnethdr.Hdr, now int64) {
 		c.pass(buf, in)
 		return
 	}
+	if p.payload < c.cfg.RefMinPayload {
+		tag = -1 // cheaper copied than gathered (Config.RefMinPayload)
+	}
 
 	if len(c.free) == 0 {
 		// Table full: deliver the oldest aggregate, never drop (as Linux
@@ -138,24 +176,46 @@ func (c *Coalescer) startAgg(buf []byte, in *vnethdr.Hdr, now int64) {
 	} else {
 		pseudo = uint64(vnethdr.Fold(vnethdr.Sum(frame[p.l2+12:p.l2+20], proto)))
 	}
-	copy(a.buf[vl:], frame[:p.payOff])
-	if trusted(in) {
-		copy(a.buf[vl+p.payOff:], frame[p.payOff:])
+	if tag >= 0 {
+		// Headers only: they are rewritten on emit, the payload is referenced.
+		copy(a.buf[vl:], frame[:p.payOff])
+		if !trusted(in) {
+			seed := pseudo + uint64(p.end-p.l4Off) + uint64(vnethdr.Fold(vnethdr.Sum(frame[p.payOff:p.end], 0)))
+			if vnethdr.Fold(vnethdr.Sum(frame[p.l4Off:p.payOff], seed)) != 0xffff {
+				c.note(ReasonBadChecksum, len(frame))
+				c.pass(buf, in)
+				return
+			}
+		}
 	} else {
-		s := sumCopy(a.buf[vl+p.payOff:], frame[p.payOff:p.end])
-		copy(a.buf[vl+p.end:], frame[p.end:]) // link-layer padding, for a lone head
-		seed := pseudo + uint64(p.end-p.l4Off) + uint64(s)
-		if vnethdr.Fold(vnethdr.Sum(frame[p.l4Off:p.payOff], seed)) != 0xffff {
-			c.note(ReasonBadChecksum, len(frame))
-			c.pass(buf, in)
-			return
+		copy(a.buf[vl:], frame[:p.payOff])
+		if trusted(in) {
+			copy(a.buf[vl+p.payOff:], frame[p.payOff:])
+		} else {
+			s := sumCopy(a.buf[vl+p.payOff:], frame[p.payOff:p.end])
+			copy(a.buf[vl+p.end:], frame[p.end:]) // link-layer padding, for a lone head
+			seed := pseudo + uint64(p.end-p.l4Off) + uint64(s)
+			if vnethdr.Fold(vnethdr.Sum(frame[p.l4Off:p.payOff], seed)) != 0xffff {
+				c.note(ReasonBadChecksum, len(frame))
+				c.pass(buf, in)
+				return
+			}
 		}
 	}
 	c.free = c.free[:len(c.free)-1]
 
 	a.key, a.hash, a.start = p.key, c.hashOf(p), now
-	a.v6, a.udp = p.v6, p.udp
+	a.v6, a.udp, a.byRef = p.v6, p.udp, tag >= 0
 	a.l2, a.l4Off, a.payOff, a.end = p.l2, p.l4Off, p.payOff, p.end
+	if tag >= 0 {
+		a.flat = 0
+		a.head = buf[:vl+len(frame)]
+		a.refs = append(a.refs[:0], frame[p.payOff:p.end])
+		a.tags = append(a.tags[:0], tag)
+		c.pins[tag]++
+	} else {
+		a.flat = p.end - p.payOff
+	}
 	a.headLen = len(frame)
 	a.segs, a.gsoSize, a.capSegs = 1, p.payload, capSegs
 	a.pseudo = pseudo
@@ -189,18 +249,28 @@ func (c *Coalescer) emitAgg(i int32) {
 	a := &c.aggs[i]
 	vl := c.cfg.VnetHdrLen
 	if a.segs == 1 {
+		// The frame as it arrived: from the caller's buffer while it is referenced
+		// there, whose headroom is free for the header, else from the copy.
+		b := a.buf[:vl+a.headLen]
+		if a.head != nil {
+			b = a.head
+		}
 		if a.partial {
 			h := a.headHdr
 			h.NumBuffers = 0
-			_ = h.Encode(a.buf, vl)
+			_ = h.Encode(b, vl)
 		} else {
-			vnethdr.Zero(a.buf, vl)
+			vnethdr.Zero(b, vl)
 		}
-		c.out(a.buf[:vl+a.headLen], 1)
+		c.out(b, 1)
+		c.unpin(a)
 		return
 	}
+	if len(a.refs) > 0 && c.emitV == nil {
+		c.materialize(a)
+	}
 
-	f := a.buf[vl : vl+a.end]
+	f := a.buf[vl : vl+a.payOff+a.flat]
 	ipLen, l4Len := a.end-a.l2, a.end-a.l4Off
 	h := vnethdr.Hdr{
 		Flags:   vnethdr.FlagNeedsCsum,
@@ -237,7 +307,15 @@ func (c *Coalescer) emitAgg(i int32) {
 	binary.BigEndian.PutUint16(l4[h.CsumOffset:], vnethdr.Fold(a.pseudo+uint64(l4Len)))
 	_ = h.Encode(a.buf, vl)
 	c.stats.GSOOut.Add(1)
-	c.out(a.buf[:vl+a.end], a.segs)
+	if len(a.refs) == 0 {
+		c.out(a.buf[:vl+a.end], a.segs)
+		return
+	}
+	iov := append(c.iov[:0], a.buf[:vl+a.payOff+a.flat])
+	iov = append(iov, a.refs...)
+	c.outV(iov, a.segs)
+	clear(iov)
+	c.unpin(a)
 }
 
 // unlink removes aggregate i from its hash chain and the start-order list and returns

@@ -52,3 +52,16 @@ func (c *Coalescer) FlushOne() bool {
 	c.emitAgg(i)
 	return true
 }
+
+// FlushOneExpired emits the oldest held aggregate if it started at least maxAge ns
+// before now (counted as timer) and reports whether it did: FlushExpired one packet at
+// a time, for the same callers as FlushOne.
+func (c *Coalescer) FlushOneExpired(now, maxAge int64) bool {
+	if c.oldest < 0 || now-c.aggs[c.oldest].start < maxAge {
+		return false
+	}
+	i := c.oldest
+	c.note(ReasonTimer, c.aggs[i].end)
+	c.emitAgg(i)
+	return true
+}

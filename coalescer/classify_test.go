@@ -14,8 +14,8 @@ import (
 func TestClassify(t *testing.T) {
 	h := newHarness(t, Config{VnetHdrLen: 12})
 	f := newFlow("tcp4")
-	a, b := f.seg(mss), f.seg(mss)
-	ack := f.seg(0)
+	a, b := f.Seg(mss), f.Seg(mss)
+	ack := f.Seg(0)
 	const prefix = 128
 	classify := func(fr []byte, valid int, in *vnethdr.Hdr) bool {
 		// Bytes past the prefix are garbage: Classify must not read them.
@@ -51,7 +51,7 @@ func TestClassify(t *testing.T) {
 	}
 	// An IPv6 extension header chain past the prefix: undecidable.
 	f6 := newFlow("tcp6", hbhDstOpts)
-	ack6 := f6.seg(0)
+	ack6 := f6.Seg(0)
 	if !classify(ack6, 60, nil) {
 		t.Error("an IPv6 ACK decided from a prefix ending in its extension headers")
 	}
@@ -59,10 +59,10 @@ func TestClassify(t *testing.T) {
 		t.Error("IPv6 ACK with a short chain is a candidate")
 	}
 	// GSO input flushes its flow and is the caller's.
-	c, d := f.seg(mss), f.seg(mss)
+	c, d := f.Seg(mss), f.Seg(mss)
 	h.add(c, nil)
 	h.add(d, nil)
-	big := f.seg(3 * mss)
+	big := f.Seg(3 * mss)
 	gso := &vnethdr.Hdr{Flags: vnethdr.FlagNeedsCsum, GSOType: vnethdr.GSOTCPv4, HdrLen: 66, GSOSize: mss, CsumStart: 34, CsumOffset: 16}
 	n := len(h.out)
 	if classify(big, prefix, gso) || h.c.Held() != 0 || len(h.out) != n+1 {
@@ -71,7 +71,7 @@ func TestClassify(t *testing.T) {
 	if h.c.FlushOne() {
 		t.Error("FlushOne with nothing held")
 	}
-	h.add(f.seg(mss), nil)
+	h.add(f.Seg(mss), nil)
 	if !h.c.FlushOne() || h.c.FlushOne() || h.c.Held() != 0 {
 		t.Error("FlushOne does not emit exactly the one held aggregate")
 	}
@@ -79,7 +79,7 @@ func TestClassify(t *testing.T) {
 
 func TestClassifyAllocs(t *testing.T) {
 	h := newHarness(t, Config{VnetHdrLen: 12})
-	ack := newFlow("tcp4").seg(0)
+	ack := newFlow("tcp4").Seg(0)
 	if n := testing.AllocsPerRun(100, func() { h.c.Classify(ack, len(ack), nil) }); n != 0 {
 		t.Errorf("%v allocations per Classify", n)
 	}

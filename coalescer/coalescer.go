@@ -43,13 +43,41 @@ type Config struct {
 	// with the length of the frame or packet concerned. It runs on the packet path:
 	// keep it cheap (main rate-limits its log lines).
 	Trace func(r Reason, frameLen int)
+
+	// RefTags > 0 enables AddRef: tags 0..RefTags-1 name the caller's read buffers (or
+	// groups of them) that aggregates may reference instead of copying from. 0: AddRef
+	// is unavailable and nothing for it is allocated (vhostnet's engines).
+	RefTags int
+	// MaxRefs bounds the payload references one aggregate holds (AddRef); default 128,
+	// at most MaxIovRefs. One more segment first copies the referenced payloads into the
+	// aggregate's own buffer (the decision to merge does not change), so an emitted
+	// packet never needs more than MaxRefs+1 iovecs.
+	MaxRefs int
+	// RefMinPayload is the smallest first-segment payload for which AddRef references
+	// instead of copying: an aggregate that starts with a smaller segment is built by
+	// copy, as by Add (its buffers are not pinned). 0: always reference. The datapath
+	// sets it from a measurement: a gathered write costs the kernel per iovec, so small
+	// segments are cheaper copied (datapath.groRefMinPayload).
+	RefMinPayload int
 }
+
+// DefaultMaxRefs covers a full 64 KB aggregate of segments down to 512 bytes of payload
+// (65495/128 ≈ 512; 1448-byte segments need 45), and MaxIovRefs is UIO_MAXIOV (1024,
+// include/uapi/linux/uio.h) minus the iovec of the headers: writev(2) refuses more.
+const (
+	DefaultMaxRefs = 128
+	MaxIovRefs     = 1023
+)
 
 // Coalescer is the userspace GRO engine. It is not safe for concurrent use: one
 // goroutine (the port → TAP pipeline) owns it; Stats may be read from anywhere.
 type Coalescer struct {
 	cfg      Config
 	emit     func(pkt []byte)
+	emitV    func(iov [][]byte) // nil: aggregates with references are copied together for emit
+	iov      [][]byte           // emitV's scratch, cap MaxRefs+1
+	pins     []int32            // per tag: references held into the caller's buffers
+	maxRefs  int
 	seed     maphash.Seed
 	maxSegs  int
 	off      bool // neither TCP nor UDP coalescing: skip parsing entirely
@@ -64,10 +92,16 @@ type Coalescer struct {
 	stats    *Stats
 }
 
-// agg is one open aggregate: a copy of the head frame, with the payloads of the merged
-// segments appended after the head's IP packet, and what the merge rules compare.
+// agg is one open aggregate: a copy of the head frame's headers, its payload in two
+// parts, and what the merge rules compare. The payload is buf's flat bytes after the
+// headers (segments added by Add, copied; and whatever was copied on hold), then refs,
+// slices of the caller's buffers (segments added by AddRef, not copied).
 type agg struct {
-	buf        []byte // [VnetHdrLen headroom][frame], cap VnetHdrLen+18+65535
+	buf        []byte // [VnetHdrLen headroom][headers][flat payload], cap VnetHdrLen+18+65535
+	flat       int    // payload bytes in buf after the headers (buf[VnetHdrLen+payOff:][:flat])
+	refs       [][]byte
+	tags       []int32 // tags[k] is the caller's tag of refs[k]
+	head       []byte  // while the lone head is referenced: [headroom][frame] in the caller's buffer
 	key        flowKey
 	hash       uint64
 	hnext      int32 // next agg in the same hash bucket
@@ -75,10 +109,11 @@ type agg struct {
 	start      int64
 
 	v6, udp bool
-	l2      int // offsets within the frame, as in pkt
+	byRef   bool // started by AddRef at or above RefMinPayload: payloads are referenced
+	l2      int  // offsets within the frame, as in pkt
 	l4Off   int
 	payOff  int
-	end     int // L2 + current IP length: where the next payload goes
+	end     int // L2 + current IP length: payOff + flat + the referenced bytes
 	headLen int // the head frame's length as received (padding included)
 	segs    int
 	gsoSize int
@@ -105,6 +140,14 @@ const (
 	idIncr           // ID grows by exactly 1 per segment
 	idFixed          // ID constant, DF set or clear
 )
+
+// SetEmitV sets the vectored output for aggregates that reference the caller's buffers
+// (AddRef): emitV gets iov[0] = [virtio_net_hdr][the head's headers, rewritten][any
+// flat payload], then one slice per referenced payload; their concatenation is exactly
+// the packet emit would have been given, and it is valid only during the call. emitV
+// must not call back into the Coalescer. Without it such an aggregate is copied together
+// in its own buffer and handed to emit. Everything else still goes to emit.
+func (c *Coalescer) SetEmitV(emitV func(iov [][]byte)) { c.emitV = emitV }
 
 // New returns a Coalescer that hands every output packet to emit. All memory is
 // allocated here: MaxFlows aggregate buffers of 65535+VnetHdrLen+18 bytes each (4.2 MB
@@ -156,12 +199,38 @@ func (c *Coalescer) configure(cfg Config) {
 	c.maxSegs = cfg.MaxSegments
 	c.off = cfg.DisableTCP && !cfg.UDP
 
+	if cfg.MaxRefs <= 0 {
+		cfg.MaxRefs = DefaultMaxRefs
+	}
+	cfg.MaxRefs = min(cfg.MaxRefs, MaxIovRefs)
+	c.cfg = cfg
+	c.maxRefs = cfg.MaxRefs
+
 	bufLen := cfg.VnetHdrLen + maxL2 + maxIPLen
 	if len(c.aggs) < cfg.MaxFlows || (len(c.aggs) > 0 && len(c.aggs[0].buf) < bufLen) {
 		c.aggs = make([]agg, cfg.MaxFlows)
 		for i := range c.aggs {
 			c.aggs[i].buf = make([]byte, bufLen)
 		}
+	}
+	if cfg.RefTags > 0 {
+		// Everything held was flushed (SetConfig), so no reference survives this.
+		if cap(c.pins) < cfg.RefTags {
+			c.pins = make([]int32, cfg.RefTags)
+		}
+		c.pins = c.pins[:cfg.RefTags]
+		clear(c.pins)
+		for i := range c.aggs {
+			if a := &c.aggs[i]; cap(a.refs) < c.maxRefs {
+				a.refs = make([][]byte, 0, c.maxRefs)
+				a.tags = make([]int32, 0, c.maxRefs)
+			}
+		}
+		if cap(c.iov) < c.maxRefs+1 {
+			c.iov = make([][]byte, 0, c.maxRefs+1)
+		}
+	} else {
+		c.pins = c.pins[:0]
 	}
 	nb := 1
 	for nb < 2*cfg.MaxFlows {
@@ -200,6 +269,13 @@ func (c *Coalescer) out(b []byte, segs int) {
 	c.emit(b)
 }
 
+// outV hands one packet, referenced in pieces, to emitV.
+func (c *Coalescer) outV(iov [][]byte, segs int) {
+	c.stats.Packets.Add(1)
+	c.stats.SegsPerPacket[histBucket(segs)].Add(1)
+	c.emitV(iov)
+}
+
 // Add offers one frame. buf[:VnetHdrLen] is free headroom, buf[VnetHdrLen:] the Ethernet
 // frame. in is the header the frame arrived with (nil or zero for ports without one):
 // NEEDS_CSUM or DATA_VALID means its L4 checksum is trusted; a GSO frame is never merged
@@ -207,7 +283,84 @@ func (c *Coalescer) out(b []byte, segs int) {
 // used only by FlushExpired. A frame that is not merged is emitted without copying, with
 // a freshly written header in the headroom; an aggregate held for its flow is always
 // emitted first, so no frame overtakes held data of its own flow.
-func (c *Coalescer) Add(buf []byte, in *vnethdr.Hdr, now int64) {
+func (c *Coalescer) Add(buf []byte, in *vnethdr.Hdr, now int64) { c.add(buf, in, now, -1) }
+
+// AddRef is Add for a frame whose buffer the caller keeps intact, headroom included,
+// until the Coalescer no longer refers to it: a merged segment's payload is then
+// referenced where it lies instead of copied (its checksum is verified in place, read
+// only), and the aggregate leaves through the emitV callback as an iovec list
+// (SetEmitV). tag, in 0..Config.RefTags-1, names the caller's buffer (or group of
+// buffers) holding the frame. Before the caller reuses any buffer of a tag it calls
+// Release(tag); an aggregate also lets go of its references when it is emitted, so after
+// Flush nothing is referenced. Decisions, counters and output bytes are exactly Add's.
+// AddRef panics if tag is out of range (a programming error).
+func (c *Coalescer) AddRef(buf []byte, in *vnethdr.Hdr, now int64, tag int) {
+	if uint(tag) >= uint(len(c.pins)) {
+		panic(fmt.Sprintf("coalescer: AddRef tag %d, Config.RefTags %d", tag, len(c.pins)))
+	}
+	c.add(buf, in, now, int32(tag))
+}
+
+// Pinned reports whether a held aggregate refers to a buffer of tag.
+func (c *Coalescer) Pinned(tag int) bool { return uint(tag) < uint(len(c.pins)) && c.pins[tag] > 0 }
+
+// Release ends every reference into the buffers of tag: each held aggregate referring
+// to one copies all its referenced payloads into its own buffer (copy on hold) and stays
+// held, so the caller may overwrite them; what the engine emits, and when, does not
+// change. Without references into tag it returns at once.
+func (c *Coalescer) Release(tag int) {
+	if !c.Pinned(tag) {
+		return
+	}
+	for i := c.oldest; i >= 0 && c.pins[tag] > 0; {
+		a := &c.aggs[i]
+		next := a.next
+		for _, t := range a.tags {
+			if t == int32(tag) {
+				c.materialize(a)
+				break
+			}
+		}
+		i = next
+	}
+}
+
+// materialize copies a's referenced payloads into its own buffer after the flat part,
+// in order, and lets go of the references. A lone head is copied with its link-layer
+// padding, which it is emitted with.
+func (c *Coalescer) materialize(a *agg) {
+	if len(a.refs) == 0 {
+		return
+	}
+	vl := c.cfg.VnetHdrLen
+	n := 0
+	if a.head != nil {
+		n = copy(a.buf[vl+a.payOff:], a.head[vl+a.payOff:])
+		a.head = nil
+	} else {
+		off := vl + a.payOff + a.flat
+		for _, r := range a.refs {
+			off += copy(a.buf[off:], r)
+			n += len(r)
+		}
+	}
+	a.flat = a.end - a.payOff
+	c.stats.HeldCopies.Add(uint64(n))
+	c.unpin(a)
+}
+
+// unpin drops a's references.
+func (c *Coalescer) unpin(a *agg) {
+	for _, t := range a.tags {
+		c.pins[t]--
+	}
+	clear(a.refs) // do not keep the caller's buffers reachable from here
+	a.refs, a.tags = a.refs[:0], a.tags[:0]
+	a.head = nil
+}
+
+// add is Add (tag < 0: copy) and AddRef.
+func (c *Coalescer) add(buf []byte, in *vnethdr.Hdr, now int64, tag int32) {
 	c.stats.Segments.Add(1)
 	vl := c.cfg.VnetHdrLen
 	if len(buf) < vl {
@@ -236,13 +389,13 @@ func (c *Coalescer) Add(buf []byte, in *vnethdr.Hdr, now int64) {
 	if i := c.lookup(p); i >= 0 {
 		a := &c.aggs[i]
 		if r = c.mergeCheck(a, p, frame); r == ReasonMerged {
-			c.merge(i, buf, in)
+			c.merge(i, buf, in, tag)
 			return
 		}
 		c.emitAgg(i)
 		c.note(r, len(frame))
 	}
-	c.startAgg(buf, in, now)
+	c.startAgg(buf, in, now, tag)
 }
 
 // bypass passes an ineligible frame through, after flushing its flow.

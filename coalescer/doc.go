@@ -14,10 +14,41 @@
 // the fields it needs) and builds a fixed 56-byte flow key: MACs, VLAN tag, IP version,
 // L4 protocol, addresses, ports and the IPv6 flow label. The key is hashed with
 // hash/maphash into a chained table of 2×MaxFlows buckets. A frame that may be coalesced
-// either joins its flow's open aggregate (its payload is appended to a copy of the first
-// segment) or starts a new one. Any other frame is emitted at once without copying: a
-// fresh header (zero, or the arrival header for GSO and NEEDS_CSUM frames) is written
-// into the caller's headroom and emit sees the caller's buffer.
+// either joins its flow's open aggregate or starts a new one. Any other frame is emitted
+// at once without copying: a fresh header (zero, or the arrival header for GSO and
+// NEEDS_CSUM frames) is written into the caller's headroom and emit sees the caller's
+// buffer.
+//
+// # Copying and referencing
+//
+// An aggregate is the head segment's headers, copied into the aggregate's own buffer
+// because emitting rewrites them (IP length, ID and checksum, TCP flags and window, the
+// virtio header in front), followed by the payloads of its segments in two parts: a flat
+// part in that buffer, then references (slices) into the caller's buffers. Add copies:
+// each payload goes into the flat part as its checksum is verified, so the caller may
+// reuse its buffer as soon as Add returns (vhostnet, whose frames sit in guest memory,
+// and the vnet-hdr ports, whose frames are lent until the end of the batch). AddRef
+// references: the checksum is verified in place, read only, the payload stays where it
+// is, and the aggregate is emitted through SetEmitV's callback as one iovec list,
+// [virtio header + headers + flat part][payload]…, which the datapath hands to one
+// writev(2) on the TAP, so the only copy of a payload is the kernel's. A lone segment is
+// emitted from the caller's buffer itself, behind a header written into its headroom.
+// Config.RefMinPayload makes AddRef copy aggregates of small segments anyway: a
+// gathered write costs the kernel per iovec, which for MTU-sized segments is more than
+// the copy saves (the datapath's groRefMinPayload gives the measurement).
+//
+// Ownership is explicit. AddRef takes a tag naming the caller's buffer (Config.RefTags
+// of them); the engine counts the references it holds per tag and drops an
+// aggregate's when it is emitted, so after Flush nothing is referenced. An aggregate
+// can outlive a read (timer mode, eviction, a batch that ends while the port has more
+// buffered), so before the caller refills a buffer it calls Release(tag): each
+// aggregate still referring to that buffer copies everything it references into its flat
+// part (copy on hold, counted in Stats.HeldCopies) and stays held. What the engine
+// emits, and when, is the same either way: the merge decisions never look at where the
+// payload is. An aggregate holds at most MaxRefs references (default 128: a 64 KB
+// aggregate of segments down to 512 bytes); the next one copies the referenced part
+// into the flat part first, so a packet never needs more than MaxRefs+1 iovecs, within
+// writev's UIO_MAXIOV (1024, include/uapi/linux/uio.h).
 //
 // # Merge rules
 //
@@ -38,10 +69,11 @@
 // skb_gro_receive allows. A segment that would pass 65535 starts the next packet, so a
 // flow whose segments add up exactly gets 65495 TCP payload bytes per IPv4 packet and
 // 65475 per IPv6 packet (20-byte IP and TCP headers), as under Linux. Sizes come from
-// the IP header, never the frame length, so Ethernet padding is ignored. The L4 checksum of every segment, the first included, is
-// verified in software while its payload is copied (one call, cache-hot; see sumCopy),
-// unless the arrival header says NEEDS_CSUM or DATA_VALID: merging would otherwise
-// launder a corrupted segment, since the output asks the kernel to compute a fresh sum.
+// the IP header, never the frame length, so Ethernet padding is ignored. The L4 checksum
+// of every segment, the first included, is verified in software (Add: while its payload
+// is copied, one call, cache-hot, see sumCopy; AddRef: in place), unless the arrival
+// header says NEEDS_CSUM or DATA_VALID: merging would otherwise launder a corrupted
+// segment, since the output asks the kernel to compute a fresh sum.
 //
 // # Ordering guarantee
 //
@@ -98,10 +130,12 @@
 // # Memory
 //
 // New allocates everything: MaxFlows buffers of VnetHdrLen+18+65535 bytes (64 flows ×
-// 65565 bytes ≈ 4.2 MB at the defaults), the bucket array and a free stack. Add, Flush
+// 65565 bytes ≈ 4.2 MB at the defaults; with AddRef they still take a copy on hold),
+// the bucket array and a free stack, and with RefTags the reference arrays (MaxRefs per
+// flow: 64 × 128 slices ≈ 230 KB) and the per-tag counts. Add, AddRef, Release, Flush
 // and FlushExpired allocate nothing (TestAllocs, the benchmarks). SetConfig reallocates
-// only if MaxFlows or VnetHdrLen grew. The engine is single-goroutine; Stats are atomics
-// readable from anywhere.
+// only if MaxFlows, VnetHdrLen, RefTags or MaxRefs grew. The engine is single-goroutine;
+// Stats are atomics readable from anywhere.
 //
 // # Deliberately not done
 //

@@ -20,27 +20,27 @@ func fuzzSeeds() [][]byte {
 	f := newFlow("tcp4")
 	s := []byte{0x00}
 	for range 4 {
-		s = append(s, fuzzRecord(0, f.seg(300))...)
+		s = append(s, fuzzRecord(0, f.Seg(300))...)
 	}
-	s = append(s, fuzzRecord(1, f.seg(0))...)
+	s = append(s, fuzzRecord(1, f.Seg(0))...)
 	seeds = append(seeds, s)
 
 	g, u := newFlow("tcp6", withVLAN(3)), newFlow("udp6")
 	s = []byte{0x03}
 	for range 3 {
-		s = append(s, fuzzRecord(0, g.seg(200))...)
-		s = append(s, fuzzRecord(2, u.seg(100))...)
+		s = append(s, fuzzRecord(0, g.Seg(200))...)
+		s = append(s, fuzzRecord(2, u.Seg(100))...)
 	}
-	s = append(s, fuzzRecord(0, g.seg(200, orFlags(tcpPSH)))...)
+	s = append(s, fuzzRecord(0, g.Seg(200, orFlags(tcpPSH)))...)
 	seeds = append(seeds, s)
 
 	f = newFlow("tcp4")
 	s = []byte{0x10}
-	s = append(s, fuzzRecord(4, f.seg(100, partialL4))...)
-	s = append(s, fuzzRecord(4, f.seg(100, partialL4))...)
-	s = append(s, fuzzRecord(6, f.seg(300))...)
-	s = append(s, fuzzRecord(8, f.seg(100, withIPOpt))...)
-	s = append(s, fuzzRecord(1, f.seg(100, withPad(10)))...)
+	s = append(s, fuzzRecord(4, f.Seg(100, partialL4))...)
+	s = append(s, fuzzRecord(4, f.Seg(100, partialL4))...)
+	s = append(s, fuzzRecord(6, f.Seg(300))...)
+	s = append(s, fuzzRecord(8, f.Seg(100, withIPOpt))...)
+	s = append(s, fuzzRecord(1, f.Seg(100, withPad(10)))...)
 	seeds = append(seeds, s)
 
 	// Fixed IDs without DF, IPv6 extension header chains (equal, changed, routed), and
@@ -50,16 +50,16 @@ func fuzzSeeds() [][]byte {
 	e := newFlow("tcp6", hbhDstOpts)
 	s = []byte{0x08}
 	for range 3 {
-		s = append(s, fuzzRecord(0, f.seg(300, withID(9)))...)
-		s = append(s, fuzzRecord(0, e.seg(200))...)
+		s = append(s, fuzzRecord(0, f.Seg(300, withID(9)))...)
+		s = append(s, fuzzRecord(0, e.Seg(200))...)
 	}
-	s = append(s, fuzzRecord(0, e.seg(200, dstOpts))...)
-	s = append(s, fuzzRecord(0, e.seg(200, routingHdr(1)))...)
+	s = append(s, fuzzRecord(0, e.Seg(200, dstOpts))...)
+	s = append(s, fuzzRecord(0, e.Seg(200, routingHdr(1)))...)
 	j := newFlow("tcp4", withOpts(nil))
 	for range 3 {
-		s = append(s, fuzzRecord(0, j.seg(3000))...)
+		s = append(s, fuzzRecord(0, j.Seg(3000))...)
 	}
-	s = append(s, fuzzRecord(1, j.seg(500))...)
+	s = append(s, fuzzRecord(1, j.Seg(500))...)
 	seeds = append(seeds, s)
 	return seeds
 }

@@ -3,6 +3,7 @@ package coalescer
 import (
 	"bytes"
 	"encoding/binary"
+	"fmt"
 	"math/rand/v2"
 	"testing"
 
@@ -32,14 +33,14 @@ func genFlow(rng *rand.Rand, kind string, port uint16) [][]byte {
 	}
 	fixedID := !v6 && rng.IntN(3) == 0
 	f := newFlow(kind, mods...)
-	udp := f.s.udp
+	udp := f.Spec.UDP
 	sizes := []int{100, 536, 1200, 1448, 1448, 8072, 9000, 16000}
 	m := sizes[rng.IntN(len(sizes))]
 	// fill: sizes chosen so that runs of full segments plus one tail add up to exactly
 	// 65535 IP bytes, the most Linux puts in one packet.
 	fill := m >= 1448 && rng.IntN(2) == 0
-	probe := f.s
-	probe.n = 0
+	probe := f.Spec
+	probe.N = 0
 	pl, _ := vnethdr.ParseLayout(build(probe))
 	capPayload := maxIPLen - (pl.PayloadOff - pl.L3Off)
 	room := capPayload
@@ -53,7 +54,7 @@ func genFlow(rng *rand.Rand, kind string, port uint16) [][]byte {
 				ts++
 			}
 			if rng.IntN(20) == 0 {
-				f.s.ack += 1448
+				f.Spec.Ack += 1448
 			}
 			sm = append(sm, withOpts(tsOpts(ts)))
 		}
@@ -89,7 +90,7 @@ func genFlow(rng *rand.Rand, kind string, port uint16) [][]byte {
 		if size == 0 && udp {
 			size = 1
 		}
-		out = append(out, f.seg(size, sm...))
+		out = append(out, f.Seg(size, sm...))
 	}
 	// Loss, duplication and reordering.
 	var res [][]byte
@@ -117,6 +118,8 @@ func TestPropertyResegmentation(t *testing.T) {
 	kinds := []string{"tcp4", "tcp6", "udp4", "udp6", "tcp4", "tcp6", "tcp4", "udp4"}
 	var gso, merged uint64
 	var fixedAggs, extAggs, fullAggs, tailAggs int
+	var vcalls, maxIov int
+	var heldCopies uint64
 	for iter := range 300 {
 		rng := rand.New(rand.NewPCG(uint64(iter), 0x7a9))
 		nflows := 1 + rng.IntN(len(kinds))
@@ -126,6 +129,11 @@ func TestPropertyResegmentation(t *testing.T) {
 			VnetHdrLen:  []int{10, 12}[rng.IntN(2)],
 			UDP:         rng.IntN(4) != 0,
 		}
+		// rng2 drives what the original generator did not know about (timer flushes,
+		// MaxRefs), so the frames generated stay those of rng's sequence.
+		rng2 := rand.New(rand.NewPCG(uint64(iter), 0x71e))
+		cfg.MaxRefs = []int{0, 1, 3, 40}[rng2.IntN(4)]
+		cfg.RefMinPayload = []int{0, 0, 1000}[rng2.IntN(3)] // some aggregates by copy
 		h := newHarness(t, cfg)
 
 		perFlow := make([][][]byte, nflows)
@@ -146,12 +154,20 @@ func TestPropertyResegmentation(t *testing.T) {
 			next[i]++
 			fed++
 			inBytes += len(fr)
+			h.now++
 			h.add(fr, nil)
 			if rng.IntN(20) == 0 {
 				h.c.Flush()
 			}
+			if rng2.IntN(10) == 0 {
+				// Timer mode: what is older than a random age goes, the rest is held.
+				h.c.FlushExpired(h.now, int64(1+rng2.IntN(40)))
+			}
 		}
 		h.c.Flush()
+		if h.pinned() {
+			t.Fatalf("iter %d: a buffer is still referenced after Flush", iter)
+		}
 
 		// want[i] is what flow i's frames must come back as: the input frames, with the
 		// IDs of each fixed-ID aggregate renumbered as GSO does (resegmented).
@@ -215,6 +231,7 @@ func TestPropertyResegmentation(t *testing.T) {
 			}
 		}
 		st := h.c.Stats()
+		vcalls, maxIov, heldCopies = vcalls+h.vcall, max(maxIov, h.iovs), heldCopies+st.HeldCopies.Load()
 		gso += st.GSOOut.Load()
 		merged += st.Coalesced.Load()
 		if st.Segments.Load() != uint64(total) || st.Packets.Load() != uint64(len(h.out)) {
@@ -228,5 +245,35 @@ func TestPropertyResegmentation(t *testing.T) {
 	}
 	if fixedAggs == 0 || extAggs == 0 || fullAggs == 0 || tailAggs == 0 {
 		t.Fatal("the generator did not exercise every rule")
+	}
+	if harnessRing > 0 {
+		t.Logf("by reference, ring of %d: %d vectored packets (up to %d iovecs), %d bytes copied on hold",
+			harnessRing, vcalls, maxIov, heldCopies)
+		if vcalls == 0 || heldCopies == 0 || maxIov < 2 {
+			t.Fatal("the by-reference run did not exercise references, copies on hold and payload iovecs")
+		}
+	}
+}
+
+// TestByReference runs the table and property tests again with every frame added by
+// reference (AddRef) from a ring of buffers that are released and poisoned before reuse:
+// a ring of 1 releases every held aggregate before each frame (everything is copied on
+// hold, mixed with references), 3 some, 64 almost none. Output and counters must be
+// exactly those of the copying path.
+func TestByReference(t *testing.T) {
+	defer func() { harnessRing = 0 }()
+	for _, ring := range []int{1, 3, 64} {
+		harnessRing = ring
+		t.Run(fmt.Sprintf("ring%d", ring), func(t *testing.T) {
+			t.Run("Matrix", TestMatrix)
+			t.Run("GSOHeaderExact", TestGSOHeaderExact)
+			t.Run("WindowAndFlags", TestWindowAndFlags)
+			t.Run("FixedID", TestFixedID)
+			t.Run("SizeCapPayload", TestSizeCapPayload)
+			t.Run("GSOInput", TestGSOInput)
+			t.Run("TrustedChecksums", TestTrustedChecksums)
+			t.Run("Trace", TestTrace)
+			t.Run("PropertyResegmentation", TestPropertyResegmentation)
+		})
 	}
 }

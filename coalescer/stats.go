@@ -145,6 +145,11 @@ type Stats struct {
 	Disabled       atomic.Uint64
 	Malformed      atomic.Uint64
 
+	// HeldCopies counts the payload bytes AddRef'd aggregates copied into their own
+	// buffer because they outlived the caller's buffer (Release) or reached MaxRefs:
+	// the copies the referencing path did not avoid. Not a decision; no Reason.
+	HeldCopies atomic.Uint64
+
 	// SegsPerPacket[i] counts emitted packets carrying n segments with
 	// HistBounds[i-1] < n <= HistBounds[i]; the last bucket is n > 64. Buckets are not
 	// cumulative. A passed-through frame (GSO input included) counts as 1 segment.

@@ -14,9 +14,28 @@
 // reading and counts what it discards, as QEMU discards while its link is down. Every
 // frame is decided on its own header: a GSO or partial-checksum frame the port accepts
 // goes on whole, one it does not is split or checksummed in software first, and the
-// batch is staged in the receive pool and flushed at the end of the TAP read. The port→TAP goroutine lives as long as one connection: plain segments from the
-// port go through the GRO engine, frames with a vnet header are validated as strictly as
-// the kernel would (vnethdr.ValidatePeer) and passed whole where the TAP takes them.
+// batch is staged in the receive pool and flushed at the end of the TAP read (see
+// "TAP→port without a payload copy" below). The port→TAP goroutine lives as long as one
+// connection: plain segments from the port go through the GRO engine, frames with a
+// vnet header are validated as strictly as the kernel would (vnethdr.ValidatePeer) and
+// passed whole where the TAP takes them.
+//
+// Port→TAP, a plain port's frames are read into a ring of 2×batch read buffers and
+// offered to the GRO engine by reference (coalescer.AddRef): an aggregate of segments
+// of at least groRefMinPayload (4096) bytes holds the head's rewritten headers and
+// slices of each segment's payload where the port put it, and leaves with one writev(2)
+// of [vnet header + headers][payload]…, so the payload is copied only by the kernel.
+// MTU-sized segments are still copied into the aggregate: the kernel's gathered copy
+// costs per iovec, and 46 pieces cost it more than GRO's cache-hot copy of them
+// (measured; see groRefMinPayload). The engine counts its references per buffer; each read claims the ring's
+// next batch buffers and releases them first (coalescer.Release), and an aggregate that
+// still points into one copies its payloads then (copy on hold) and stays held, so a
+// buffer is never refilled under an aggregate, memory stays fixed, and the timer flush,
+// eviction and the flush reasons behave as when everything is copied. With one batch
+// of slack an aggregate held across a read (batch flush while the port has more
+// buffered, timer flush) normally ends before its buffers come round again. Frames
+// from a vnet-hdr port go in by copy (coalescer.Add): they may be lent by the port
+// until the end of the batch only.
 //
 // # TAP→port without a payload copy
 //

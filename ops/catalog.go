@@ -76,6 +76,8 @@ func (m *Metrics) addGRO(gro func(*Source) *coalescer.Stats, hist bool) {
 		stat(func(s *coalescer.Stats) uint64 { return s.Coalesced.Load() }))
 	m.add("tapgro_gro_gso_packets_total", "GSO packets (2 or more segments) written to the TAP.", Counter, nil,
 		stat(func(s *coalescer.Stats) uint64 { return s.GSOOut.Load() }))
+	m.add("tapgro_gro_held_copy_bytes_total", "Payload bytes held aggregates copied out of a port read buffer about to be reused (merging by reference, segments of 4 KB and more).", Counter, nil,
+		stat(func(s *coalescer.Stats) uint64 { return s.HeldCopies.Load() }))
 	for _, r := range coalescer.Reasons() {
 		r := r
 		m.add("tapgro_gro_reason_total", "GRO bypass and flush decisions, by reason.", Counter,

@@ -33,7 +33,9 @@ import (
 //     (TXWaiting); it has moved when a frame was written or dropped.
 //
 // A guest whose driver stopped refilling its receive ring (hung, or paused with the
-// link up) is the stall this catches.
+// link up) is the stall this catches. With several queue pairs each pair is watched on
+// its own (vhostnet.QueueStats): a guest that stops serving one queue while the others
+// move stalls the flows hashed to it, and the port's totals would hide that.
 //
 // A direction with work that has not moved for --health-stall is stalled and /healthz
 // answers 503 with the reason. An idle link, or no peer at all, is healthy: waiting for
@@ -47,7 +49,17 @@ const (
 
 var dirNames = [numDirs]string{"tap_to_port", "port_to_tap"}
 
-// dirHealth is one direction's watch state.
+// watch is one thing the monitor watches: a direction of the port, or of one queue
+// pair, as the probe reports it.
+type watch struct {
+	dir      int    // dirTapToPort or dirPortToTap
+	name     string // in the 503 body: the direction, and the queue pair if several
+	pending  bool
+	progress uint64 // the counter that moves when work gets done
+	detail   string
+}
+
+// dirHealth is one watch's state between samples.
 type dirHealth struct {
 	progress uint64    // the counter that moves when work gets done
 	since    time.Time // when the current wait began (last progress, or work appearing)
@@ -56,81 +68,91 @@ type dirHealth struct {
 }
 
 type HealthMonitor struct {
-	probe func() (pending [numDirs]bool, progress [numDirs]uint64, detail [numDirs]string)
+	probe func(into []watch) []watch
 	stall time.Duration
 
-	mu   sync.Mutex
-	dirs [numDirs]dirHealth
+	mu      sync.Mutex
+	watches []watch
+	dirs    []dirHealth // one per watch, same order every sample
 }
 
 // NewHealthMonitor watches the engine eng.
 func NewHealthMonitor(eng Snapshotter, stall time.Duration) *HealthMonitor {
-	return &HealthMonitor{probe: func() ([numDirs]bool, [numDirs]uint64, [numDirs]string) { return engineWork(eng) }, stall: stall}
+	return &HealthMonitor{probe: func(w []watch) []watch { return engineWork(eng, w) }, stall: stall}
 }
 
-// NewVhostHealthMonitor watches a vhost-user datapath's counters st.
+// NewVhostHealthMonitor watches a vhost-user datapath's counters st, pair by pair.
 func NewVhostHealthMonitor(st *vhostnet.Stats, stall time.Duration) *HealthMonitor {
-	return &HealthMonitor{probe: func() ([numDirs]bool, [numDirs]uint64, [numDirs]string) { return vhostWork(st) }, stall: stall}
+	return &HealthMonitor{probe: func(w []watch) []watch { return vhostWork(st, w) }, stall: stall}
 }
 
-// vhostWork is NewVhostHealthMonitor's probe: each direction's wait flag and the
-// counters that move when its work gets done (delivered or dropped).
-func vhostWork(st *vhostnet.Stats) (pending [numDirs]bool, progress [numDirs]uint64, detail [numDirs]string) {
-	progress[dirTapToPort] = st.RXFrames.Load()
-	progress[dirPortToTap] = st.TXFrames.Load()
+// vhostWork is NewVhostHealthMonitor's probe: each pair's wait flags and the counters
+// that move when its work gets done. Drops count as progress for every pair of their
+// direction (they are counted per port; a waiting worker drops nothing).
+func vhostWork(st *vhostnet.Stats, w []watch) []watch {
+	var drops [numDirs]uint64
 	for r := 0; r < vhostnet.NumDrops; r++ {
 		if vhostnet.DropIsRX(r) {
-			progress[dirTapToPort] += st.Drops[r].Load()
+			drops[dirTapToPort] += st.Drops[r].Load()
 		} else {
-			progress[dirPortToTap] += st.Drops[r].Load()
+			drops[dirPortToTap] += st.Drops[r].Load()
 		}
 	}
-	if st.RXWaiting.Load() {
-		pending[dirTapToPort] = true
-		detail[dirTapToPort] = "frames wait in the TAP and the guest posts no receive buffers"
+	for i := range st.Queues {
+		q := &st.Queues[i]
+		pair := ""
+		if len(st.Queues) > 1 {
+			pair = fmt.Sprintf(" (queue pair %d)", i)
+		}
+		rx := watch{dir: dirTapToPort, name: dirNames[dirTapToPort] + pair, progress: q.RXFrames.Load() + drops[dirTapToPort]}
+		if q.RXWaiting.Load() {
+			rx.pending, rx.detail = true, "frames wait in the TAP and the guest posts no receive buffers"
+		}
+		tx := watch{dir: dirPortToTap, name: dirNames[dirPortToTap] + pair, progress: q.TXFrames.Load() + drops[dirPortToTap]}
+		if q.TXWaiting.Load() {
+			tx.pending, tx.detail = true, "a guest frame waits for the TAP to take it"
+		}
+		w = append(w, rx, tx)
 	}
-	if st.TXWaiting.Load() {
-		pending[dirPortToTap] = true
-		detail[dirPortToTap] = "a guest frame waits for the TAP to take it"
-	}
-	return
+	return w
 }
 
 // engineWork reads, from one Snapshot, whether each direction has work pending and the
 // counter that moves when it gets done.
-func engineWork(eng Snapshotter) (pending [numDirs]bool, progress [numDirs]uint64, detail [numDirs]string) {
+func engineWork(eng Snapshotter, w []watch) []watch {
 	snap := eng.Snapshot()
 	rs := snap.Pool
-	progress[dirTapToPort] = rs.FramesSent.Load() + snap.TapToPort.Drops[datapath.DropPortError]
+	out := watch{dir: dirTapToPort, name: dirNames[dirTapToPort], progress: rs.FramesSent.Load() + snap.TapToPort.Drops[datapath.DropPortError]}
 	for d := rxpool.Drop(0); d < rxpool.NumDrops; d++ {
-		progress[dirTapToPort] += rs.Drops[d].Load()
+		out.progress += rs.Drops[d].Load()
 	}
 	if inUse := rs.InUse.Load(); snap.Connected && inUse > 0 {
-		pending[dirTapToPort] = true
-		detail[dirTapToPort] = fmt.Sprintf("%d receive-pool buffers queued for the port", inUse)
+		out.pending, out.detail = true, fmt.Sprintf("%d receive-pool buffers queued for the port", inUse)
 	}
-	progress[dirPortToTap] = snap.PortToTap.Reads
+	in := watch{dir: dirPortToTap, name: dirNames[dirPortToTap], progress: snap.PortToTap.Reads}
 	if snap.PeerUnread > 0 {
-		pending[dirPortToTap] = true
-		detail[dirPortToTap] = fmt.Sprintf("%d bytes unread on the port", snap.PeerUnread)
+		in.pending, in.detail = true, fmt.Sprintf("%d bytes unread on the port", snap.PeerUnread)
 	}
-	return
+	return append(w, out, in)
 }
 
 func (h *HealthMonitor) sample(now time.Time) {
-	pending, progress, detail := h.probe()
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	for i := range h.dirs {
+	h.watches = h.probe(h.watches[:0])
+	if len(h.dirs) != len(h.watches) {
+		h.dirs = make([]dirHealth, len(h.watches)) // the pairs are fixed at start
+	}
+	for i, w := range h.watches {
 		d := &h.dirs[i]
-		if !pending[i] || !d.pending || progress[i] != d.progress {
+		if !w.pending || !d.pending || w.progress != d.progress {
 			d.since = now
 		}
-		d.pending, d.progress = pending[i], progress[i]
+		d.pending, d.progress = w.pending, w.progress
 		d.stalled = ""
-		if pending[i] {
+		if w.pending {
 			if waited := now.Sub(d.since); waited >= h.stall {
-				d.stalled = fmt.Sprintf("%s stalled: %s and no progress for %v", dirNames[i], detail[i], waited.Round(time.Second))
+				d.stalled = fmt.Sprintf("%s stalled: %s and no progress for %v", w.name, w.detail, waited.Round(time.Second))
 			}
 		}
 	}
@@ -149,10 +171,16 @@ func (h *HealthMonitor) problems() []string {
 	return out
 }
 
+// stalled reports whether direction dir is stalled (on any queue pair).
 func (h *HealthMonitor) stalled(dir int) bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	return h.dirs[dir].stalled != ""
+	for i, d := range h.dirs {
+		if d.stalled != "" && h.watches[i].dir == dir {
+			return true
+		}
+	}
+	return false
 }
 
 // Run samples once a second until ctx ends.

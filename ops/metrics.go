@@ -156,6 +156,7 @@ func NewVhostMetrics(vn VhostNet, health *HealthMonitor, version string) *Metric
 	m.add("tapgro_vhost_sessions_total", "vhost-user: front-end sessions (QEMU connections) served.", Counter, nil, u(bs.Sessions.Load))
 	m.add("tapgro_vhost_kicks_total", "vhost-user: kick eventfd reads (the guest posted work).", Counter, nil, u(bs.Kicks.Load))
 	m.add("tapgro_vhost_calls_total", "vhost-user: call eventfd signals (interrupts to the guest).", Counter, nil, u(bs.Calls.Load))
+	m.add("tapgro_vhost_calls_deferred_total", "vhost-user: calls to the guest moderation held back (--rx-flush-delay); each was sent later, merged with the next, or found unneeded.", Counter, nil, u(bs.CallsDeferred.Load))
 	m.add("tapgro_vhost_messages_unknown_total", "vhost-user: front-end requests refused as unknown or not negotiated.", Counter, nil, u(bs.Unknown.Load))
 	m.add("tapgro_vhost_messages_failed_total", "vhost-user: front-end requests answered with a failure.", Counter, nil, u(bs.Failed.Load))
 	// GRO toward the TAP: the engine's series, same names and meaning, except the

@@ -92,7 +92,7 @@ func TestHealthStall(t *testing.T) {
 // buffers while frames wait in the TAP is a stall; a frame reaching the guest (or
 // being dropped) ends it; and a TX wait for the TAP is watched the same way.
 func TestVhostHealthStall(t *testing.T) {
-	st := new(vhostnet.Stats)
+	st := &vhostnet.Stats{Queues: make([]vhostnet.QueueStats, 1)}
 	h := NewVhostHealthMonitor(st, 5*time.Second)
 	get := func() (int, string) {
 		w := httptest.NewRecorder()
@@ -101,7 +101,7 @@ func TestVhostHealthStall(t *testing.T) {
 	}
 	t0 := time.Unix(1000, 0)
 	h.sample(t0)
-	st.RXWaiting.Store(true)
+	st.Queues[0].RXWaiting.Store(true)
 	h.sample(t0.Add(time.Second))
 	h.sample(t0.Add(4 * time.Second))
 	if code, _ := get(); code != 200 {
@@ -116,18 +116,45 @@ func TestVhostHealthStall(t *testing.T) {
 	if code, _ := get(); code != 200 {
 		t.Fatalf("after a drop: %d", code)
 	}
-	st.RXWaiting.Store(false)
-	st.TXWaiting.Store(true)
+	st.Queues[0].RXWaiting.Store(false)
+	st.Queues[0].TXWaiting.Store(true)
 	h.sample(t0.Add(9 * time.Second))
 	st.Drops[vhostnet.DropRXTruncated].Add(1) // RX progress does not count for TX
 	h.sample(t0.Add(15 * time.Second))
 	if code, body := get(); code != 503 || !strings.Contains(body, "port_to_tap stalled") {
 		t.Fatalf("TX waited 6s: %d %q", code, body)
 	}
-	st.TXFrames.Add(1)
+	st.Queues[0].TXFrames.Add(1)
 	h.sample(t0.Add(16 * time.Second))
 	if code, _ := get(); code != 200 {
 		t.Fatalf("after a TX frame: %d", code)
+	}
+}
+
+// TestVhostHealthPerPair: with two queue pairs, a guest that stops refilling one
+// pair's receive ring is a stall even while the other pair moves frames.
+func TestVhostHealthPerPair(t *testing.T) {
+	st := &vhostnet.Stats{Queues: make([]vhostnet.QueueStats, 2)}
+	h := NewVhostHealthMonitor(st, 5*time.Second)
+	t0 := time.Unix(1000, 0)
+	h.sample(t0)
+	st.Queues[1].RXWaiting.Store(true)
+	for s := 1; s <= 7; s++ {
+		st.Queues[0].RXFrames.Add(100) // pair 0 keeps delivering
+		h.sample(t0.Add(time.Duration(s) * time.Second))
+	}
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, httptest.NewRequest("GET", "/healthz", nil))
+	if body := w.Body.String(); w.Code != 503 || !strings.Contains(body, "tap_to_port (queue pair 1) stalled") || strings.Contains(body, "pair 0") {
+		t.Fatalf("one pair stalled: %d %q", w.Code, body)
+	}
+	if !h.stalled(dirTapToPort) || h.stalled(dirPortToTap) {
+		t.Error("tapgro_stalled{direction} does not follow the stalled pair")
+	}
+	st.Queues[1].RXFrames.Add(1)
+	h.sample(t0.Add(8 * time.Second))
+	if h.stalled(dirTapToPort) {
+		t.Error("still stalled after pair 1 delivered a frame")
 	}
 }
 

@@ -21,7 +21,8 @@ import (
 // coalescer, whose GSO packets (NEEDS_CSUM, gso_type TCPV4/TCPV6, |ECN only with
 // GUEST_ECN) are copied into the guest's chains: a receive-side coalescing like QEMU's
 // own virtio-net RSC (hw/net/virtio-net.c virtio_net_rsc_receive), flushed at the end
-// of each TAP read batch. A frame of an IP version whose GUEST_TSO bit the guest did
+// of each TAP read batch, or in timer mode held across batches while the TAP keeps
+// delivering, for at most --rsc-interval (QEMU's rsc_timer, 300 µs by default). A frame of an IP version whose GUEST_TSO bit the guest did
 // not ack never enters the engine (it could only come out merged as a GSO type the
 // guest cannot take: virtio spec "Processing of Incoming Packets"); it belongs to no
 // aggregate, so it overtakes nothing of its own flow. When the TAP already hands 64 KB
@@ -56,6 +57,9 @@ type rxRSC struct {
 	v4, v6    bool // GUEST_TSO4 / GUEST_TSO6 acked: which IP versions may be merged
 	broken    bool // the ring broke during this batch
 	h         vnethdr.Hdr
+
+	timer    bool  // --gro-flush timer: hold aggregates across batches while the TAP has more
+	interval int64 // --rsc-interval, ns
 }
 
 func (n *Net) newRXRSC(v *vhostuser.Vring, iov [][]byte, q *queuePair) *rxRSC {
@@ -64,6 +68,7 @@ func (n *Net) newRXRSC(v *vhostuser.Vring, iov [][]byte, q *queuePair) *rxRSC {
 		r.stash[i] = make([]byte, 0, groHdrLen+MaxFrame)
 	}
 	r.ecn = n.rscECN
+	r.timer, r.interval = n.timerFlush, n.rscInterval.Nanoseconds()
 	r.c = coalescer.New(r.config(), r.emit)
 	return r
 }
@@ -148,7 +153,18 @@ func (r *rxRSC) batch(ringHL int) int {
 		}
 	}
 	// End of the read batch: flush, one packet at a time, while the ring has room.
-	for r.stashN == 0 && !r.broken && r.c.FlushOne() {
+	// In timer mode (--gro-flush timer) a batch that ended with frames still waiting
+	// in the TAP is followed at once by the next, so an aggregate younger than
+	// --rsc-interval may wait for it to grow; a batch that found the TAP empty
+	// flushes everything, because the worker is about to sleep for an unbounded time
+	// (vhostnet's TX GRO follows the same rule, gro.go endBatch).
+	if r.timer && state == rxGo {
+		end := time.Now().UnixNano()
+		for r.stashN == 0 && !r.broken && r.c.FlushOneExpired(end, r.interval) {
+		}
+	} else {
+		for r.stashN == 0 && !r.broken && r.c.FlushOne() {
+		}
 	}
 	if r.stashN > 0 || r.broken {
 		return r.stalled()
@@ -247,6 +263,9 @@ func (r *rxRSC) put(pkt []byte) bool {
 		cw.WriteFrame(time.Now(), pkt[groHdrLen:])
 	}
 	used := v.CommitRX(len(out))
+	if n.perFrame {
+		v.Publish()
+	}
 	n.stats.RXFrames.Add(1)
 	n.stats.RXBytes.Add(uint64(len(pkt) - groHdrLen))
 	r.q.stats.RXFrames.Add(1)

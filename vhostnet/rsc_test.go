@@ -33,13 +33,17 @@ func TestRSCToGuest(t *testing.T) {
 		name  string
 		mask  uint64
 		merge bool
+		timer bool
 	}{
-		{"tso4", 0, true},
-		{"tso4-nomrg", 1 << vhostuser.FeatureNetMrgRxbuf, true},
-		{"tso6-only", 1 << FeatureGuestTSO4, false},
+		{"tso4", 0, true, false},
+		{"tso4-nomrg", 1 << vhostuser.FeatureNetMrgRxbuf, true, false},
+		{"tso6-only", 1 << FeatureGuestTSO4, false, false},
+		// Aggregates may be held across read batches (rsc.go); the output is the same.
+		{"tso4-timer", 0, true, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			e := newEnvCfg(t, vhostusertest.Options{AckMask: tc.mask}, Config{GRO: true, Offload: &off})
+			e := newEnvCfg(t, vhostusertest.Options{AckMask: tc.mask},
+				Config{GRO: true, Offload: &off, TimerFlush: tc.timer, RSCInterval: 300 * time.Microsecond})
 			if o := e.n.State().TapOffloads; o != 0 {
 				t.Fatalf("TAP offloads %s with --offload off", o)
 			}

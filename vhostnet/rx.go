@@ -94,6 +94,9 @@ func (n *Net) rxLoop(w *worker) {
 				cw.WriteFrameV(time.Now(), segs, ringHL, k-ringHL)
 			}
 			used := v.CommitRX(k)
+			if n.perFrame {
+				v.Publish()
+			}
 			n.stats.RXFrames.Add(1)
 			n.stats.RXBytes.Add(uint64(k - ringHL))
 			w.q.stats.RXFrames.Add(1)
@@ -108,9 +111,9 @@ func (n *Net) rxLoop(w *worker) {
 		n.mu.RUnlock()
 		if state == rxGuest {
 			n.stats.RXStalls.Add(1)
-			n.setWaiting(true, true)
+			n.setWaiting(w.q, true, true)
 			err := v.WaitMore()
-			n.setWaiting(true, false)
+			n.setWaiting(w.q, true, false)
 			if err != nil {
 				return
 			}
@@ -128,9 +131,9 @@ func (n *Net) rxLoop(w *worker) {
 			state = rxIdle
 			if ready {
 				n.stats.RXStalls.Add(1)
-				n.setWaiting(true, true)
+				n.setWaiting(w.q, true, true)
 				err := v.WaitMore()
-				n.setWaiting(true, false)
+				n.setWaiting(w.q, true, false)
 				if err != nil {
 					return
 				}

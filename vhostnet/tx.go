@@ -76,6 +76,10 @@ func (n *Net) txLoop(w *worker) {
 			}
 			// virtio spec "Packet Transmission": used.len is 0 for TX, nothing written.
 			v.Push(c.Head, 0)
+			if n.perFrame {
+				// What GRO holds is a copy: the chain is free for the guest.
+				v.Publish()
+			}
 		}
 		if st.gro != nil {
 			// Before End: the aggregates are written before the guest sees its chains
@@ -86,9 +90,9 @@ func (n *Net) txLoop(w *worker) {
 		n.mu.RUnlock()
 		if blocked {
 			n.stats.TXBlocked.Add(1)
-			n.setWaiting(false, true)
+			n.setWaiting(w.q, false, true)
 			err := st.tap.WaitWritable()
-			n.setWaiting(false, false)
+			n.setWaiting(w.q, false, false)
 			if err != nil && w.stop.Load() {
 				return
 			}

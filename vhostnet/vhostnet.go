@@ -101,6 +101,9 @@ type QueueStats struct {
 	TXFrames, TXBytes atomic.Uint64
 	RXFrames, RXBytes atomic.Uint64
 	Attached          atomic.Bool
+	// RXWaiting and TXWaiting are the pair's own share of Stats.RXWaiting/TXWaiting,
+	// so a health monitor sees one stalled pair while the others move.
+	RXWaiting, TXWaiting atomic.Bool
 }
 
 // Config is one TAP and what to offer its guest.
@@ -137,6 +140,15 @@ type Config struct {
 	// Offload caps the TAP's read offloads (--offload): nil or Auto, what the guest
 	// acked to receive; otherwise that ∩ Set (off: none, so the TAP hands MTU frames).
 	Offload *vnethdr.Choice
+
+	// How the guest learns of used buffers. By default once per batch, when the driver
+	// asks (EVENT_IDX or VRING_AVAIL_F_NO_INTERRUPT). PerFrame publishes and signals
+	// every frame on its own (--rx-batch off: the baseline to measure against).
+	// CallInterval > 0 moderates the receive queues' calls under load to one per
+	// interval (--rx-flush-delay; vhostuser.Vring.SetCallModeration says what load is
+	// and why a call owed is never lost).
+	PerFrame     bool
+	CallInterval time.Duration
 }
 
 // Net is the datapath between one TAP and one vhost-user-net device: one queue pair per
@@ -156,6 +168,9 @@ type Net struct {
 	rscInterval time.Duration
 	maxFlows    int
 	offloadCap  vnethdr.Offloads // TUNSETOFFLOAD never exceeds it (--offload)
+
+	perFrame     bool          // publish and signal every frame (Config.PerFrame)
+	callInterval time.Duration // receive queues' call moderation (Config.CallInterval)
 
 	// capture records every frame that crosses, as the guest sent or received it
 	// (--pcap-port, `tapgro ctl pcap port=…`).
@@ -227,6 +242,7 @@ func New(cfg Config) (*Net, error) {
 		n.stats = new(Stats)
 	}
 	n.gro, n.timerFlush, n.rscInterval, n.maxFlows = cfg.GRO, cfg.TimerFlush, cfg.RSCInterval, cfg.MaxFlows
+	n.perFrame, n.callInterval = cfg.PerFrame, cfg.CallInterval
 	if n.timerFlush && n.rscInterval <= 0 {
 		return nil, errors.New("vhostnet: TimerFlush needs an RSCInterval")
 	}
@@ -435,8 +451,13 @@ func (n *Net) RingStarted(v *vhostuser.Vring) {
 	if q == nil {
 		return
 	}
-	if v.IsRX() && v.Enabled() {
-		n.setAttached(q, true)
+	if v.IsRX() {
+		// Only toward the guest's receive path: a TX completion held back would hold
+		// back the guest's transmit queue once its ring is full.
+		v.SetCallModeration(n.callInterval)
+		if v.Enabled() {
+			n.setAttached(q, true)
+		}
 	}
 	w := &worker{v: v, q: q, done: make(chan struct{})}
 	n.wmu.Lock()
@@ -521,12 +542,17 @@ func (n *Net) resetQueues() {
 	}
 }
 
-// setWaiting raises or lowers one direction's count of workers waiting (RX: for guest
-// buffers, TX: for the TAP) and keeps its Stats flag true while any waits.
-func (n *Net) setWaiting(rx, on bool) {
+// setWaiting raises or lowers one direction's wait (RX: for guest buffers with frames
+// in the TAP; TX: for the TAP to take a frame) for pair q and for the whole port.
+func (n *Net) setWaiting(q *queuePair, rx, on bool) {
 	d := -1
 	if on {
 		d = 1
+	}
+	if rx {
+		q.stats.RXWaiting.Store(on)
+	} else {
+		q.stats.TXWaiting.Store(on)
 	}
 	n.waitMu.Lock()
 	if rx {

@@ -34,7 +34,10 @@ type Stats struct {
 	Rejected [NumReasons]atomic.Uint64     // rejected chains / rings, by reason
 	Kicks    atomic.Uint64                 // kick eventfd reads that returned a count
 	Calls    atomic.Uint64                 // call eventfd signals
-	Sessions atomic.Uint64                 // connections whose front-end sent at least one message
+	// CallsDeferred counts calls moderation postponed (Vring.SetCallModeration); each
+	// was sent later, merged with the calls that followed, or found unneeded.
+	CallsDeferred atomic.Uint64
+	Sessions      atomic.Uint64 // connections whose front-end sent at least one message
 }
 
 // Features is what SET_FEATURES acked.

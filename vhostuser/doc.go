@@ -71,7 +71,18 @@
 // vring_need_event from the used idx at the previous decision, unconditionally the first
 // time after a start; without it unless avail->flags has NO_INTERRUPT. With EVENT_IDX
 // End also writes avail_event = last_avail_idx; without it the ring sets NO_NOTIFY
-// while work remains and clears it before sleeping.
+// while work remains and clears it before sleeping. Publish does the same mid-batch, for
+// callers that signal every frame (the baseline moderation is measured against).
+//
+// Vring.SetCallModeration bounds a ring's calls under load to one per interval. Load is
+// moderateBytes pushed since the last call; below it every call goes at once, so
+// request/response traffic pays no latency. A call due sooner is owed to a timer
+// (time.AfterFunc, armed once per owed call), which asks the driver again when it fires:
+// a driver that consumed everything by polling meanwhile has moved used_event past the
+// published index, and needs none. A batch that found the avail ring empty sends an
+// owed call at once (the driver posts buffers only after processing), and a ring stop
+// sends it before the front-end takes over. Calls in the middle of a frame's chains are
+// impossible: calls follow publishes, and those follow CommitRX.
 //
 // # Hostile guests
 //

@@ -153,6 +153,14 @@ type Vring struct {
 	signalled      uint16
 	signalledValid bool
 	inBatch        bool
+	dry            bool // this batch found the avail ring empty
+
+	// Call moderation (SetCallModeration), also under mu.
+	modEvery     time.Duration // 0: a call whenever the driver asks for one
+	lastCall     time.Time     // the last call sent (moderation on only)
+	sinceCall    int           // bytes pushed since then
+	callDeferred bool          // a call is owed and callTimer will send it
+	callTimer    *time.Timer
 
 	resv    []reserved
 	resvN   int
@@ -211,6 +219,7 @@ func (v *Vring) startLocked(mem *guestMem, f feats) bool {
 	v.lastAvail, v.availCache, v.usedIdx, v.pubIdx = v.base, v.base, v.base, v.base
 	v.pending, v.resvN, v.usedFlags = 0, 0, 0
 	v.signalledValid = false // first call after a (re)start is unconditional
+	v.sinceCall, v.callDeferred = 0, false
 	if cap(v.resv) < int(v.num) {
 		v.resv = make([]reserved, v.num)
 	}
@@ -265,6 +274,13 @@ func (v *Vring) stopLocked() uint16 {
 	if v.state == ringRunning && !v.broken && v.used != nil {
 		v.rewindLocked(v.pending)
 		v.publishLocked()
+		if v.callDeferred && v.callFd >= 0 {
+			v.callLocked() // owed: the front-end takes over the ring's state now
+		}
+	}
+	v.callDeferred = false
+	if v.callTimer != nil {
+		v.callTimer.Stop()
 	}
 	v.state = ringStopped
 	v.enabled.Store(false)
@@ -303,7 +319,7 @@ func (v *Vring) Begin() error {
 		v.mu.Unlock()
 		return ErrBroken
 	}
-	v.inBatch = true
+	v.inBatch, v.dry = true, false
 	return nil
 }
 
@@ -318,6 +334,11 @@ func (v *Vring) End() {
 		v.rewindLocked(v.pending)
 		v.resvN = 0
 		v.publishLocked()
+		if v.dry && v.callDeferred {
+			// The driver is out of buffers and posts more only after processing
+			// what it has: a call owed is due now, or the ring idles until the timer.
+			v.callLocked()
+		}
 		if v.eventIdx {
 			// Ask for a kick at the next index we will look at (QEMU
 			// virtqueue_split_pop → vring_set_avail_event(vq, last_avail_idx)).
@@ -345,6 +366,7 @@ func (v *Vring) Pop(iov [][]byte) (Chain, error) {
 			return Chain{}, v.failLocked(RejectAvailJump)
 		}
 		if d == 0 {
+			v.dry = true
 			return Chain{}, ErrEmpty
 		}
 		v.availCache = idx
@@ -448,6 +470,7 @@ func (v *Vring) Push(head uint16, n uint32) {
 	binary.LittleEndian.PutUint32(e[4:], n)
 	v.usedIdx++
 	v.pending--
+	v.sinceCall += int(n)
 }
 
 // Rewind hands the last n popped (and not pushed) chains back: they will be popped
@@ -468,7 +491,7 @@ func (v *Vring) rewindLocked(n int) {
 }
 
 // publishLocked stores used->idx once for everything pushed since the last publish and
-// sends at most one call.
+// sends at most one call, or owes it to the moderation timer.
 func (v *Vring) publishLocked() {
 	if v.usedIdx == v.pubIdx {
 		return
@@ -480,25 +503,111 @@ func (v *Vring) publishLocked() {
 	if v.callFd < 0 {
 		return
 	}
-	// This seq-cst load after the store is the full barrier before reading the
-	// driver's suppression hints (QEMU virtio_split_should_notify: smp_mb).
-	aw := load32(v.avail, 0)
-	notify := true
-	if v.eventIdx {
-		// QEMU virtio_split_should_notify / DPDK vhost_vring_call_split: the first
-		// call after a start is unconditional, then vring_need_event decides from
-		// the used idx at the previous decision (QEMU's signalled_used).
-		ue := load16(v.avail, v.usedEventOff)
-		old := v.signalled
-		v.signalled = v.pubIdx
-		notify = !v.signalledValid || vringNeedEvent(ue, v.pubIdx, old)
-		v.signalledValid = true
-	} else if uint16(aw)&availFNoInterrupt != 0 {
-		notify = false
+	if !v.needCallLocked() {
+		// The driver polls, or asked for an event further on: what it will see
+		// without a call needs none, and a call owed is no longer (the driver moved
+		// its event index past everything published, so it is processing).
+		v.signalled, v.signalledValid = v.pubIdx, true
+		v.callDeferred = false
+		return
 	}
-	if notify {
-		unix.Write(v.callFd, v.one[:])
-		v.stats.Calls.Add(1)
+	if v.modEvery > 0 && v.sinceCall >= moderateBytes {
+		// Under load: at most one call per modEvery. The call is owed, not lost:
+		// the timer sends it when the interval is up, unless by then the driver has
+		// consumed everything without one (deferredCall asks again).
+		if wait := v.modEvery - time.Since(v.lastCall); wait > 0 {
+			if !v.callDeferred {
+				v.callDeferred = true
+				v.stats.CallsDeferred.Add(1)
+				v.callTimer.Reset(wait)
+			}
+			return
+		}
+	}
+	v.callLocked()
+}
+
+// needCallLocked reports whether the driver asked to be told about the used entries
+// published up to pubIdx since the last call or decision (v.signalled).
+func (v *Vring) needCallLocked() bool {
+	// This seq-cst load after the used->idx store is the full barrier before reading
+	// the driver's suppression hints (QEMU virtio_split_should_notify: smp_mb).
+	aw := load32(v.avail, 0)
+	if !v.eventIdx {
+		return uint16(aw)&availFNoInterrupt == 0
+	}
+	// QEMU virtio_split_should_notify / DPDK vhost_vring_call_split: the first call
+	// after a start is unconditional, then vring_need_event decides from the used idx
+	// at the previous decision (QEMU's signalled_used). A deferred call keeps that
+	// index, so the question covers every entry published since.
+	return !v.signalledValid || vringNeedEvent(load16(v.avail, v.usedEventOff), v.pubIdx, v.signalled)
+}
+
+// callLocked signals the call eventfd for everything published.
+func (v *Vring) callLocked() {
+	v.signalled, v.signalledValid = v.pubIdx, true
+	v.callDeferred, v.sinceCall = false, 0
+	if v.modEvery > 0 {
+		v.lastCall = time.Now()
+	}
+	unix.Write(v.callFd, v.one[:])
+	v.stats.Calls.Add(1)
+}
+
+// deferredCall is the moderation timer: it sends the owed call if the driver still
+// wants it.
+func (v *Vring) deferredCall() {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if !v.callDeferred {
+		return
+	}
+	if v.state != ringRunning || v.broken || v.callFd < 0 || v.used == nil {
+		v.callDeferred = false
+		return
+	}
+	if wait := v.modEvery - time.Since(v.lastCall); wait > 0 {
+		v.callTimer.Reset(wait) // a Reset raced with an earlier expiry
+		return
+	}
+	if v.needCallLocked() {
+		v.callLocked()
+		return
+	}
+	v.signalled, v.callDeferred = v.pubIdx, false
+}
+
+// moderateBytes is what, pushed since the last call, counts as load for call
+// moderation. Below it (a 1-byte request and its answer, a few ACKs) every call goes
+// out at once: latency matters there and a call per frame costs the guest little. It
+// is the split adaptive NIC interrupt moderation makes between low-latency and bulk
+// traffic from bytes per interval (linux drivers/net/ethernet/intel/igb/igb_main.c
+// igb_update_itr).
+const moderateBytes = 16 << 10
+
+// SetCallModeration bounds the calls this ring sends under load to one per d (0: a
+// call whenever the driver asks, at most one per batch). Load is moderateBytes or more
+// pushed since the last call; a call due sooner is owed to a timer, which drops it if
+// the driver has meanwhile consumed everything published (EVENT_IDX: its used_event
+// moved past; otherwise VRING_AVAIL_F_NO_INTERRUPT). The driver's own suppression
+// always applies on top. Calls before the ring's workers start.
+func (v *Vring) SetCallModeration(d time.Duration) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	v.modEvery = max(d, 0)
+	if v.modEvery > 0 && v.callTimer == nil {
+		v.callTimer = time.AfterFunc(time.Hour, v.deferredCall)
+		v.callTimer.Stop()
+	}
+}
+
+// Publish makes what was pushed so far visible to the driver and signals it, as End
+// would, in the middle of a batch. Per-frame publishing is the baseline moderation is
+// measured against; with MRG_RXBUF call it after CommitRX, never between the chains
+// of one frame (the driver reads num_buffers chains at once).
+func (v *Vring) Publish() {
+	if v.inBatch && !v.broken {
+		v.publishLocked()
 	}
 }
 

@@ -150,6 +150,10 @@ type bench struct {
 	procs           []*exec.Cmd
 	relayPIDs       map[string]int // "host"/"guest" -> pid
 	selection       string         // the -cases/-tests/-qemu-cases flags given, for the report
+	self            string         // this binary, re-run as the ping-pong client
+	rr              []rrRow        // the QEMU ping-pong rows (-qemu-rr)
+	calls           uint64         // the last QEMU vhost-user run's calls to the guest
+	perfDir         string         // -perf: where profiles go ("" off)
 	log             *bufio.Writer
 }
 
@@ -165,7 +169,17 @@ func main() {
 	withQEMU := flag.Bool("qemu", true, "add TCP rows for a real QEMU guest under TCG (needs qemu-system-x86_64)")
 	onlyQEMU := flag.String("qemu-cases", "", "comma-separated QEMU case numbers to run (default all, none)")
 	replot := flag.Bool("replot", false, "only redraw -png from the TCP 1-stream tables of an existing -out report")
+	withRR := flag.Bool("qemu-rr", true, "with the QEMU vhost-user rows: also 1-byte TCP ping-pong host -> guest (p50/p99)")
+	rrAddr := flag.String("rr-client", "", "internal: be the ping-pong client of ADDR")
+	rrN := flag.Int("rr-rounds", rrRounds, "internal: round trips for -rr-client")
+	flag.StringVar(&b.perfDir, "perf", "", "during the first run of each TCP row, perf record -g each relay into DIR and write DIR/*.txt summaries (needs perf)")
 	flag.Parse()
+	if *rrAddr != "" {
+		if err := rrClient(*rrAddr, *rrN); err != nil {
+			fatal("%v", err)
+		}
+		return
+	}
 	if *replot {
 		if err := replotFrom(*out, *png); err != nil {
 			fatal("%v", err)
@@ -181,6 +195,9 @@ func main() {
 		}
 	}
 	var err error
+	if b.self, err = os.Executable(); err != nil {
+		fatal("%v", err)
+	}
 	if b.work, err = os.MkdirTemp("", "tapgro-benchtool-"); err != nil {
 		fatal("%v", err)
 	}
@@ -231,7 +248,14 @@ func main() {
 				}
 				cpu0 := b.cpu()
 				for i := 0; i < b.reps && r.err == nil; i++ {
+					var prof func()
+					if i == 0 && t.tcp && b.perfDir != "" && c.kind != kindVeth {
+						prof = b.profile(c.name + " " + t.name + " " + d.name)
+					}
 					v, err := t.run(b, d)
+					if prof != nil {
+						prof()
+					}
 					if err != nil {
 						r.err = fmt.Errorf("run %d: %w", i+1, err)
 						break
@@ -282,6 +306,7 @@ func main() {
 			for _, d := range dirs {
 				r := &row{}
 				var cpu, gb float64
+				var calls uint64
 				for i := 0; i < b.reps; i++ {
 					v, used, err := b.qemuTCP(c, kernel, initrd, d.client == b.nsHost)
 					if err != nil {
@@ -290,12 +315,17 @@ func main() {
 					}
 					r.vals = append(r.vals, v)
 					cpu += used
+					calls += b.calls
 					gb += v * float64(b.secs) / 8
 				}
 				if r.err != nil {
 					fmt.Fprintf(os.Stderr, "   %-38s %-14s FAILED: %v\n", tcp1, d.name, r.err)
 				} else {
 					r.cpu = fmt.Sprintf("%.2f (tapgro)", cpu/gb)
+					if c.kind == kindVhostUser {
+						// Interrupts to the guest, both rings, over the whole run.
+						r.cpu += fmt.Sprintf("; %.0f calls/GB", float64(calls)/gb)
+					}
 					fmt.Fprintf(os.Stderr, "   %-38s %-14s %v Gbit/s, CPU s/GB %s\n", tcp1, d.name, fmtVals(r.vals), r.cpu)
 				}
 				if res[tcp1] == nil {
@@ -305,6 +335,23 @@ func main() {
 					res[tcp1][d.name] = map[string]*row{}
 				}
 				res[tcp1][d.name][c.name] = r
+			}
+			if *withRR && c.kind == kindVhostUser {
+				r := rrRow{name: c.name}
+				for i := 0; i < b.reps && r.err == nil; i++ {
+					v, err := b.qemuRR(c, kernel, initrd)
+					if err != nil {
+						r.err = fmt.Errorf("run %d: %w", i+1, err)
+					}
+					r.rtts = append(r.rtts, v...)
+					r.calls += b.calls
+				}
+				if r.err != nil {
+					fmt.Fprintf(os.Stderr, "   %-38s FAILED: %v\n", "1-byte ping-pong", r.err)
+				} else {
+					fmt.Fprintf(os.Stderr, "   %-38s p50 %.0f µs, p99 %.0f µs\n", "1-byte ping-pong", r.pct(50), r.pct(99))
+				}
+				b.rr = append(b.rr, r)
 			}
 			sel = append(sel, c)
 		}
@@ -335,6 +382,68 @@ func pick[T any](flagName, list string, items []T) []T {
 		out = append(out, items[i])
 	}
 	return out
+}
+
+// profile starts perf record -g on every relay for the coming run and returns the
+// function that waits for it and writes a summary per relay: the top symbols by self
+// time, and by time including callees.
+func (b *bench) profile(label string) func() {
+	os.MkdirAll(b.perfDir, 0o755)
+	base := strings.Map(func(r rune) rune {
+		if r >= 'a' && r <= 'z' || r >= '0' && r <= '9' || r == '-' {
+			return r
+		}
+		if r >= 'A' && r <= 'Z' {
+			return r + 'a' - 'A'
+		}
+		return '_'
+	}, label)
+	var cmds []*exec.Cmd
+	var outs []string
+	for role, pid := range b.relayPIDs {
+		data := filepath.Join(b.perfDir, base+"-"+role+".data")
+		cmd := exec.Command("perf", "record", "-g", "-q", "-o", data, "-p", strconv.Itoa(pid), "--", "sleep", strconv.Itoa(max(1, b.secs-1)))
+		if err := cmd.Start(); err != nil {
+			fmt.Fprintf(os.Stderr, "   perf: %v\n", err)
+			continue
+		}
+		cmds, outs = append(cmds, cmd), append(outs, data)
+	}
+	return func() {
+		for i, cmd := range cmds {
+			cmd.Wait()
+			var sum bytes.Buffer
+			fmt.Fprintf(&sum, "# %s (%s)\n\n## self\n", label, filepath.Base(outs[i]))
+			self, _ := exec.Command("perf", "report", "-i", outs[i], "--stdio", "--no-children", "-g", "none", "--percent-limit", "1").Output()
+			sum.Write(self)
+			fmt.Fprintf(&sum, "\n## children\n")
+			children, _ := exec.Command("perf", "report", "-i", outs[i], "--stdio", "--children", "-g", "none", "--percent-limit", "4").Output()
+			sum.Write(children)
+			os.WriteFile(strings.TrimSuffix(outs[i], ".data")+".txt", sum.Bytes(), 0o644)
+		}
+	}
+}
+
+// rrRow is one QEMU case's ping-pong round trips, all runs together.
+type rrRow struct {
+	name  string
+	rtts  []float64 // µs
+	calls uint64    // calls to the guest over the runs (boot included)
+	err   error
+}
+
+func (r *rrRow) pct(p float64) float64 {
+	v := append([]float64(nil), r.rtts...)
+	sort.Float64s(v)
+	return v[min(len(v)-1, int(float64(len(v))*p/100))]
+}
+
+func (r *rrRow) mean() float64 {
+	t := 0.0
+	for _, x := range r.rtts {
+		t += x
+	}
+	return t / float64(len(r.rtts))
 }
 
 // row is one case's measurements in one test and direction. A row that failed keeps
@@ -624,6 +733,19 @@ func (b *bench) report(path, pngPath string, sel []caseDef, tests []testDef, dir
 			}
 			fmt.Fprintln(&w)
 		}
+	}
+	if len(b.rr) > 0 {
+		fmt.Fprintf(&w, "## 1-byte TCP ping-pong, host -> QEMU guest (µs)\n\n")
+		fmt.Fprintf(&w, "%d runs (one guest boot each) of %d round trips after %d unmeasured, one outstanding at a time; the guest echoes with `nc -ll -e /bin/cat`.\n\n", b.reps, rrRounds, rrWarm)
+		fmt.Fprintf(&w, "| case | p50 | p90 | p99 | round trips/s (1/mean) | calls per round trip (boot included) |\n|---|---|---|---|---|---|\n")
+		for _, r := range b.rr {
+			if r.err != nil {
+				fmt.Fprintf(&w, "| %s | **failed**: %s | - | - | - | - |\n", r.name, strings.ReplaceAll(strings.SplitN(r.err.Error(), "\n", 2)[0], "|", "/"))
+				continue
+			}
+			fmt.Fprintf(&w, "| %s | %.0f | %.0f | %.0f | %.0f | %.2f |\n", r.name, r.pct(50), r.pct(90), r.pct(99), 1e6/r.mean(), float64(r.calls)/float64(len(r.rtts)+rrWarm*b.reps))
+		}
+		fmt.Fprintln(&w)
 	}
 	fmt.Fprintf(&w, "## Commands\n\n```\n")
 	fmt.Fprintf(&w, "tapgro (host):  ip netns exec HOST  tapgro --tap tg0 --mtu %d --addr 198.18.0.1/24 --netdev stream,server=on,addr.type=unix,addr.path=S [row flags]\n", b.mtu)
