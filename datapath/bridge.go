@@ -176,13 +176,16 @@ func newBridge(cfg bridgeConfig, tap tapIO) *bridge {
 func (b *bridge) frameCap() int { return b.cfg.vnetHdrLen + port.MaxFrame }
 
 // runTapToPort reads the TAP until it is closed. It returns nil on Close.
-func (b *bridge) runTapToPort() error {
-	p := newTapToPort(b)
+func (b *bridge) runTapToPort() error { return newTapToPort(b).run() }
+
+// run is the TAP→port loop: read a batch, stage and flush it, free its buffers.
+func (p *tapToPort) run() error {
 	for {
-		n, err := b.tap.ReadBatch(p.prepare(), p.sizes, 0)
+		n, err := p.b.tap.ReadBatch(p.prepare(), p.sizes, 0)
 		if n > 0 {
 			p.process(n)
 		}
+		p.released()
 		p.slotsDone()
 		if err != nil {
 			if errors.Is(err, unix.EAGAIN) {
@@ -194,10 +197,13 @@ func (b *bridge) runTapToPort() error {
 }
 
 // tapToPort is the state of the TAP→port pipeline. Every frame for the port is staged
-// in the receive pool (rxpool): plain frames are copied in, GSO frames are split
-// straight into reserved pool buffers. The pool is flushed at the end of each TAP read
+// in the receive pool (rxpool) without copying its payload (package doc, "TAP→port
+// without a payload copy"): plain frames as views of the read buffer behind the port's
+// header, GSO frames as per-segment headers built in the pool's header slots followed by
+// payload slices of the read buffer. The pool is flushed at the end of each TAP read
 // batch, or earlier when it is full; when the port is full the flush waits for it in the
-// netpoller, so this goroutine stops reading the TAP until the peer catches up.
+// netpoller, so this goroutine stops reading the TAP until the peer catches up, and the
+// read buffers are free again only once the flush has returned with the pool empty.
 type tapToPort struct {
 	b     *bridge
 	bufs  [][]byte // the pipeline's own read buffers
@@ -218,13 +224,20 @@ type tapToPort struct {
 	hl      int              // ref's vnet header length (0: plain frames)
 	accepts vnethdr.Offloads // ref's Accepts: what passes whole
 
-	segs     [][]byte // scratch for Split: views into the pool, after the port's header
+	segs     [][]byte // scratch for SplitHeaders: header slots, after the port's header (Split: pool buffers)
 	segBufs  [][]byte // the same reservations, header included
 	segSizes []int
+	payloads [][]byte // scratch for SplitHeaders: the segments' payloads in the read buffer
 	hdr      vnethdr.Hdr
 	outHdr   vnethdr.Hdr // the header written for the port
 
-	capOut capSender // out wrapped for --pcap-port, used while that capture is on
+	capOut capSender  // out wrapped for --pcap-port, used while that capture is on
+	flat   flatSender // out for a port that takes only contiguous frames
+
+	// onRelease, if set (tests), is called with the read buffers when they are free
+	// again, before the next TAP read: a test poisons them there to show that no byte
+	// still queued lives in them.
+	onRelease func(bufs [][]byte)
 }
 
 func newTapToPort(b *bridge) *tapToPort {
@@ -243,6 +256,7 @@ func newTapToPort(b *bridge) *tapToPort {
 		segs:     make([][]byte, vnethdr.MaxSegments), // vnethdr.Plan admits no more
 		segBufs:  make([][]byte, vnethdr.MaxSegments),
 		segSizes: make([]int, vnethdr.MaxSegments),
+		payloads: make([][]byte, vnethdr.MaxSegments),
 	}
 	b.rxBuffers.Store(int64(pool.Buffers()))
 	for i := range p.bufs {
@@ -346,25 +360,32 @@ func (p *tapToPort) setPort(ref *portRef) {
 	}
 	p.ref = ref
 	p.hl, p.accepts = ref.hdrLen, ref.accepts
-	if s, ok := ref.p.(port.BatchSender); ok {
+	switch s := ref.p.(type) {
+	case port.VecSender:
 		p.out = s
-	} else {
-		p.out = blockingSender{ref.p}
+	case port.BatchSender:
+		p.flat.inner = s
+		p.out = &p.flat
+	default:
+		p.flat.inner = blockingSender{ref.p}
+		p.out = &p.flat
 	}
 }
 
-// stage copies one frame into the pool (one memcpy: at most the MTU for a plain port),
-// behind the port's vnet header built from p.hdr when the port carries one.
+// stage stages one frame as it lies in the TAP read buffer, without copying it: a
+// vector whose header slot holds the port's vnet header (built from p.hdr; nothing for
+// a plain port) and whose body is the frame. The read buffer is not reused before the
+// pool has sent it (process flushes before it returns; released checks).
 func (p *tapToPort) stage(frame []byte) {
-	buf, ok := p.reserveRecord(p.hl + len(frame))
+	head, ok := p.reserveVec(p.hl, len(frame))
 	if !ok {
 		return
 	}
 	if p.hl > 0 {
 		p.portHeader(len(frame))
-		_ = p.outHdr.Encode(buf, p.hl) // cannot fail: buf holds n ≥ hl bytes
+		_ = p.outHdr.Encode(head, p.hl) // cannot fail: head holds hl bytes
 	}
-	p.pool.Commit(p.hl + copy(buf[p.hl:], frame))
+	p.pool.CommitVec(frame)
 	if p.pool.PerFrame() {
 		p.flush(rxpool.ReasonFrame)
 	}
@@ -373,27 +394,28 @@ func (p *tapToPort) stage(frame []byte) {
 // stageShm stages, instead of the frame of n bytes read into the batch's ring slot i,
 // the descriptor record that names it (sockport/shm.go): the frame itself is not copied.
 func (p *tapToPort) stageShm(n int, i int) {
-	buf, ok := p.reserveRecord(p.hl + sockport.ShmDescLen)
+	head, ok := p.reserveVec(p.hl+sockport.ShmDescLen, 0)
 	if !ok {
 		return
 	}
 	p.portHeader(n)
-	_ = p.outHdr.Encode(buf, p.hl)
-	p.shmRef.shm.PutShmDesc(buf[p.hl:], i, n)
-	p.pool.Commit(p.hl + sockport.ShmDescLen)
+	_ = p.outHdr.Encode(head, p.hl)
+	p.shmRef.shm.PutShmDesc(head[p.hl:], i, n)
+	p.pool.CommitVec(nil)
 	if p.pool.PerFrame() {
 		p.flush(rxpool.ReasonFrame)
 	}
 }
 
-// reserveRecord reserves n bytes in the pool, flushing it first when full. On false the
-// frame has been counted as dropped.
-func (p *tapToPort) reserveRecord(n int) ([]byte, bool) {
-	buf, ok := p.pool.Reserve(n)
+// reserveVec reserves a vector of a headLen-byte header slot and a bodyLen-byte body in
+// the pool, flushing it first when full. On false the frame has been counted as
+// dropped.
+func (p *tapToPort) reserveVec(headLen, bodyLen int) ([]byte, bool) {
+	head, ok := p.pool.ReserveVec(headLen, bodyLen)
 	if ok {
-		return buf, true
+		return head, true
 	}
-	if !p.pool.Fits(n, 1) {
+	if !p.pool.Fits(headLen+bodyLen, 1) {
 		p.b.rxStats.Drops[rxpool.DropTooBig].Add(1)
 		return nil, false
 	}
@@ -401,16 +423,20 @@ func (p *tapToPort) reserveRecord(n int) ([]byte, bool) {
 		p.b.t2p.DropPortError.Add(1)
 		return nil, false
 	}
-	if buf, ok = p.pool.Reserve(n); !ok {
+	if head, ok = p.pool.ReserveVec(headLen, bodyLen); !ok {
 		p.b.rxStats.Drops[rxpool.DropTooBig].Add(1)
 		return nil, false
 	}
-	return buf, true
+	return head, true
 }
 
-// split segments one GSO frame straight into pool buffers. All segments are reserved
-// before Split runs (the pool is flushed first when they do not fit), so a frame is
-// never half-staged.
+// split segments one GSO frame without copying its payload: each segment is a vector
+// of its headers, built by vnethdr.SplitHeaders in the segment's header slot (behind an
+// all-zero vnet header for a vnet-hdr port), and its payload, a slice of the TAP read
+// buffer that the L4 checksum was summed over in place. All segments are reserved
+// before anything is built (the pool is flushed first when they do not fit), so a frame
+// is never half-staged. Headers too long for a slot (rxpool.HeadCap: only IPv6 with
+// long extension headers) take the copying path, splitCopy.
 func (p *tapToPort) split(frame []byte) {
 	st := &p.b.t2p
 	pl, err := vnethdr.Plan(frame, &p.hdr)
@@ -423,6 +449,63 @@ func (p *tapToPort) split(frame []byte) {
 		p.b.rxStats.Drops[rxpool.DropTooBig].Add(1)
 		return
 	}
+	headLen := p.hl + pl.HdrLen
+	if headLen > rxpool.HeadCap {
+		p.splitCopy(frame, pl)
+		return
+	}
+	mss := pl.SegCap - pl.HdrLen
+	if !p.reserveVecs(headLen, mss, nseg) {
+		if !p.flush(rxpool.ReasonPoolFull) {
+			st.DropPortError.Add(1)
+			return
+		}
+		if !p.reserveVecs(headLen, mss, nseg) { // cannot happen: it Fits an empty pool
+			p.b.rxStats.Drops[rxpool.DropTooBig].Add(1)
+			return
+		}
+	}
+	n, err := vnethdr.SplitHeaders(frame, &p.hdr, p.segs[:nseg], p.payloads[:nseg])
+	if err != nil {
+		p.pool.Cancel()
+		st.DropMalformed.Add(1)
+		return
+	}
+	st.GSOSegmented.Add(1)
+	for i := 0; i < n; i++ {
+		// A plain segment behind an all-zero header: a stale GSO header on a segment
+		// makes the receiver treat it as a super-frame.
+		vnethdr.Zero(p.segBufs[i], p.hl)
+		p.pool.CommitVec(p.payloads[i])
+	}
+	clear(p.payloads[:n])
+	p.pool.Cancel() // segments SplitHeaders did not need, if any
+	if p.pool.PerFrame() {
+		p.flush(rxpool.ReasonFrame)
+	}
+}
+
+// reserveVecs claims nseg vectors of headLen header bytes and up to bodyMax payload
+// bytes, or none.
+func (p *tapToPort) reserveVecs(headLen, bodyMax, nseg int) bool {
+	for i := 0; i < nseg; i++ {
+		head, ok := p.pool.ReserveVec(headLen, bodyMax)
+		if !ok {
+			p.pool.Cancel()
+			return false
+		}
+		p.segBufs[i] = head
+		p.segs[i] = head[p.hl:]
+	}
+	return true
+}
+
+// splitCopy segments one GSO frame (plan pl, which Fits the pool) straight into pool
+// buffers with the copying vnethdr.Split: the path for headers longer than a header
+// slot.
+func (p *tapToPort) splitCopy(frame []byte, pl vnethdr.SplitPlan) {
+	st := &p.b.t2p
+	segCap, nseg := p.hl+pl.SegCap, pl.Segments
 	if !p.reserve(segCap, nseg) {
 		if !p.flush(rxpool.ReasonPoolFull) {
 			st.DropPortError.Add(1)
@@ -441,18 +524,16 @@ func (p *tapToPort) split(frame []byte) {
 	}
 	st.GSOSegmented.Add(1)
 	for i := 0; i < n; i++ {
-		// A plain segment behind an all-zero header: a stale GSO header on a segment
-		// makes the receiver treat it as a super-frame.
 		vnethdr.Zero(p.segBufs[i], p.hl)
 		p.pool.Commit(p.hl + p.segSizes[i])
 	}
-	p.pool.Cancel() // segments Split did not need, if any
+	p.pool.Cancel()
 	if p.pool.PerFrame() {
 		p.flush(rxpool.ReasonFrame)
 	}
 }
 
-// reserve claims nseg segments of segCap bytes, or none.
+// reserve claims nseg segments of segCap bytes in pool buffers, or none.
 func (p *tapToPort) reserve(segCap, nseg int) bool {
 	for i := 0; i < nseg; i++ {
 		buf, ok := p.pool.Reserve(segCap)
@@ -464,6 +545,23 @@ func (p *tapToPort) reserve(segCap, nseg int) bool {
 		p.segs[i] = buf[p.hl:]
 	}
 	return true
+}
+
+// released is where the batch's read buffers become free for the next TAP read (and
+// its shared-memory slots go back to the ring, slotsDone). Every frame staged from them
+// was sent, or discarded with a failed port, by the flush at the end of process, which
+// returns only with the pool empty: while the port is full it waits inside Flush, and
+// the TAP is not read meanwhile. So nothing can still point into them; if something
+// did, it is dropped rather than sent with the next read's bytes in it.
+func (p *tapToPort) released() {
+	if p.pool.Borrowing() {
+		staged, _ := p.pool.Queued()
+		p.b.t2p.DropPortError.Add(uint64(staged))
+		p.pool.Discard(rxpool.DropPortError)
+	}
+	if p.onRelease != nil {
+		p.onRelease(p.cur)
+	}
 }
 
 // flush hands everything staged to the port and reports whether the port is still
@@ -495,6 +593,51 @@ func (p *tapToPort) flush(why rxpool.Reason) bool {
 	p.ref, p.out = nil, nil
 	return false
 }
+
+// flatSender delivers the pool's Vecs to a port that takes only contiguous frames (a
+// netmap port, or a Port without BatchSender): a Vec with header bytes is copied
+// together into scratch first — for such a port the copy the pool no longer makes —
+// and a Vec that is all body passes as it is. The scratch is allocated on first use.
+type flatSender struct {
+	inner   port.BatchSender
+	frames  [][]byte
+	scratch []byte
+}
+
+// flatScratch holds at least one largest frame with its vnet header.
+const flatScratch = 1 << 20
+
+func (s *flatSender) TryWriteVecs(v []port.Vec) (int, error) {
+	if s.frames == nil {
+		s.frames = make([][]byte, 512)
+		s.scratch = make([]byte, flatScratch)
+	}
+	k, off := 0, 0
+	for k < len(v) && k < len(s.frames) {
+		x := &v[k]
+		h := x.Head[port.VecHeadroom:]
+		if len(h) == 0 {
+			s.frames[k] = x.Body
+			k++
+			continue
+		}
+		n := x.Len()
+		if off+n > len(s.scratch) {
+			break
+		}
+		b := s.scratch[off : off+n : off+n]
+		copy(b[copy(b, h):], x.Body)
+		s.frames[k] = b
+		off += n
+		k++
+	}
+	n, err := s.inner.TryWriteBatch(s.frames[:k])
+	clear(s.frames[:k])
+	return n, err
+}
+
+func (s *flatSender) WaitWritable(d time.Time) error { return s.inner.WaitWritable(d) }
+func (s *flatSender) Room() (int, int)               { return s.inner.Room() }
 
 // blockingSender adapts a Port without BatchSender: WriteBatch blocks until everything
 // is sent, so it never reports ErrWouldBlock and the pool never waits on it.

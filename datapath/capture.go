@@ -9,6 +9,7 @@ import (
 
 	"tapgro/pcapio"
 	"tapgro/port"
+	"tapgro/rxpool"
 )
 
 // Capture (--pcap-tap, --pcap-port, `tapgro ctl pcap`): the datapath goroutines write
@@ -86,27 +87,31 @@ func capTapFrames(w *pcapio.Writer, bufs [][]byte, sizes []int, n, hl int) {
 // capSender records the frames a port took whole, after its vnet header (hl bytes).
 // It lives in tapToPort, so wrapping the port's sender allocates nothing.
 type capSender struct {
-	inner port.BatchSender
+	inner rxpool.Sender
 	w     *pcapio.Writer
 	hl    int
 	shm   port.ShmSender // resolves descriptor records to the frames they name
+	segs  [2][]byte
 }
 
-func (s *capSender) TryWriteBatch(frames [][]byte) (int, error) {
-	n, err := s.inner.TryWriteBatch(frames)
+func (s *capSender) TryWriteVecs(frames []port.Vec) (int, error) {
+	n, err := s.inner.TryWriteVecs(frames)
 	if n > 0 {
 		now := time.Now()
-		for _, f := range frames[:n] {
-			if s.shm != nil {
-				if fr := s.shm.TxFrame(f); fr != nil {
+		for i := range frames[:n] {
+			f := &frames[i]
+			if s.shm != nil && len(f.Body) == 0 {
+				if fr := s.shm.TxFrame(f.Head[port.VecHeadroom:]); fr != nil {
 					s.w.WriteFrame(now, fr)
 					continue
 				}
 			}
-			if len(f) > s.hl {
-				s.w.WriteFrame(now, f[s.hl:])
+			if l := f.Len() - s.hl; l > 0 {
+				s.segs[0], s.segs[1] = f.Head, f.Body
+				s.w.WriteFrameV(now, s.segs[:], port.VecHeadroom+s.hl, l)
 			}
 		}
+		s.segs = [2][]byte{}
 	}
 	return n, err
 }

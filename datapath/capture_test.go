@@ -10,6 +10,7 @@ import (
 	"tapgro/pcapio"
 	"tapgro/port"
 	"tapgro/port/porttest"
+	"tapgro/rxpool"
 	"tapgro/tapdev/taptest"
 )
 
@@ -134,9 +135,9 @@ func TestCaptureDatapath(t *testing.T) {
 
 type nopSender struct{}
 
-func (nopSender) TryWriteBatch(f [][]byte) (int, error) { return len(f), nil }
-func (nopSender) WaitWritable(time.Time) error          { return nil }
-func (nopSender) Room() (int, int)                      { return 1 << 20, 1 << 20 }
+func (nopSender) TryWriteVecs(f []port.Vec) (int, error) { return len(f), nil }
+func (nopSender) WaitWritable(time.Time) error           { return nil }
+func (nopSender) Room() (int, int)                       { return 1 << 20, 1 << 20 }
 
 // The capture hooks allocate nothing per frame.
 func TestCaptureHooksAllocs(t *testing.T) {
@@ -148,11 +149,12 @@ func TestCaptureHooksAllocs(t *testing.T) {
 	defer w.Close()
 	frames := [][]byte{make([]byte, 10+1514), make([]byte, 10+60)}
 	sizes := []int{10 + 1514, 10 + 60}
+	vecs := []port.Vec{{Head: make([]byte, port.VecHeadroom+10+54), Body: make([]byte, 1460)}, {Head: make([]byte, port.VecHeadroom+10+60)}}
 	var p tapToPort
 	if n := testing.AllocsPerRun(500, func() {
 		p.capOut = capSender{inner: nopSender{}, w: w, hl: 10}
-		var s port.BatchSender = &p.capOut
-		s.TryWriteBatch(frames)
+		var s rxpool.Sender = &p.capOut
+		s.TryWriteVecs(vecs)
 		capTapFrames(w, frames, sizes, 2, 10)
 	}); n != 0 {
 		t.Errorf("capture hooks allocate %v times per batch", n)

@@ -13,11 +13,12 @@
 // The TAP→port goroutine lives as long as the TAP; while no peer is connected it keeps
 // reading and counts what it discards, as QEMU discards while its link is down. Every
 // frame is decided on its own header: a GSO or partial-checksum frame the port accepts
-// goes on whole, one it does not is split (vnethdr.Split) or checksummed in software
-// first, and the batch is staged in the receive pool and flushed at the end of the TAP
-// read. The port→TAP goroutine lives as long as one connection: plain segments from the
-// port go through the GRO engine, frames with a vnet header are validated as strictly as
-// the kernel would (vnethdr.ValidatePeer) and passed whole where the TAP takes them.
+// goes on whole, one it does not is split or checksummed in software first, and the
+// batch is staged in the receive pool and flushed at the end of the TAP read (see
+// "TAP→port without a payload copy" below). The port→TAP goroutine lives as long as one
+// connection: plain segments from the port go through the GRO engine, frames with a
+// vnet header are validated as strictly as the kernel would (vnethdr.ValidatePeer) and
+// passed whole where the TAP takes them.
 //
 // Port→TAP, a plain port's frames are read into a ring of 2×batch read buffers and
 // offered to the GRO engine by reference (coalescer.AddRef): an aggregate of segments
@@ -35,6 +36,42 @@
 // buffered, timer flush) normally ends before its buffers come round again. Frames
 // from a vnet-hdr port go in by copy (coalescer.Add): they may be lent by the port
 // until the end of the batch only.
+//
+// # TAP→port without a payload copy
+//
+// No payload byte is copied in userspace on the way to the port: the kernel copies it
+// into the TAP read buffer and out of it into the socket, and the pipeline only reads it
+// once, to checksum it. Every frame is staged as a vector (rxpool.ReserveVec): a few
+// bytes built in the record's header slot followed by a view of the read buffer.
+//
+//	plain frame:  [prefix room][port's vnet header, if any]  [frame in the TAP buffer]
+//	GSO segment:  [prefix room][zero vnet header][Eth/IP/TCP|UDP]  [payload slice]
+//	shm frame:    [prefix room][vnet header][descriptor]     (the frame is in the ring)
+//
+// vnethdr.SplitHeaders builds each segment's headers in its slot and sums the L4
+// checksum over the slot and then over the payload in place, so the segments are byte
+// for byte those of the copying vnethdr.Split. A partial checksum the port cannot take
+// is completed in place in the TAP buffer (vnethdr.CompleteChecksum): the buffer is the
+// pipeline's own and nothing else reads it, so writing two bytes there is cheaper than
+// copying the header out. The port gets the batch as port.Vecs (port.VecSender): one
+// writev of [prefix+headers][payload] pairs, 512 records per IOV_MAX, for streams —
+// vnet-hdr=on streams included — and sendmmsg with per-message iovecs for datagrams. A
+// port without TryWriteVecs (netmap, or one without BatchSender) gets the Vecs copied
+// together first (flatSender): there the copy stays. Headers longer than a slot
+// (rxpool.HeadCap, only IPv6 with long extension headers) take the copying Split.
+//
+// Ownership of the read buffers is by the batch: process flushes the pool at its end,
+// and Flush returns only with the pool empty (every record written) or with the port
+// failed (every record discarded) — including a port that stalls, where the pipeline
+// waits inside Flush for writability and the delayed flush, and does not read the TAP
+// meanwhile, which is the backpressure anyway. So when process returns nothing points
+// into the buffers, and the next ReadBatch may overwrite them (tapToPort.released checks
+// rxpool's Borrowing, and drops rather than send a reused buffer's bytes if that ever
+// failed; the ring slots of a shared-memory port are handed back only after it,
+// slotsDone). The flush at the end of each read batch was already the pipeline's rule,
+// so holding buffers for exactly one batch costs no throughput; a pool that owned
+// several batches' buffers would only matter if a flush could return with records
+// still queued, which it cannot.
 //
 // Negotiation decides, from what each side can carry and accept (port.Backend), the TAP's
 // read offloads (TUNSETOFFLOAD) and which software steps each direction runs; it runs at

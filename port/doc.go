@@ -17,6 +17,9 @@
 //
 //   - BatchSender: non-blocking batched writes with explicit backpressure
 //     (ErrWouldBlock, WaitWritable, Room), what the receive pool's delayed flush needs;
+//   - VecSender: BatchSender for frames in two pieces (Vec: headers built for the
+//     frame, then a payload left where it was read), sent as iovec pairs, so the
+//     TAP→port pipeline copies no payload;
 //   - Lender: received frames lent in place from the transport's own buffer instead of
 //     copied out;
 //   - ShmSender: frames sent through a shared-memory ring the receiver maps, so only a

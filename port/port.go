@@ -75,8 +75,8 @@ type Port interface {
 }
 
 // BatchSender is what the TAP→port pool (package rxpool) needs of a Port to deliver in
-// batches without blocking. A Port that does not implement it is written to with
-// WriteBatch. It belongs to the goroutine that calls WriteBatch.
+// batches without blocking (with VecSender, without copying frames together first). A
+// Port that does not implement it is written to with WriteBatch. It belongs to the goroutine that calls WriteBatch.
 type BatchSender interface {
 	// TryWriteBatch is WriteBatch without waiting: it writes frames in order until the
 	// transport is full and then returns how many went out whole, with ErrWouldBlock. On
@@ -96,6 +96,36 @@ type BatchSender interface {
 	// which include per-packet overhead, so they are a guide, not a promise. A transport
 	// that cannot tell reports free == size == math.MaxInt.
 	Room() (free, size int)
+}
+
+// VecHeadroom is the room at the front of every Vec's Head that a VecSender may
+// overwrite with its own framing before it sends the Vec: the stream transport writes
+// the record's 4-byte length prefix there (QEMU net/stream.c framing), so prefix and
+// headers go out as one iovec and a record is at most two (IOV_MAX = 1024 then still
+// carries 512 records per writev). It is not part of the frame.
+const VecHeadroom = 4
+
+// Vec is one outgoing frame in two pieces sent back to back: Head[VecHeadroom:] (what
+// the sender built for this frame: a vnet header, a segment's headers) and then Body (a
+// view of the buffer the frame was read into, never copied). Either piece may be empty,
+// not both; len(Head) >= VecHeadroom always.
+type Vec struct {
+	Head, Body []byte
+}
+
+// Len is the frame's length: what a peer receives, not counting the headroom.
+func (v *Vec) Len() int { return len(v.Head) - VecHeadroom + len(v.Body) }
+
+// VecSender is a BatchSender that takes frames as Vecs, so a frame assembled from
+// headers built for it and a payload left where it was read reaches the kernel as an
+// iovec pair (writev on streams, sendmmsg with per-message iovecs on datagrams)
+// instead of being copied together first. TryWriteVecs is TryWriteBatch over Vecs,
+// with the same rules: frames in order, whole, ErrWouldBlock when full; on a stream a
+// record the kernel took in part must begin the next write (the same Vec, same memory),
+// which resumes inside it. The sender may overwrite each Head[:VecHeadroom].
+type VecSender interface {
+	BatchSender
+	TryWriteVecs(frames []Vec) (n int, err error)
 }
 
 // ShmHeadroom is where a lent or shared-memory frame starts: the bytes in front of it

@@ -1,7 +1,8 @@
 // Package rxpool is the receive-buffer pool of the TAP→port direction: every frame for
-// the peer (a guest's QEMU port) is staged in preallocated buffers and delivered in
-// batches, one system call for many frames, with backpressure instead of loss when the
-// peer falls behind.
+// the peer (a guest's QEMU port) is staged — copied into preallocated buffers, or, for
+// most frames, described as a vector of a header slot and memory the caller lends (see
+// Vectors) — and delivered in batches, one system call for many frames, with
+// backpressure instead of loss when the peer falls behind.
 //
 // # Buffers
 //
@@ -18,13 +19,36 @@
 //
 // Staging is Reserve (room for up to maxLen bytes, or false when the pool is full),
 // writing into the returned slice, and Commit(n). Several reservations may be open at
-// once, so software GSO writes its segments straight into the pool; Cancel abandons
-// them. Staged returns the committed frames in order, Release(k) frees the first k.
+// once; Cancel abandons them. Staged returns the committed frames in order, Release(k)
+// frees the first k.
+//
+// # Vectors: frames the pool does not copy
+//
+// Most frames are not copied at all. A vector (ReserveVec, CommitVec) is a few header
+// bytes the caller builds in the descriptor's own header slot (HeadSlot bytes per
+// descriptor, beside the ring) followed by a body the caller lends: a segment's
+// headers and then its payload where the TAP read put it (vnethdr.SplitHeaders), or a
+// port's vnet header and then a whole frame. Staged hands every frame to the port as a
+// port.Vec — [headroom + header slot][body], an iovec pair, the headroom being where
+// the stream port writes its length prefix — and a copy is simply a Vec whose body is
+// in the ring. A vector takes no ring buffer but counts for the buffers its frame would
+// span had it been copied (InUse), so what the pool stages, when it is full and what
+// it refuses as too big are exactly what they are for copies: the bound on queued
+// bytes and frames, and every flush decision, do not depend on whether a frame was
+// copied.
+//
+// Lent memory is the caller's to keep unchanged until the pool lets go of it:
+// Borrowing is true while any committed vector's body is lent. Flush returns only with
+// the pool empty (or the port failed, and Discard then empties it), so a caller that
+// flushes before reusing its read buffers — the TAP→port pipeline does, at the end of
+// every TAP read batch — never overwrites bytes still queued, stall or delayed flush
+// included: while the port is full the pipeline waits inside Flush and does not read
+// the TAP.
 //
 // # Delivery and backpressure
 //
-// Flush hands every staged frame to a Sender (port.BatchSender: many
-// length-prefixed records per writev on streams, sendmmsg on datagrams) and returns only
+// Flush hands every staged frame to a Sender (port.VecSender: many length-prefixed
+// records per writev on streams, sendmmsg on datagrams) and returns only
 // when the pool is empty or the port failed. In the unconstrained steady state the
 // caller flushes at the end of each TAP read batch and when the pool is full, and no
 // delay applies. When the port answers ErrWouldBlock the pool's goroutine waits in the
@@ -48,7 +72,8 @@
 //
 // The pool holds at most Count buffers: a frame (or the segments of one GSO frame)
 // needing more than the whole pool can never be staged, and the caller drops it under
-// DropTooBig. When the port fails, staged frames are discarded under DropPortError.
+// DropTooBig. Memory is the slab plus Count × HeadSlot bytes of header slots (384 KiB
+// by default). When the port fails, staged frames are discarded under DropPortError.
 //
 // A Pool belongs to one goroutine; only Stats (atomics) may be read concurrently. The
 // package never logs.

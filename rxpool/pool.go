@@ -41,9 +41,24 @@ type realClock struct{}
 func (realClock) Now() time.Time        { return time.Now() }
 func (realClock) Sleep(d time.Duration) { time.Sleep(d) }
 
-// Sender is where a Pool delivers: a port.BatchSender. TryWriteBatch returns
-// port.ErrWouldBlock when the port is full.
-type Sender = port.BatchSender
+// Sender is where a Pool delivers: the part of a port.VecSender it calls.
+// TryWriteVecs returns port.ErrWouldBlock when the port is full.
+type Sender interface {
+	TryWriteVecs(frames []port.Vec) (n int, err error)
+	WaitWritable(deadline time.Time) error
+	Room() (free, size int)
+}
+
+var _ Sender = port.VecSender(nil)
+
+// HeadSlot is the size of a record's header slot: port.VecHeadroom for the sender's
+// framing, then up to HeadCap bytes of headers (a vnet header and a segment's Ethernet,
+// VLAN, IP and TCP/UDP headers: 12 + 18 + 60 + 60 = 150 bytes for the largest IPv4
+// ones). Every descriptor has its own slot, so headers never take ring buffers.
+const (
+	HeadSlot = 192
+	HeadCap  = HeadSlot - port.VecHeadroom
+)
 
 // Config sizes a Pool. Zero fields take the defaults.
 type Config struct {
@@ -62,7 +77,7 @@ type Config struct {
 	FlushThreshold     int
 	FlushThresholdFrac float64
 
-	// PerFrame makes Flush write one frame per TryWriteBatch with no delay, and tells
+	// PerFrame makes Flush write one frame per TryWriteVecs with no delay, and tells
 	// the caller to flush after every frame: the frame-per-write relay that the batching
 	// is measured against (tapgro --rx-batch=off).
 	PerFrame bool
@@ -109,12 +124,18 @@ func (c Config) withDefaults() Config {
 	return c
 }
 
-// desc describes one staged or reserved frame.
+// desc describes one staged or reserved frame: a copy (Reserve), whose bytes are in
+// ring buffers [buf, buf+nbuf), or a vector (ReserveVec), whose head bytes are in the
+// descriptor's header slot and whose body is the caller's memory.
 type desc struct {
-	buf  int // first buffer
-	n    int // frame length (the reserved maximum until committed)
-	nbuf int // buffers from buf on that the frame holds
-	skip int // buffers skipped at the slab's end before buf, freed with this frame
+	buf    int    // first buffer (copies)
+	n      int    // frame length (the reserved maximum until committed)
+	nbuf   int    // buffers from buf on that the frame holds (0 for a vector)
+	skip   int    // buffers skipped at the slab's end before buf, freed with this frame
+	charge int    // capacity in buffers the frame counts for: skip + NumBuffers(n)
+	head   int    // vector: header bytes in the slot, after port.VecHeadroom
+	body   []byte // the frame's bytes (copy: in the slab; vector: lent by the caller)
+	vec    bool
 }
 
 // Pool stages frames in a ring of fixed-size buffers and delivers them to a Sender in
@@ -126,8 +147,19 @@ type Pool struct {
 	count int
 	slab  []byte
 
-	// The buffer ring: buffers [tail-used, tail) (mod count) are held, in frame order.
+	// The buffer ring: buffers [tail-used, tail) (mod count) are held by copies, in
+	// frame order. charged is the capacity held by every frame, copies and vectors
+	// (charged >= used): a vector counts for the buffers its frame would span had it
+	// been copied, so the pool bounds what it stages the same way whether or not it
+	// copied it.
 	tail, used int
+	charged    int
+
+	// hdrs holds each descriptor's header slot: descs[i] owns hdrs[i*HeadSlot:][:HeadSlot].
+	hdrs []byte
+	// borrowed counts committed vectors whose body is the caller's memory: the caller
+	// must not reuse that memory while it is > 0 (Borrowing).
+	borrowed int
 
 	// The frame ring: descs[dHead:] holds dLen committed frames, then dRes reservations.
 	descs            []desc
@@ -136,7 +168,7 @@ type Pool struct {
 
 	newFrames, newBytes int // staged since the last publish
 
-	views [][]byte // scratch for Staged
+	views []port.Vec // scratch for Staged
 	stats *Stats
 }
 
@@ -156,8 +188,9 @@ func New(cfg Config, st *Stats) (*Pool, error) {
 		bs:    cfg.BufSize,
 		count: count,
 		slab:  make([]byte, count*cfg.BufSize),
-		descs: make([]desc, count), // every frame holds at least one buffer
-		views: make([][]byte, count),
+		descs: make([]desc, count), // every frame counts for at least one buffer
+		hdrs:  make([]byte, count*HeadSlot),
+		views: make([]port.Vec, count),
 		stats: st,
 	}
 	return p, nil
@@ -172,8 +205,14 @@ func (p *Pool) BufSize() int { return p.bs }
 // Buffers is the number of buffers.
 func (p *Pool) Buffers() int { return p.count }
 
-// InUse is the number of buffers holding staged or reserved frames.
-func (p *Pool) InUse() int { return p.used }
+// InUse is the capacity, in buffers, that staged or reserved frames hold: a copy the
+// buffers it spans, a vector those it would span (see Reserve and ReserveVec).
+func (p *Pool) InUse() int { return p.charged }
+
+// Borrowing reports whether a staged frame's body is memory the caller lent
+// (CommitVec). The caller must not reuse lent memory until this is false: after a
+// Flush that returned nil the pool is empty, and after a failed one Discard empties it.
+func (p *Pool) Borrowing() bool { return p.borrowed > 0 }
 
 // Queued returns the committed frames and their bytes not yet delivered.
 func (p *Pool) Queued() (frames, bytes int) { return p.dLen, p.queued }
@@ -211,20 +250,75 @@ func (p *Pool) Reserve(maxLen int) ([]byte, bool) {
 		skip = p.count - p.tail // keep the frame contiguous: leave the tail buffers empty
 	}
 	// The free buffers are [tail, tail+count-used); needing skip+need of them from tail
-	// on is exactly the condition that the frame's buffers are free.
-	if p.used+skip+need > p.count {
+	// on is exactly the condition that the frame's buffers are free. Vectors hold
+	// capacity but no buffers, and charged >= used, so the capacity test implies it.
+	if p.charged+skip+need > p.count {
 		return nil, false
 	}
 	start := (p.tail + skip) % p.count
-	p.descs[(p.dHead+p.dLen+p.dRs)%p.count] = desc{buf: start, n: maxLen, nbuf: need, skip: skip}
+	off := start * p.bs
+	p.descs[(p.dHead+p.dLen+p.dRs)%p.count] = desc{buf: start, n: maxLen, nbuf: need, skip: skip, charge: skip + need,
+		body: p.slab[off : off+maxLen : off+maxLen]}
 	p.dRs++
 	p.tail = (start + need) % p.count
 	p.used += skip + need
+	p.charged += skip + need
 	if skip > 0 {
 		p.stats.SkippedBuffers.Add(uint64(skip))
 	}
-	off := start * p.bs
 	return p.slab[off : off+maxLen : off+maxLen], true
+}
+
+// ReserveVec claims, after every frame already staged or reserved, a frame of headLen
+// bytes built in the pool followed by up to bodyMax bytes of the caller's memory, left
+// where it is: a segment's headers before its payload in the TAP's read buffer, or a
+// vnet header before a whole frame. It returns the header slot (headLen <= HeadCap
+// bytes) or false when the pool cannot take the frame now. The frame counts for the
+// buffers it would span if copied (NumBuffers(headLen+bodyMax)) but takes none, so
+// staging is bounded exactly as for copies. Commit it with CommitVec, in order with
+// any other open reservation.
+func (p *Pool) ReserveVec(headLen, bodyMax int) ([]byte, bool) {
+	if headLen < 0 || headLen > HeadCap || bodyMax < 0 || headLen+bodyMax <= 0 || p.dLen+p.dRs == p.count {
+		return nil, false
+	}
+	need := p.NumBuffers(headLen + bodyMax)
+	if p.charged+need > p.count {
+		return nil, false
+	}
+	i := (p.dHead + p.dLen + p.dRs) % p.count
+	p.descs[i] = desc{n: headLen + bodyMax, charge: need, head: headLen, vec: true}
+	p.dRs++
+	p.charged += need
+	off := i*HeadSlot + port.VecHeadroom
+	return p.hdrs[off : off+headLen : off+headLen], true
+}
+
+// CommitVec stages the oldest open reservation, which ReserveVec made, as its header
+// slot followed by body (len(body) <= its bodyMax). The pool refers to body, never
+// copies or writes it, until the frame is delivered or discarded: until then the
+// caller keeps it unchanged (Borrowing).
+func (p *Pool) CommitVec(body []byte) {
+	if p.dRs == 0 {
+		panic("rxpool: CommitVec without a reservation")
+	}
+	d := &p.descs[(p.dHead+p.dLen)%p.count]
+	if !d.vec || d.head+len(body) > d.n || d.head+len(body) == 0 {
+		panic(fmt.Sprintf("rxpool: CommitVec of %d body bytes to a reservation of %d (vector %t)", len(body), d.n, d.vec))
+	}
+	d.n = d.head + len(body)
+	if need := p.NumBuffers(d.n); need < d.charge {
+		p.charged -= d.charge - need
+		d.charge = need
+	}
+	d.body = body
+	if len(body) > 0 {
+		p.borrowed++
+	}
+	p.dLen++
+	p.dRs--
+	p.queued += d.n
+	p.newFrames++
+	p.newBytes += d.n
 }
 
 // Commit stages the oldest open reservation as a frame of n bytes (n <= its maxLen).
@@ -236,15 +330,18 @@ func (p *Pool) Commit(n int) {
 	}
 	i := (p.dHead + p.dLen) % p.count
 	d := &p.descs[i]
-	if n <= 0 || n > d.n {
-		panic(fmt.Sprintf("rxpool: Commit(%d) of a %d-byte reservation", n, d.n))
+	if d.vec || n <= 0 || n > d.n {
+		panic(fmt.Sprintf("rxpool: Commit(%d) of a %d-byte reservation (vector %t)", n, d.n, d.vec))
 	}
 	d.n = n
+	d.body = d.body[:n:n]
 	if p.dRs == 1 {
 		if need := p.NumBuffers(n); need < d.nbuf {
 			p.used -= d.nbuf - need
+			p.charged -= d.nbuf - need
 			p.tail = (d.buf + need) % p.count
 			d.nbuf = need
+			d.charge = d.skip + need
 		}
 	}
 	p.dLen++
@@ -257,21 +354,29 @@ func (p *Pool) Commit(n int) {
 // Cancel abandons every open reservation (a GSO frame that turned out malformed).
 func (p *Pool) Cancel() {
 	for p.dRs > 0 {
-		d := p.descs[(p.dHead+p.dLen+p.dRs-1)%p.count]
-		p.used -= d.skip + d.nbuf
-		p.tail = (d.buf - d.skip + p.count) % p.count
+		d := &p.descs[(p.dHead+p.dLen+p.dRs-1)%p.count]
+		p.charged -= d.charge
+		if !d.vec {
+			p.used -= d.skip + d.nbuf
+			p.tail = (d.buf - d.skip + p.count) % p.count
+		}
+		d.body = nil
 		p.dRs--
 	}
 }
 
-// Staged returns views of the committed frames, oldest first. The slice and the views
-// are valid until the next Release, Discard or Reserve.
-func (p *Pool) Staged() [][]byte {
+// Staged returns the committed frames as Vecs, oldest first: a vector's header slot
+// (after port.VecHeadroom) and lent body, a copy's bytes in the ring as the body. Each
+// Head begins with the slot's port.VecHeadroom bytes, the sender's to overwrite. The
+// slice and the views are valid until the next Release, Discard or Reserve.
+func (p *Pool) Staged() []port.Vec {
 	v := p.views[:p.dLen]
 	for k := range v {
-		d := &p.descs[(p.dHead+k)%p.count]
-		off := d.buf * p.bs
-		v[k] = p.slab[off : off+d.n : off+d.n]
+		i := (p.dHead + k) % p.count
+		d := &p.descs[i]
+		off := i * HeadSlot
+		end := off + port.VecHeadroom + d.head
+		v[k] = port.Vec{Head: p.hdrs[off:end:end], Body: d.body}
 	}
 	return v
 }
@@ -284,11 +389,16 @@ func (p *Pool) Release(k int) {
 	for ; k > 0; k-- {
 		d := &p.descs[p.dHead]
 		p.used -= d.skip + d.nbuf
+		p.charged -= d.charge
+		if d.vec && len(d.body) > 0 {
+			p.borrowed--
+		}
+		d.body = nil // the caller's memory is its own again
 		p.queued -= d.n
 		p.dHead = (p.dHead + 1) % p.count
 		p.dLen--
 	}
-	p.stats.InUse.Store(int64(p.used))
+	p.stats.InUse.Store(int64(p.charged))
 }
 
 // Discard drops every committed frame, counting them under why (the port failed).
@@ -309,14 +419,14 @@ func (p *Pool) publish() {
 		p.stats.BytesStaged.Add(uint64(p.newBytes))
 		p.newFrames, p.newBytes = 0, 0
 	}
-	u := int64(p.used)
+	u := int64(p.charged)
 	p.stats.InUse.Store(u)
 	if u > p.stats.MaxInUse.Load() {
 		p.stats.MaxInUse.Store(u)
 	}
 }
 
-// Flush delivers every committed frame to s, in order, with as few TryWriteBatch calls
+// Flush delivers every committed frame to s, in order, with as few TryWriteVecs calls
 // as the port allows, and returns what was delivered. r is why the caller flushes.
 //
 // When the port answers ErrWouldBlock, Flush waits in the port's netpoller for
@@ -341,12 +451,12 @@ func (p *Pool) Flush(s Sender, r Reason) (frames, bytes int, err error) {
 			v = v[:1] // the baseline relay: one frame per write
 		}
 		t0 := p.clock.Now()
-		n, werr := s.TryWriteBatch(v)
+		n, werr := s.TryWriteVecs(v)
 		p.stats.Writes.Add(1)
 		if n > 0 {
 			b := 0
-			for _, f := range v[:n] {
-				b += len(f)
+			for i := range v[:n] {
+				b += v[i].Len()
 			}
 			p.stats.Batches.Add(1)
 			p.stats.BatchFrames[batchBucket(n)].Add(1)

@@ -45,7 +45,12 @@ type fakeSender struct {
 	waitFor time.Duration // how long WaitWritable takes on the fake clock
 }
 
-func (s *fakeSender) TryWriteBatch(frames [][]byte) (int, error) {
+// flat is the frame a Vec describes: its head after the headroom, then its body.
+func flat(v port.Vec) []byte {
+	return append(bytes.Clone(v.Head[port.VecHeadroom:]), v.Body...)
+}
+
+func (s *fakeSender) TryWriteVecs(frames []port.Vec) (int, error) {
 	s.writes++
 	n := len(frames)
 	if s.accept != nil {
@@ -55,7 +60,10 @@ func (s *fakeSender) TryWriteBatch(frames [][]byte) (int, error) {
 	}
 	if s.keep {
 		for _, f := range frames[:n] {
-			s.got = append(s.got, bytes.Clone(f))
+			if len(f.Head) < port.VecHeadroom {
+				panic("a Vec without headroom")
+			}
+			s.got = append(s.got, flat(f))
 		}
 	}
 	s.frames += n
@@ -123,11 +131,12 @@ func TestMergeableSpan(t *testing.T) {
 		t.Fatalf("InUse = %d after one more MTU frame, want 34", p.InUse())
 	}
 	v := p.Staged()
-	if len(v) != 2 || len(v[0]) != 65549 || len(v[1]) != 1514 || !bytes.Equal(v[0], seqFrame(1, 65549)) {
+	if len(v) != 2 || v[0].Len() != 65549 || v[1].Len() != 1514 || !bytes.Equal(v[0].Body, seqFrame(1, 65549)) ||
+		len(v[0].Head) != port.VecHeadroom {
 		t.Fatalf("Staged: %d frames", len(v))
 	}
 	// The frame is one contiguous slice: the second starts 33 buffers after the first.
-	if &v[1][0] != &p.slab[33*2048] {
+	if &v[1].Body[0] != &p.slab[33*2048] {
 		t.Fatal("second frame does not start right after the first one's 33 buffers")
 	}
 }
@@ -161,7 +170,7 @@ func TestWrapSkip(t *testing.T) {
 		t.Fatal("Reserve succeeded on a full pool")
 	}
 	v := p.Staged()
-	if len(v) != 2 || !bytes.Equal(v[0], b) || !bytes.Equal(v[1], c) || &v[1][0] != &p.slab[0] {
+	if len(v) != 2 || !bytes.Equal(flat(v[0]), b) || !bytes.Equal(flat(v[1]), c) || &v[1].Body[0] != &p.slab[0] {
 		t.Fatal("staged frames are not b then c (at the slab's start)")
 	}
 	p.Release(1)
@@ -250,7 +259,7 @@ func TestOrderPreserved(t *testing.T) {
 			v := p.Staged()
 			k := rng.IntN(len(v) + 1)
 			for _, f := range v[:k] {
-				s.got = append(s.got, bytes.Clone(f))
+				s.got = append(s.got, flat(f))
 			}
 			p.Release(k)
 		}

@@ -92,6 +92,9 @@ type Stats struct {
 	Drops [NumDrops]atomic.Uint64 // frames dropped, by reason
 
 	SkippedBuffers atomic.Uint64 // buffers left empty at the slab's end to keep a frame contiguous
-	InUse          atomic.Int64  // buffers holding frames (gauge; updated at each Flush and Release)
-	MaxInUse       atomic.Int64  // the most buffers in use at the start of a Flush
+	// InUse is the capacity in buffers that staged frames hold (gauge; updated at each
+	// Flush and Release): a copy the buffers it spans, a vector those it would span
+	// (Pool.InUse). MaxInUse is the most at the start of a Flush.
+	InUse    atomic.Int64
+	MaxInUse atomic.Int64
 }

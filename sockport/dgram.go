@@ -52,11 +52,11 @@ type DgramPort struct {
 	// Writer state (WriteBatch goroutine). Msghdr names and iovec pointers are set up
 	// once; a batch only fills in iovec bases and lengths.
 	wmsgs      [maxDgramBatch]unix.Mmsghdr
-	wiov       [maxDgramBatch]unix.Iovec
-	wIdx, wEnd int   // wmsgs[wIdx:wEnd] is still to be sent
-	wErr       error // errno that ended the current sendmmsg loop
-	wBlock     bool  // EAGAIN waits in the poller (true) or returns to send (false)
-	wAgain     bool  // the last writeFn run stopped on EAGAIN
+	wiov       [2 * maxDgramBatch]unix.Iovec // two per message: wmsgs[i] uses wiov[2i:2i+2]
+	wIdx, wEnd int                           // wmsgs[wIdx:wEnd] is still to be sent
+	wErr       error                         // errno that ended the current sendmmsg loop
+	wBlock     bool                          // EAGAIN waits in the poller (true) or returns to send (false)
+	wAgain     bool                          // the last writeFn run stopped on EAGAIN
 	writeFn    func(fd uintptr) bool
 	waiter     *writeWaiter
 	room       *sockRoom
@@ -66,6 +66,7 @@ type DgramPort struct {
 var (
 	_ port.Port        = (*DgramPort)(nil)
 	_ port.BatchSender = (*DgramPort)(nil)
+	_ port.VecSender   = (*DgramPort)(nil)
 )
 
 // NewDgramPort wraps a bound datagram socket. remote is where frames go: a *net.UDPAddr
@@ -113,7 +114,7 @@ func NewDgramPort(c net.Conn, remote net.Addr, st *port.Stats) (*DgramPort, erro
 	for i := range p.rmsgs {
 		p.rmsgs[i].Hdr.Iov = &p.riov[i]
 		p.rmsgs[i].Hdr.SetIovlen(1)
-		p.wmsgs[i].Hdr.Iov = &p.wiov[i]
+		p.wmsgs[i].Hdr.Iov = &p.wiov[2*i]
 		p.wmsgs[i].Hdr.SetIovlen(1)
 		p.wmsgs[i].Hdr.Name = &p.dst[0]
 		p.wmsgs[i].Hdr.Namelen = p.dstLen
@@ -307,6 +308,57 @@ func (p *DgramPort) WaitWritable(deadline time.Time) error {
 // the receiver reads them; for UDP only until the packet leaves the host.
 func (p *DgramPort) Room() (free, size int) { return p.room.room(p.rc) }
 
+// TryWriteVecs implements port.VecSender: TryWriteBatch for frames in two pieces, each
+// datagram one message of sendmmsg with the iovec pair [Head after its headroom][Body]
+// (an empty piece is left out), so nothing is copied together first.
+func (p *DgramPort) TryWriteVecs(frames []port.Vec) (int, error) {
+	done := 0
+	for done < len(frames) {
+		chunk := frames[done:min(len(frames), done+maxDgramBatch)]
+		k := 0
+		var bad error
+		for i := range chunk {
+			v := &chunk[i]
+			if len(v.Head) < port.VecHeadroom {
+				bad = fmt.Errorf("sockport: a Vec's head of %d bytes is shorter than its headroom", len(v.Head))
+				break
+			}
+			if bad = port.CheckFrameLen(uint64(v.Len()), port.MinFrame, port.MaxFrame); bad != nil {
+				break
+			}
+			iov := p.wiov[2*k : 2*k+2]
+			n := 0
+			if h := v.Head[port.VecHeadroom:]; len(h) > 0 {
+				iov[n].Base = &h[0]
+				iov[n].SetLen(len(h))
+				n++
+			}
+			if len(v.Body) > 0 {
+				iov[n].Base = &v.Body[0]
+				iov[n].SetLen(len(v.Body))
+				n++
+			}
+			p.wmsgs[k].Hdr.SetIovlen(n)
+			k++
+		}
+		if k > 0 {
+			err := p.trySend(k)
+			clear(p.wiov[:2*k])
+			done += p.wIdx
+			if err != nil {
+				if err == port.ErrWouldBlock {
+					return done, err
+				}
+				return done, p.Fail(err)
+			}
+		}
+		if bad != nil {
+			return done, bad
+		}
+	}
+	return done, nil
+}
+
 func (p *DgramPort) write(frames [][]byte, try bool) (int, error) {
 	done := 0
 	for done < len(frames) {
@@ -317,8 +369,9 @@ func (p *DgramPort) write(frames [][]byte, try bool) (int, error) {
 			if bad = port.CheckFrameLen(uint64(len(f)), port.MinFrame, port.MaxFrame); bad != nil {
 				break
 			}
-			p.wiov[k].Base = &f[0]
-			p.wiov[k].SetLen(len(f))
+			p.wiov[2*k].Base = &f[0]
+			p.wiov[2*k].SetLen(len(f))
+			p.wmsgs[k].Hdr.SetIovlen(1)
 			k++
 		}
 		if k > 0 {
@@ -328,7 +381,7 @@ func (p *DgramPort) write(frames [][]byte, try bool) (int, error) {
 			} else {
 				err = p.send(k)
 			}
-			clear(p.wiov[:k])
+			clear(p.wiov[:2*k])
 			done += p.wIdx
 			if err != nil {
 				if err == port.ErrWouldBlock {
@@ -410,7 +463,7 @@ func (p *DgramPort) sendmmsg(fd uintptr) bool {
 		case 0:
 			b := uint64(0)
 			for i := p.wIdx; i < p.wIdx+int(n); i++ {
-				b += p.wiov[i].Len
+				b += uint64(p.wmsgs[i].Len) // what the kernel took of message i
 			}
 			p.Stats().FramesOut.Add(uint64(n))
 			p.Stats().BytesOut.Add(b)

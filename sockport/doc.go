@@ -48,6 +48,15 @@
 // must begin with the same frame), WaitWritable parks in the netpoller, and Room reads
 // SIOCOUTQ against SO_SNDBUF so the pool can wait for enough room to flush in one go.
 //
+// Both port kinds also implement port.VecSender: TryWriteVecs takes each frame as a
+// port.Vec, headers the pool built followed by a payload left in the TAP's read
+// buffer, so no payload byte is copied in userspace. A stream record is at most two
+// iovecs — the length prefix is written into the Vec's 4-byte headroom, in front of
+// its head — so 512 records still fill one writev; longer batches are several
+// writevs of whole records, and a record the kernel took in part is resumed by the
+// next call exactly as with TryWriteBatch (same Vec first, else ErrPartialRecord). A
+// datagram is one sendmmsg message with the iovec pair as its msg_iov.
+//
 // Datagram links (UDP, or AF_UNIX datagrams; -netdev dgram and socket udp=) carry one
 // frame per datagram with no prefix. DgramPort moves up to 512 datagrams per
 // recvmmsg(2)/sendmmsg(2), sends to the one configured remote address and accepts

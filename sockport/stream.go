@@ -59,8 +59,18 @@ type StreamPort struct {
 	// A record TryWriteBatch left partly written: the next write must start with the
 	// same frame (same memory, same length) and resumes pendOff bytes into its record.
 	pendBase *byte
+	pendBody *byte
 	pendLen  int
 	pendOff  int
+
+	// Per record of the batch being written: where its iovecs end in iov, and its
+	// frame's length (without the prefix).
+	recEnd [maxStreamBatch]int
+	recLen [maxStreamBatch]int
+	// What identifies record k's memory should it be left partly written: a Vec's head
+	// and body, a plain frame's first byte (its prefix is the port's own).
+	recBase [maxStreamBatch]*byte
+	recBody [maxStreamBatch]*byte
 
 	waiter *writeWaiter
 	room   *sockRoom
@@ -79,6 +89,7 @@ type StreamPort struct {
 var (
 	_ port.Port        = (*StreamPort)(nil)
 	_ port.BatchSender = (*StreamPort)(nil)
+	_ port.VecSender   = (*StreamPort)(nil)
 )
 
 // NewStreamPort wraps a connected stream socket. It sets TCP_NODELAY on TCP (as QEMU does
@@ -371,6 +382,64 @@ func (s *StreamPort) WaitWritable(deadline time.Time) error {
 // acknowledged, which a peer that stopped reading stops doing once its window closes.
 func (s *StreamPort) Room() (free, size int) { return s.room.room(s.rc) }
 
+// TryWriteVecs implements port.VecSender: TryWriteBatch for frames in two pieces. Each
+// record goes out as at most two iovecs, [length prefix, written into the Vec's
+// headroom, + Head][Body], so 512 records fill one writev's IOV_MAX = 1024 as with
+// TryWriteBatch; a longer batch is several writevs, each of whole records. A record
+// left partly written resumes as with TryWriteBatch: the next call must begin with the
+// same Vec (same memory, same length), or it fails with ErrPartialRecord.
+func (s *StreamPort) TryWriteVecs(frames []port.Vec) (int, error) {
+	done := 0
+	for done < len(frames) {
+		chunk := frames[done:min(len(frames), done+maxStreamBatch)]
+		k, iv, bytes := 0, 0, 0
+		var bad error
+		for i := range chunk {
+			v := &chunk[i]
+			n := v.Len()
+			if len(v.Head) < port.VecHeadroom {
+				bad = fmt.Errorf("sockport: a Vec's head of %d bytes has no room for the length prefix", len(v.Head))
+				break
+			}
+			if s.shm == nil || n != s.hdrLen+ShmDescLen {
+				if bad = port.CheckFrameLen(uint64(n), s.lo, s.hi); bad != nil {
+					break
+				}
+			}
+			binary.BigEndian.PutUint32(v.Head, uint32(n))
+			s.iov[iv] = unix.Iovec{Base: &v.Head[0], Len: uint64(len(v.Head))}
+			iv++
+			if len(v.Body) > 0 {
+				s.iov[iv] = unix.Iovec{Base: &v.Body[0], Len: uint64(len(v.Body))}
+				iv++
+			}
+			s.recEnd[k], s.recLen[k] = iv, n
+			s.recBase[k], s.recBody[k] = &v.Head[0], bodyBase(v.Body)
+			bytes += n
+			k++
+		}
+		if k > 0 {
+			first := &chunk[0]
+			sent, err := s.send(k, bytes, &first.Head[0], bodyBase(first.Body), first.Len(), true)
+			done += sent
+			if err != nil {
+				return done, err
+			}
+		}
+		if bad != nil {
+			return done, bad
+		}
+	}
+	return done, nil
+}
+
+func bodyBase(b []byte) *byte {
+	if len(b) == 0 {
+		return nil
+	}
+	return &b[0]
+}
+
 func (s *StreamPort) write(frames [][]byte, try bool) (int, error) {
 	done := 0
 	for done < len(frames) {
@@ -386,41 +455,16 @@ func (s *StreamPort) write(frames [][]byte, try bool) (int, error) {
 			binary.BigEndian.PutUint32(s.prefix[k][:], uint32(len(f)))
 			s.iov[2*k] = unix.Iovec{Base: &s.prefix[k][0], Len: PrefixLen}
 			s.iov[2*k+1] = unix.Iovec{Base: &f[0], Len: uint64(len(f))}
+			s.recEnd[k], s.recLen[k] = 2*k+2, len(f)
+			s.recBase[k], s.recBody[k] = &f[0], nil
 			bytes += len(f)
 			k++
 		}
 		if k > 0 {
-			s.wIdx, s.wEnd, s.wErr, s.wTry, s.wBlocked = 0, 2*k, nil, try, false
-			if s.pendOff > 0 {
-				if &chunk[0][0] != s.pendBase || len(chunk[0]) != s.pendLen {
-					clear(s.iov[:2*k])
-					return done, s.Fail(fmt.Errorf("%w: %d of a %d-byte frame sent, next frame is %d bytes",
-						ErrPartialRecord, s.pendOff, s.pendLen, len(chunk[0])))
-				}
-				s.advance(uint64(s.pendOff))
-				s.pendBase, s.pendLen, s.pendOff = nil, 0, 0
-			}
-			err := s.rc.Write(s.writeFn)
-			sent := s.wIdx / 2 // iov pairs fully written
-			if s.wBlocked && err == nil && s.wErr == nil {
-				s.notePartial(chunk)
-			}
-			clear(s.iov[:2*k]) // do not pin the caller's buffers
-			if err == nil {
-				err = s.wErr
-			}
-			if sent == k {
-				s.Stats().FramesOut.Add(uint64(k))
-				s.Stats().BytesOut.Add(uint64(bytes))
-			} else {
-				s.countSent(chunk[:sent])
-			}
+			sent, err := s.send(k, bytes, &chunk[0][0], nil, len(chunk[0]), try)
 			done += sent
 			if err != nil {
-				return done, s.Fail(s.writeErr(err))
-			}
-			if s.wBlocked {
-				return done, port.ErrWouldBlock
+				return done, err
 			}
 		}
 		if bad != nil {
@@ -430,13 +474,55 @@ func (s *StreamPort) write(frames [][]byte, try bool) (int, error) {
 	return done, nil
 }
 
-func (s *StreamPort) countSent(frames [][]byte) {
-	b := 0
-	for _, f := range frames {
-		b += len(f)
+// send writes the k records laid out in iov[:recEnd[k-1]] (bytes frame bytes in all;
+// the first record's frame starts at base, its body at body, and is n bytes long) and
+// returns how many went out whole. A record partly written when the socket filled
+// (try) is remembered by its memory so that the next write resumes it; the error is
+// then port.ErrWouldBlock.
+func (s *StreamPort) send(k, bytes int, base, body *byte, n int, try bool) (int, error) {
+	end := s.recEnd[k-1]
+	s.wIdx, s.wEnd, s.wErr, s.wTry, s.wBlocked = 0, end, nil, try, false
+	if s.pendOff > 0 {
+		if base != s.pendBase || body != s.pendBody || n != s.pendLen {
+			clear(s.iov[:end])
+			return 0, s.Fail(fmt.Errorf("%w: %d of a %d-byte frame sent, next frame is %d bytes",
+				ErrPartialRecord, s.pendOff, s.pendLen, n))
+		}
+		s.advance(uint64(s.pendOff))
+		s.pendBase, s.pendBody, s.pendLen, s.pendOff = nil, nil, 0, 0
 	}
-	s.Stats().FramesOut.Add(uint64(len(frames)))
-	s.Stats().BytesOut.Add(uint64(b))
+	err := s.rc.Write(s.writeFn)
+	sent := 0 // records fully written
+	for sent < k && s.recEnd[sent] <= s.wIdx {
+		sent++
+	}
+	if s.wBlocked && err == nil && s.wErr == nil && sent < k {
+		s.notePartial(sent)
+	}
+	clear(s.iov[:end]) // do not pin the caller's buffers
+	clear(s.recBase[:k])
+	clear(s.recBody[:k])
+	if err == nil {
+		err = s.wErr
+	}
+	if sent == k {
+		s.Stats().FramesOut.Add(uint64(k))
+		s.Stats().BytesOut.Add(uint64(bytes))
+	} else {
+		b := 0
+		for _, l := range s.recLen[:sent] {
+			b += l
+		}
+		s.Stats().FramesOut.Add(uint64(sent))
+		s.Stats().BytesOut.Add(uint64(b))
+	}
+	if err != nil {
+		return sent, s.Fail(s.writeErr(err))
+	}
+	if s.wBlocked {
+		return sent, port.ErrWouldBlock
+	}
+	return sent, nil
 }
 
 func (s *StreamPort) writeErr(err error) error {
@@ -476,21 +562,16 @@ func (s *StreamPort) writev(fd uintptr) bool {
 	return true
 }
 
-// notePartial records how far into its record the writev loop stopped, if it stopped
-// inside one (iov[wIdx] is a trimmed prefix or a frame).
-func (s *StreamPort) notePartial(chunk [][]byte) {
-	r := s.wIdx / 2
-	if s.wIdx >= s.wEnd {
-		return
+// notePartial records how far into record r the writev loop stopped, if it stopped
+// inside it (iov[wIdx], possibly trimmed, belongs to record r): the record's bytes
+// (prefix included) minus what is left of its iovecs.
+func (s *StreamPort) notePartial(r int) {
+	left := uint64(0)
+	for i := s.wIdx; i < s.recEnd[r]; i++ {
+		left += s.iov[i].Len
 	}
-	written := 0
-	if s.wIdx%2 == 0 {
-		written = PrefixLen - int(s.iov[s.wIdx].Len)
-	} else {
-		written = PrefixLen + len(chunk[r]) - int(s.iov[s.wIdx].Len)
-	}
-	if written > 0 {
-		s.pendBase, s.pendLen, s.pendOff = &chunk[r][0], len(chunk[r]), written
+	if written := PrefixLen + s.recLen[r] - int(left); written > 0 {
+		s.pendBase, s.pendBody, s.pendLen, s.pendOff = s.recBase[r], s.recBody[r], s.recLen[r], written
 	}
 }
 

@@ -61,6 +61,14 @@
 // to tcp_min_snd_mss = 48) need more buffers than a sane caller provides: such frames fail
 // with ErrTooManySegments and are dropped and counted.
 //
+// SplitHeaders is Split for a sender that writes each segment as an iovec pair: it
+// builds only each segment's headers, in a small slot the caller passes, and returns the
+// segment's payload as a view of the input frame, which it only reads (the L4 checksum
+// is summed over the slot and then over the payload in place; the L4 header is a whole
+// number of 16-bit words, so the two sums chain, RFC 1071). Slot plus view is byte for
+// byte Split's segment; the TAP→port pipeline (package datapath) uses it so no payload
+// byte is copied in userspace. Both share one segment fix-up (segFields.fix).
+//
 // Plan is the one statement of the segment arithmetic: it makes every check Split makes
 // and says how many segments of what size Split will write, so a caller reserves its
 // output buffers (the datapath: receive-pool buffers) before Split runs. Which frames

@@ -88,7 +88,7 @@ func Split(frame []byte, h *Hdr, out [][]byte, sizes []int) (n int, err error) {
 	if err != nil {
 		return 0, err
 	}
-	l, wantProto, csumOff := pl.l, pl.proto, pl.csumOff
+	l := pl.l
 	hdrLen, payload, mss, nseg := l.PayloadOff, l.PayloadLen(), int(h.GSOSize), pl.Segments
 	if nseg > len(out) || nseg > len(sizes) {
 		return 0, fmt.Errorf("%w: %d payload bytes at gso_size %d need %d segments, have %d buffers and %d sizes",
@@ -102,59 +102,122 @@ func Split(frame []byte, h *Hdr, out [][]byte, sizes []int) (n int, err error) {
 		}
 	}
 
-	// Fields of the original, read once before any output is produced.
-	var ipID uint16
-	if !l.IPv6 {
-		ipID = binary.BigEndian.Uint16(frame[l.L3Off+4:])
-	}
-	var seq uint32
-	var tcpFlags uint8
-	if wantProto == ProtoTCP {
-		seq = binary.BigEndian.Uint32(frame[l.L4Off+4:])
-		tcpFlags = frame[l.L4Off+13]
-	}
-	l4HdrLen := hdrLen - l.L4Off
-
+	sf := newSegFields(frame, &pl)
 	for i := range nseg {
 		first := i * mss
 		seg := min(mss, payload-first)
 		b := out[i][:hdrLen+seg]
 		copy(b, frame[:hdrLen])
 		copy(b[hdrLen:], frame[hdrLen+first:hdrLen+first+seg])
-
-		ip := b[l.L3Off:l.L4Off]
-		if l.IPv6 {
-			binary.BigEndian.PutUint16(ip[4:], uint16(len(b)-l.L3Off-ipv6HdrLen))
-		} else {
-			binary.BigEndian.PutUint16(ip[2:], uint16(len(b)-l.L3Off))
-			binary.BigEndian.PutUint16(ip[4:], ipID+uint16(i))
-			ip[10], ip[11] = 0, 0
-			binary.BigEndian.PutUint16(ip[10:], Checksum(ip, 0))
-		}
-
-		l4 := b[l.L4Off:]
-		if wantProto == ProtoTCP {
-			binary.BigEndian.PutUint32(l4[4:], seq+uint32(first))
-			f := tcpFlags
-			if i != nseg-1 {
-				f &^= tcpFIN | tcpPSH
-			}
-			if i != 0 {
-				f &^= tcpCWR
-			}
-			l4[13] = f
-		} else {
-			binary.BigEndian.PutUint16(l4[4:], uint16(l4HdrLen+seg))
-		}
-		l4[csumOff], l4[csumOff+1] = 0, 0
-		csum := Checksum(l4, l.PseudoHeaderSum(b, len(l4)))
-		if wantProto == ProtoUDP {
-			csum = nonZero(csum)
-		}
-		binary.BigEndian.PutUint16(l4[csumOff:], csum)
+		sf.fix(b[:hdrLen], b[hdrLen:], i, nseg)
 		sizes[i] = len(b)
 	}
 	return nseg, nil
+}
+
+// SplitHeaders is Split without the payload copy, for a sender that writes each segment
+// as two pieces (an iovec pair): it writes segment i's headers — the same bytes Split
+// puts in out[i][:HdrLen], L4 checksum included — into hdrs[i][:HdrLen] and sets
+// payloads[i] to the slice of frame that Split would copy behind them, so
+// hdrs[i][:HdrLen] followed by payloads[i] is byte for byte Split's segment i. The
+// checksum is summed over the header slot and then over the payload in place (the
+// L4 header is a whole number of 16-bit words, 4×data offset for TCP and 8 for UDP, so
+// the two sums chain, RFC 1071 §2(A)); frame is only read, never written, so the
+// payload slices stay valid as long as frame does. HdrLen is Plan's. Every check is
+// Split's; nothing is written unless every hdrs[i] holds HdrLen bytes, and hdrs[i]
+// must not overlap frame. It allocates nothing on success.
+func SplitHeaders(frame []byte, h *Hdr, hdrs [][]byte, payloads [][]byte) (n int, err error) {
+	pl, err := plan(frame, h)
+	if err != nil {
+		return 0, err
+	}
+	l := pl.l
+	hdrLen, payload, mss, nseg := l.PayloadOff, l.PayloadLen(), int(h.GSOSize), pl.Segments
+	if nseg > len(hdrs) || nseg > len(payloads) {
+		return 0, fmt.Errorf("%w: %d payload bytes at gso_size %d need %d segments, have %d header slots and %d payload views",
+			ErrTooManySegments, payload, mss, nseg, len(hdrs), len(payloads))
+	}
+	for i := range nseg {
+		if len(hdrs[i]) < hdrLen {
+			return 0, fmt.Errorf("%w: segment %d needs %d header bytes, hdrs[%d] has %d",
+				ErrShortBuffer, i, hdrLen, i, len(hdrs[i]))
+		}
+	}
+	sf := newSegFields(frame, &pl)
+	for i := range nseg {
+		first := i * mss
+		seg := min(mss, payload-first)
+		b := hdrs[i][:hdrLen]
+		copy(b, frame[:hdrLen])
+		p := frame[hdrLen+first : hdrLen+first+seg : hdrLen+first+seg]
+		sf.fix(b, p, i, nseg)
+		payloads[i] = p
+	}
+	return nseg, nil
+}
+
+// segFields are the fields of the original frame that every segment's headers derive
+// from, read once before any output is produced (the output may be written before the
+// next segment is built, and Split's out must not overlap frame anyway).
+type segFields struct {
+	l        Layout
+	proto    uint8
+	csumOff  int
+	ipID     uint16
+	seq      uint32
+	tcpFlags uint8
+	mss      int
+}
+
+func newSegFields(frame []byte, pl *gsoPlan) segFields {
+	l := pl.l
+	sf := segFields{l: l, proto: pl.proto, csumOff: pl.csumOff, mss: pl.SegCap - pl.HdrLen}
+	if !l.IPv6 {
+		sf.ipID = binary.BigEndian.Uint16(frame[l.L3Off+4:])
+	}
+	if pl.proto == ProtoTCP {
+		sf.seq = binary.BigEndian.Uint32(frame[l.L4Off+4:])
+		sf.tcpFlags = frame[l.L4Off+13]
+	}
+	return sf
+}
+
+// fix turns b, a copy of the original's headers (HdrLen bytes), into segment i of nseg
+// whose payload is p: IP lengths, IPv4 ID and header checksum, TCP sequence number and
+// flags or UDP length, and the L4 checksum over pseudo-header, b's L4 header and p.
+func (sf *segFields) fix(b, p []byte, i, nseg int) {
+	l := &sf.l
+	segLen := len(b) + len(p)
+	ip := b[l.L3Off:l.L4Off]
+	if l.IPv6 {
+		binary.BigEndian.PutUint16(ip[4:], uint16(segLen-l.L3Off-ipv6HdrLen))
+	} else {
+		binary.BigEndian.PutUint16(ip[2:], uint16(segLen-l.L3Off))
+		binary.BigEndian.PutUint16(ip[4:], sf.ipID+uint16(i))
+		ip[10], ip[11] = 0, 0
+		binary.BigEndian.PutUint16(ip[10:], Checksum(ip, 0))
+	}
+	l4 := b[l.L4Off:]
+	l4Len := len(l4) + len(p)
+	if sf.proto == ProtoTCP {
+		binary.BigEndian.PutUint32(l4[4:], sf.seq+uint32(i*sf.mss))
+		f := sf.tcpFlags
+		if i != nseg-1 {
+			f &^= tcpFIN | tcpPSH
+		}
+		if i != 0 {
+			f &^= tcpCWR
+		}
+		l4[13] = f
+	} else {
+		binary.BigEndian.PutUint16(l4[4:], uint16(l4Len))
+	}
+	l4[sf.csumOff], l4[sf.csumOff+1] = 0, 0
+	csum := Checksum(p, Sum(l4, l.PseudoHeaderSum(b, l4Len)))
+	if sf.proto == ProtoUDP {
+		csum = nonZero(csum)
+	}
+	binary.BigEndian.PutUint16(l4[sf.csumOff:], csum)
 }
 
 // SplitPlan is what Split will make of one GSO frame, known before it runs so a caller

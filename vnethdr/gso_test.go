@@ -455,7 +455,11 @@ func BenchmarkParseLayout(b *testing.B) {
 	}
 }
 
-var fuzzOut, fuzzSizes = outBufs(64, 4096)
+var (
+	fuzzOut, fuzzSizes = outBufs(64, 4096)
+	fuzzHdrs, _        = outBufs(64, 4096)
+	fuzzPayloads       = make([][]byte, 64)
+)
 
 func FuzzSplit(f *testing.F) {
 	for _, tc := range []struct {
@@ -520,5 +524,16 @@ func FuzzSplit(f *testing.F) {
 			t.Fatalf("segments carry %d payload bytes, input has %d", total, l.PayloadLen())
 		}
 		checkSplit(t, frame, int(gsoSize), fuzzOut, fuzzSizes, n)
+		// SplitHeaders' header slots and payload views are Split's segments.
+		m, err := SplitHeaders(frame, &h, fuzzHdrs, fuzzPayloads)
+		if err != nil || m != n {
+			t.Fatalf("SplitHeaders = %d, %v where Split = %d", m, err, n)
+		}
+		for i := range n {
+			seg := fuzzOut[i][:fuzzSizes[i]]
+			if !bytes.Equal(fuzzHdrs[i][:l.PayloadOff], seg[:l.PayloadOff]) || !bytes.Equal(fuzzPayloads[i], seg[l.PayloadOff:]) {
+				t.Fatalf("SplitHeaders segment %d differs from Split's", i)
+			}
+		}
 	})
 }
