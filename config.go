@@ -344,9 +344,9 @@ func parseRxFlags(buf, pool, threshold, batch string, delay time.Duration) (rxpo
 	if c.BufSize < rxpool.MinBufSize || c.BufSize > rxpool.MaxBufSize {
 		return c, fmt.Errorf("--rx-buf-size %d: want %d..%d bytes", c.BufSize, rxpool.MinBufSize, rxpool.MaxBufSize)
 	}
-	if c.Bytes < rxpool.MinBytes || c.Bytes > rxpool.MaxBytes || c.Bytes/c.BufSize < 2 {
-		return c, fmt.Errorf("--rx-pool-bytes %d: want %d..%d bytes and at least 2 buffers of --rx-buf-size %d",
-			c.Bytes, rxpool.MinBytes, rxpool.MaxBytes, c.BufSize)
+	if c.Bytes < rxpool.MinBytes || c.Bytes > rxpool.MaxBytes || c.Bytes/c.BufSize < 2 || c.Bytes/c.BufSize > rxpool.MaxBuffers {
+		return c, fmt.Errorf("--rx-pool-bytes %d: want %d..%d bytes and 2..%d buffers of --rx-buf-size %d",
+			c.Bytes, rxpool.MinBytes, rxpool.MaxBytes, rxpool.MaxBuffers, c.BufSize)
 	}
 	if delay < 0 || delay > rxpool.MaxDelay {
 		return c, fmt.Errorf("--rx-flush-delay %v: want 0..%v", delay, rxpool.MaxDelay)

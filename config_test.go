@@ -117,6 +117,8 @@ func TestParseFlags(t *testing.T) {
 		{"bad rx-buf-size unit", []string{"--tap", "tap0", nd, "--rx-buf-size", "2KB"}, "--rx-buf-size"},
 		{"small rx-pool-bytes", []string{"--tap", "tap0", nd, "--rx-pool-bytes", "64K"}, "--rx-pool-bytes"},
 		{"rx-pool-bytes one buffer", []string{"--tap", "tap0", nd, "--rx-buf-size", "1M", "--rx-pool-bytes", "1M"}, "--rx-pool-bytes"},
+		// 16 Mi descriptors and header slots (~3 GiB beside the slab): refused.
+		{"rx-pool too many buffers", []string{"--tap", "tap0", nd, "--rx-buf-size", "64", "--rx-pool-bytes", "1G"}, "2..262144 buffers"},
 		{"bad rx-flush-delay", []string{"--tap", "tap0", nd, "--rx-flush-delay", "2s"}, "--rx-flush-delay"},
 		{"negative rx-flush-delay", []string{"--tap", "tap0", nd, "--rx-flush-delay", "-1ms"}, "--rx-flush-delay"},
 		{"bad rx-flush-threshold", []string{"--tap", "tap0", nd, "--rx-flush-threshold", "lots"}, "--rx-flush-threshold"},

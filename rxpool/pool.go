@@ -26,6 +26,10 @@ const (
 	MaxBufSize = 1 << 20
 	MinBytes   = 128 << 10  // at least two MaxFrame frames
 	MaxBytes   = 1024 << 20 // 1 GiB: a typo guard, not a design limit
+	// MaxBuffers bounds Bytes/BufSize: every buffer has a descriptor and a HeadSlot
+	// beside it (~48 MiB at the bound), and a pool of more than 512 frames already
+	// fills one writev (port.BatchSender), so more buffers buy memory, not batching.
+	MaxBuffers = 1 << 18
 	MaxDelay   = time.Second
 )
 
@@ -95,6 +99,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("rxpool: pool of %d bytes: want %d..%d", c.Bytes, MinBytes, MaxBytes)
 	case c.Bytes/c.BufSize < 2:
 		return fmt.Errorf("rxpool: pool of %d bytes holds %d buffers of %d: want at least 2", c.Bytes, c.Bytes/c.BufSize, c.BufSize)
+	case c.Bytes/c.BufSize > MaxBuffers:
+		return fmt.Errorf("rxpool: pool of %d bytes holds %d buffers of %d: want at most %d (larger buffers, or a smaller pool)", c.Bytes, c.Bytes/c.BufSize, c.BufSize, MaxBuffers)
 	case c.FlushDelay > MaxDelay:
 		return fmt.Errorf("rxpool: flush delay %v: want at most %v", c.FlushDelay, MaxDelay)
 	case c.FlushThreshold < 0:
