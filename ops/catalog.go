@@ -189,7 +189,7 @@ func (m *Metrics) addRxPool() {
 	m.add("tapgro_rx_blocked_seconds_total", "Time the TAP->port pipeline waited for the port.", Counter, nil,
 		func(src *Source) float64 { s := src.Snap; return float64(s.Pool.BlockedNanos.Load()) / 1e9 })
 	m.add("tapgro_rx_skipped_buffers_total", "Buffers left empty at the pool's end to keep a frame contiguous.", Counter, nil, pool(func(st *rxpool.Stats) uint64 { return st.SkippedBuffers.Load() }))
-	m.add("tapgro_rx_buffers_in_use", "Receive pool buffers holding frames now.", Gauge, nil, func(src *Source) float64 { s := src.Snap; return float64(s.Pool.InUse.Load()) })
+	m.add("tapgro_rx_buffers_in_use", "Receive pool capacity the staged frames hold now, in buffers (a record viewing the TAP buffer counts for the buffers it would span if copied).", Gauge, nil, func(src *Source) float64 { s := src.Snap; return float64(s.Pool.InUse.Load()) })
 	m.add("tapgro_rx_buffers_in_use_max", "The most receive pool buffers ever in use at once.", Gauge, nil, func(src *Source) float64 { s := src.Snap; return float64(s.Pool.MaxInUse.Load()) })
 	m.add("tapgro_rx_buffers", "Receive pool size in buffers (0 until the pipeline starts).", Gauge, nil, func(src *Source) float64 { s := src.Snap; return float64(s.PoolBuffers) })
 }
