@@ -455,15 +455,8 @@ func (p *tapToPort) split(frame []byte) {
 		return
 	}
 	mss := pl.SegCap - pl.HdrLen
-	if !p.reserveVecs(headLen, mss, nseg) {
-		if !p.flush(rxpool.ReasonPoolFull) {
-			st.DropPortError.Add(1)
-			return
-		}
-		if !p.reserveVecs(headLen, mss, nseg) { // cannot happen: it Fits an empty pool
-			p.b.rxStats.Drops[rxpool.DropTooBig].Add(1)
-			return
-		}
+	if !p.reserveSegs(true, headLen, mss, nseg) {
+		return
 	}
 	n, err := vnethdr.SplitHeaders(frame, &p.hdr, p.segs[:nseg], p.payloads[:nseg])
 	if err != nil {
@@ -485,17 +478,40 @@ func (p *tapToPort) split(frame []byte) {
 	}
 }
 
-// reserveVecs claims nseg vectors of headLen header bytes and up to bodyMax payload
-// bytes, or none.
-func (p *tapToPort) reserveVecs(headLen, bodyMax, nseg int) bool {
+// reserveSegs claims nseg segments for one GSO frame, or none: vectors of headLen
+// header bytes and up to bodyMax payload bytes (vec), or pool buffers of headLen bytes.
+// When they do not fit now the pool is flushed first; on false the frame has been
+// counted as dropped.
+func (p *tapToPort) reserveSegs(vec bool, headLen, bodyMax, nseg int) bool {
+	if p.tryReserveSegs(vec, headLen, bodyMax, nseg) {
+		return true
+	}
+	if !p.flush(rxpool.ReasonPoolFull) {
+		p.b.t2p.DropPortError.Add(1)
+		return false
+	}
+	if !p.tryReserveSegs(vec, headLen, bodyMax, nseg) { // cannot happen: they Fit an empty pool
+		p.b.rxStats.Drops[rxpool.DropTooBig].Add(1)
+		return false
+	}
+	return true
+}
+
+func (p *tapToPort) tryReserveSegs(vec bool, headLen, bodyMax, nseg int) bool {
 	for i := 0; i < nseg; i++ {
-		head, ok := p.pool.ReserveVec(headLen, bodyMax)
+		var buf []byte
+		var ok bool
+		if vec {
+			buf, ok = p.pool.ReserveVec(headLen, bodyMax)
+		} else {
+			buf, ok = p.pool.Reserve(headLen)
+		}
 		if !ok {
 			p.pool.Cancel()
 			return false
 		}
-		p.segBufs[i] = head
-		p.segs[i] = head[p.hl:]
+		p.segBufs[i] = buf
+		p.segs[i] = buf[p.hl:]
 	}
 	return true
 }
@@ -506,15 +522,8 @@ func (p *tapToPort) reserveVecs(headLen, bodyMax, nseg int) bool {
 func (p *tapToPort) splitCopy(frame []byte, pl vnethdr.SplitPlan) {
 	st := &p.b.t2p
 	segCap, nseg := p.hl+pl.SegCap, pl.Segments
-	if !p.reserve(segCap, nseg) {
-		if !p.flush(rxpool.ReasonPoolFull) {
-			st.DropPortError.Add(1)
-			return
-		}
-		if !p.reserve(segCap, nseg) { // cannot happen: it Fits an empty pool
-			p.b.rxStats.Drops[rxpool.DropTooBig].Add(1)
-			return
-		}
+	if !p.reserveSegs(false, segCap, 0, nseg) {
+		return
 	}
 	n, err := vnethdr.Split(frame, &p.hdr, p.segs[:nseg], p.segSizes[:nseg])
 	if err != nil {
@@ -531,20 +540,6 @@ func (p *tapToPort) splitCopy(frame []byte, pl vnethdr.SplitPlan) {
 	if p.pool.PerFrame() {
 		p.flush(rxpool.ReasonFrame)
 	}
-}
-
-// reserve claims nseg segments of segCap bytes in pool buffers, or none.
-func (p *tapToPort) reserve(segCap, nseg int) bool {
-	for i := 0; i < nseg; i++ {
-		buf, ok := p.pool.Reserve(segCap)
-		if !ok {
-			p.pool.Cancel()
-			return false
-		}
-		p.segBufs[i] = buf
-		p.segs[i] = buf[p.hl:]
-	}
-	return true
 }
 
 // released is where the batch's read buffers become free for the next TAP read (and
