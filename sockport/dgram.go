@@ -342,14 +342,10 @@ func (p *DgramPort) TryWriteVecs(frames []port.Vec) (int, error) {
 			k++
 		}
 		if k > 0 {
-			err := p.trySend(k)
-			clear(p.wiov[:2*k])
-			done += p.wIdx
+			sent, err := p.sendBuilt(k, true)
+			done += sent
 			if err != nil {
-				if err == port.ErrWouldBlock {
-					return done, err
-				}
-				return done, p.Fail(err)
+				return done, err
 			}
 		}
 		if bad != nil {
@@ -357,6 +353,23 @@ func (p *DgramPort) TryWriteVecs(frames []port.Vec) (int, error) {
 		}
 	}
 	return done, nil
+}
+
+// sendBuilt sends the k messages laid out in wmsgs (try: only what goes without
+// waiting) and returns how many went and the error for the caller to return:
+// ErrWouldBlock as is, anything else through Fail.
+func (p *DgramPort) sendBuilt(k int, try bool) (int, error) {
+	var err error
+	if try {
+		err = p.trySend(k)
+	} else {
+		err = p.send(k)
+	}
+	clear(p.wiov[:2*k])
+	if err != nil && err != port.ErrWouldBlock {
+		err = p.Fail(err)
+	}
+	return p.wIdx, err
 }
 
 func (p *DgramPort) write(frames [][]byte, try bool) (int, error) {
@@ -375,19 +388,10 @@ func (p *DgramPort) write(frames [][]byte, try bool) (int, error) {
 			k++
 		}
 		if k > 0 {
-			var err error
-			if try {
-				err = p.trySend(k)
-			} else {
-				err = p.send(k)
-			}
-			clear(p.wiov[:2*k])
-			done += p.wIdx
+			sent, err := p.sendBuilt(k, try)
+			done += sent
 			if err != nil {
-				if err == port.ErrWouldBlock {
-					return done, err
-				}
-				return done, p.Fail(err)
+				return done, err
 			}
 		}
 		if bad != nil {
