@@ -20,23 +20,6 @@
 // vnet header are validated as strictly as the kernel would (vnethdr.ValidatePeer) and
 // passed whole where the TAP takes them.
 //
-// Port→TAP, a plain port's frames are read into a ring of 2×batch read buffers and
-// offered to the GRO engine by reference (coalescer.AddRef): an aggregate of segments
-// of at least groRefMinPayload (4096) bytes holds the head's rewritten headers and
-// slices of each segment's payload where the port put it, and leaves with one writev(2)
-// of [vnet header + headers][payload]…, so the payload is copied only by the kernel.
-// MTU-sized segments are still copied into the aggregate: the kernel's gathered copy
-// costs per iovec, and 46 pieces cost it more than GRO's cache-hot copy of them
-// (measured; see groRefMinPayload). The engine counts its references per buffer; each read claims the ring's
-// next batch buffers and releases them first (coalescer.Release), and an aggregate that
-// still points into one copies its payloads then (copy on hold) and stays held, so a
-// buffer is never refilled under an aggregate, memory stays fixed, and the timer flush,
-// eviction and the flush reasons behave as when everything is copied. With one batch
-// of slack an aggregate held across a read (batch flush while the port has more
-// buffered, timer flush) normally ends before its buffers come round again. Frames
-// from a vnet-hdr port go in by copy (coalescer.Add): they may be lent by the port
-// until the end of the batch only.
-//
 // # TAP→port without a payload copy
 //
 // No payload byte is copied in userspace on the way to the port: the kernel copies it
@@ -72,6 +55,28 @@
 // so holding buffers for exactly one batch costs no throughput; a pool that owned
 // several batches' buffers would only matter if a flush could return with records
 // still queued, which it cannot.
+//
+// # Port→TAP by reference
+//
+// A plain port's frames are read into a ring of 2×batch read buffers and offered to
+// the GRO engine by reference (coalescer.AddRef): an aggregate of segments of at least
+// groRefMinPayload (4096) bytes holds the head's rewritten headers and slices of each
+// segment's payload where the port put it, and leaves with one writev(2) of
+// [vnet header + headers][payload]…, so the payload is copied only by the kernel.
+// MTU-sized segments are still copied into the aggregate: the kernel's gathered copy
+// costs per iovec (drivers/net/tun.c tun_get_user → _copy_from_iter sets up one user
+// copy per segment), and 46 pieces cost it more than GRO's cache-hot copy of them
+// (measured; see groRefMinPayload).
+//
+// The engine counts its references per buffer. Each read claims the ring's next
+// batch of buffers and releases them first (coalescer.Release); an aggregate that still
+// points into one copies its payloads then (copy on hold) and stays held. So a buffer
+// is never refilled under an aggregate, memory stays fixed, and the timer flush,
+// eviction and the flush reasons behave as when everything is copied. With one batch
+// of slack an aggregate held across a read (batch flush while the port has more
+// buffered, timer flush) normally ends before its buffers come round again. Frames
+// from a vnet-hdr port go in by copy (coalescer.Add): they may be lent by the port
+// until the end of the batch only.
 //
 // Negotiation decides, from what each side can carry and accept (port.Backend), the TAP's
 // read offloads (TUNSETOFFLOAD) and which software steps each direction runs; it runs at
