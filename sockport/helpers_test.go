@@ -2,6 +2,7 @@ package sockport
 
 import (
 	"bytes"
+	"errors"
 	"net"
 	"os"
 	"runtime"
@@ -108,3 +109,29 @@ func readFrames(t testing.TB, p port.Port, want [][]byte) {
 
 // setUmask sets the process umask and returns the old one (tests are not parallel).
 func setUmask(m int) int { return unix.Umask(m) }
+
+// writeAllAsync writes items with try from a goroutine, waiting for writability each
+// time the port is full (after onBlock, if given), and returns the channel that gets
+// the first error, or nil once everything was written.
+func writeAllAsync[T any](p interface{ WaitWritable(time.Time) error }, items []T, try func([]T) (int, error), onBlock func()) <-chan error {
+	done := make(chan error, 1)
+	go func() {
+		rest := items
+		for len(rest) > 0 {
+			n, err := try(rest)
+			rest = rest[n:]
+			if errors.Is(err, port.ErrWouldBlock) {
+				if onBlock != nil {
+					onBlock()
+				}
+				err = p.WaitWritable(time.Time{})
+			}
+			if err != nil {
+				done <- err
+				return
+			}
+		}
+		done <- nil
+	}()
+	return done
+}

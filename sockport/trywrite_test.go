@@ -129,26 +129,7 @@ func TestStreamTryWritePartialRecord(t *testing.T) {
 				t.Fatalf("TryWriteBatch with another frame first = %d, %v; want ErrPartialRecord", n, err)
 			}
 			a.Fail(nil) // the refusal does not break anything by itself here
-			done := make(chan error, 1)
-			go func() {
-				rest := big
-				for len(rest) > 0 {
-					n, err := a.TryWriteBatch(rest)
-					rest = rest[n:]
-					if errors.Is(err, port.ErrWouldBlock) {
-						if err := a.WaitWritable(time.Time{}); err != nil {
-							done <- err
-							return
-						}
-						continue
-					}
-					if err != nil {
-						done <- err
-						return
-					}
-				}
-				done <- nil
-			}()
+			done := writeAllAsync(a, big, a.TryWriteBatch, nil)
 			readFrames(t, b, big)
 			if err := <-done; err != nil {
 				t.Fatal(err)
@@ -202,22 +183,7 @@ func TestDgramTryWriteBatch(t *testing.T) {
 	readFrames(t, b, sent)
 	// The receiver's queue holds net.unix.max_dgram_qlen datagrams (10 by default):
 	// send the next batch in steps, reading as we go; nothing is lost or reordered.
-	errc := make(chan error, 1)
-	go func() {
-		rest := batch
-		for len(rest) > 0 {
-			n, err := a.TryWriteBatch(rest)
-			rest = rest[n:]
-			if errors.Is(err, port.ErrWouldBlock) {
-				err = a.WaitWritable(time.Time{})
-			}
-			if err != nil {
-				errc <- err
-				return
-			}
-		}
-		errc <- nil
-	}()
+	errc := writeAllAsync(a, batch, a.TryWriteBatch, nil)
 	readFrames(t, b, batch)
 	if err := <-errc; err != nil {
 		t.Fatal(err)

@@ -58,30 +58,12 @@ func TestStreamTryWriteVecsShortWrites(t *testing.T) {
 				}
 				a.Fail(nil)
 			}
-			done := make(chan error, 1)
 			partials := 0
-			go func() {
-				rest := vecs[n:]
-				for len(rest) > 0 {
-					k, err := a.TryWriteVecs(rest)
-					rest = rest[k:]
-					if errors.Is(err, port.ErrWouldBlock) {
-						if a.pendOff > 0 {
-							partials++
-						}
-						if err := a.WaitWritable(time.Time{}); err != nil {
-							done <- err
-							return
-						}
-						continue
-					}
-					if err != nil {
-						done <- err
-						return
-					}
+			done := writeAllAsync(a, vecs[n:], a.TryWriteVecs, func() {
+				if a.pendOff > 0 {
+					partials++
 				}
-				done <- nil
-			}()
+			})
 			readFrames(t, b, frames)
 			if err := <-done; err != nil {
 				t.Fatal(err)
@@ -109,22 +91,7 @@ func TestStreamTryWriteVecsIovMax(t *testing.T) {
 		frames = append(frames, frame(100+i%50, byte(i)))
 	}
 	vecs := vecsOf(frames, func(i int) int { return 14 + i%3 })
-	errc := make(chan error, 1)
-	go func() {
-		rest := vecs
-		for len(rest) > 0 {
-			k, err := a.TryWriteVecs(rest)
-			rest = rest[k:]
-			if errors.Is(err, port.ErrWouldBlock) {
-				err = a.WaitWritable(time.Time{})
-			}
-			if err != nil {
-				errc <- err
-				return
-			}
-		}
-		errc <- nil
-	}()
+	errc := writeAllAsync(a, vecs, a.TryWriteVecs, nil)
 	readFrames(t, b, frames)
 	if err := <-errc; err != nil {
 		t.Fatal(err)
@@ -149,22 +116,7 @@ func TestDgramTryWriteVecs(t *testing.T) {
 				frames = append(frames, frame([]int{1514, 60, 900}[i%3], byte(i)))
 			}
 			vecs := vecsOf(frames, mixedCut)
-			errc := make(chan error, 1)
-			go func() {
-				rest := vecs
-				for len(rest) > 0 {
-					k, err := a.TryWriteVecs(rest)
-					rest = rest[k:]
-					if errors.Is(err, port.ErrWouldBlock) {
-						err = a.WaitWritable(time.Time{})
-					}
-					if err != nil {
-						errc <- err
-						return
-					}
-				}
-				errc <- nil
-			}()
+			errc := writeAllAsync(a, vecs, a.TryWriteVecs, nil)
 			readFrames(t, b, frames)
 			if err := <-errc; err != nil {
 				t.Fatal(err)
