@@ -8,11 +8,11 @@ import (
 	"os"
 	"syscall"
 	"time"
-	"unsafe"
 
 	"golang.org/x/sys/unix"
 
 	"tapgro/port"
+	"tapgro/rawsys"
 	"tapgro/vnethdr"
 )
 
@@ -240,8 +240,7 @@ func (p *DgramPort) Pending() bool { return false }
 // recvmmsg runs inside rc.Read; false means "wait for readability".
 func (p *DgramPort) recvmmsg(fd uintptr) bool {
 	for {
-		n, _, errno := unix.Syscall6(unix.SYS_RECVMMSG, fd,
-			uintptr(unsafe.Pointer(&p.rmsgs[0])), uintptr(p.rWant), 0, 0, 0)
+		n, errno := rawsys.Recvmmsg(fd, p.rmsgs[:p.rWant], 0)
 		p.Stats().ReadCalls.Add(1)
 		switch errno {
 		case 0:
@@ -460,8 +459,7 @@ func (p *DgramPort) trySend(k int) error {
 // sendmmsg runs inside rc.Write.
 func (p *DgramPort) sendmmsg(fd uintptr) bool {
 	for p.wIdx < p.wEnd {
-		n, _, errno := unix.Syscall6(unix.SYS_SENDMMSG, fd,
-			uintptr(unsafe.Pointer(&p.wmsgs[p.wIdx])), uintptr(p.wEnd-p.wIdx), 0, 0, 0)
+		n, errno := rawsys.Sendmmsg(fd, p.wmsgs[p.wIdx:p.wEnd], 0)
 		p.Stats().WriteCalls.Add(1)
 		switch errno {
 		case 0:

@@ -102,8 +102,9 @@
 // # unsafe
 //
 // The package uses unsafe for three things, all on memory of this process: iovec and
-// mmsghdr pointers handed to writev(2), recvmmsg(2) and sendmmsg(2) (raw system calls,
-// because golang.org/x/sys/unix.Writev builds a fresh []Iovec per call), advancing an
+// mmsghdr arrays of its own handed to writev(2), recvmmsg(2) and sendmmsg(2) (through
+// package rawsys, which every data-path call on the socket uses; golang.org/x/sys/
+// unix.Writev would also build a fresh []Iovec per call), advancing an
 // iovec base after a short write, and the atomic u32 words of a shared ring's control
 // page. A shared ring is a memfd mapped MAP_SHARED by both tapgro processes: user
 // memory another process writes, not kernel memory, so it is checked like wire input

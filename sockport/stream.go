@@ -14,6 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"tapgro/port"
+	"tapgro/rawsys"
 	"tapgro/vnethdr"
 )
 
@@ -41,9 +42,13 @@ type StreamPort struct {
 	conn net.Conn
 	rc   syscall.RawConn
 
-	// Reader state, owned by the ReadBatch goroutine.
+	// Reader state, owned by the ReadBatch goroutine. read is called from inside
+	// rc.Read with the bound method value readFn, as writev is below.
 	df      *Deframer
 	badSeen bool
+	rN      int           // what the last read returned
+	rErr    syscall.Errno // and its errno
+	readFn  func(fd uintptr) bool
 
 	// Writer state, owned by the WriteBatch goroutine. writev is called from inside
 	// rc.Write with the bound method value writeFn, so that the netpoller, not a busy
@@ -123,6 +128,7 @@ func newStreamPort(c net.Conn, st *port.Stats, hdrLen int) (*StreamPort, error) 
 		hi:          port.MaxFrame + hdrLen,
 	}
 	s.writeFn = s.writev
+	s.readFn = s.read
 	s.waiter = newWriteWaiter()
 	s.room = newSockRoom()
 	return s, nil
@@ -219,7 +225,7 @@ func (s *StreamPort) readBatch(bufs [][]byte, sizes []int, lent [][]byte) (int, 
 			return 0, s.Fail(ferr)
 		}
 
-		m, err := s.conn.Read(s.df.Space())
+		m, err := s.readSome()
 		s.Stats().ReadCalls.Add(1)
 		if m > 0 {
 			s.df.Commit(m)
@@ -232,6 +238,42 @@ func (s *StreamPort) readBatch(bufs [][]byte, sizes []int, lent [][]byte) (int, 
 			return 0, err // the caller's timer, not a broken stream
 		}
 		return 0, s.Fail(s.readErr(err))
+	}
+}
+
+// readSome is one read(2) into the deframer's free space, which is never empty (the
+// buffer holds a whole record, NewDeframer), so 0 bytes is the peer's EOF. The call goes
+// through package rawsys on the non-blocking socket; the wait for readability, the read
+// deadline and Close waking a blocked reader are the netpoller's, as with conn.Read.
+func (s *StreamPort) readSome() (int, error) {
+	s.rN, s.rErr = 0, 0
+	if err := s.rc.Read(s.readFn); err != nil {
+		return 0, err // closed (net.ErrClosed) or past the deadline
+	}
+	switch {
+	case s.rErr != 0:
+		return 0, os.NewSyscallError("read", s.rErr)
+	case s.rN == 0:
+		return 0, io.EOF
+	}
+	return s.rN, nil
+}
+
+// read runs inside rc.Read; false means "wait for readability".
+func (s *StreamPort) read(fd uintptr) bool {
+	for {
+		n, e := rawsys.Read(fd, s.df.Space())
+		switch e {
+		case 0:
+			s.rN = n
+			return true
+		case unix.EINTR:
+			continue
+		case unix.EAGAIN:
+			return false
+		}
+		s.rErr = e
+		return true
 	}
 }
 
@@ -540,8 +582,7 @@ func (s *StreamPort) writeErr(err error) error {
 // port.
 func (s *StreamPort) writev(fd uintptr) bool {
 	for s.wIdx < s.wEnd {
-		n, _, errno := unix.Syscall(unix.SYS_WRITEV, fd,
-			uintptr(unsafe.Pointer(&s.iov[s.wIdx])), uintptr(s.wEnd-s.wIdx))
+		n, errno := rawsys.Writev(fd, s.iov[s.wIdx:s.wEnd])
 		s.Stats().WriteCalls.Add(1)
 		switch errno {
 		case 0:

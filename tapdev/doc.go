@@ -53,7 +53,8 @@
 // their buffer exactly. 65593 bytes plus the header hold the largest frame (14 Ethernet + 4
 // VLAN + 40 IPv6 + 65535, drivers/net/tun.c tun_put_user). A TAP fd is not a socket, so
 // there is no recvmmsg: a batch is one wait for readability followed by non-blocking reads
-// until EAGAIN or the batch is full, all inside one syscall.RawConn.Read callback. Bigger
+// until EAGAIN or the batch is full, all inside one syscall.RawConn.Read callback (the
+// reads and writes go through package rawsys: the fd is non-blocking). Bigger
 // batches come from GSO (one read, up to 64 KiB) and from multiple queues. The kernel
 // queues at most txqueuelen frames per queue (default 500) and drops the rest, so the
 // reader should not stall.

@@ -15,6 +15,7 @@ import (
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
+	"tapgro/rawsys"
 	"tapgro/vnethdr"
 )
 
@@ -375,17 +376,17 @@ func (d *Device) ReadBatch(bufs [][]byte, sizes []int, offset int) (int, error) 
 func (d *Device) readFrames(fd uintptr) bool {
 	for d.rn < len(d.rbufs) {
 		b := d.rbufs[d.rn][d.roff:]
-		n, err := unix.Read(int(fd), b)
+		n, e := rawsys.Read(fd, b) // non-blocking: see package rawsys
 		d.stats.ReadCalls.Add(1)
-		if err != nil {
-			switch err {
+		if e != 0 {
+			switch e {
 			case unix.EINTR:
 				continue
 			case unix.EAGAIN:
 				return d.rn > 0
 			}
 			d.stats.ReadErrors.Add(1)
-			d.rerr = err
+			d.rerr = e
 			return true
 		}
 		if n == len(b) {
@@ -437,10 +438,10 @@ func (d *Device) Write(pkt []byte) (int, error) {
 // writeFrame is the RawConn.Write callback.
 func (d *Device) writeFrame(fd uintptr) bool {
 	for {
-		n, err := unix.Write(int(fd), d.wpkt)
+		n, e := rawsys.Write(fd, d.wpkt)
 		d.stats.WriteCalls.Add(1)
-		switch err {
-		case nil:
+		switch e {
+		case 0:
 			d.wn = n
 			return true
 		case unix.EINTR:
@@ -448,7 +449,7 @@ func (d *Device) writeFrame(fd uintptr) bool {
 		case unix.EAGAIN:
 			return false
 		}
-		d.werr = err
+		d.werr = e
 		return true
 	}
 }

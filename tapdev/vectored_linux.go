@@ -5,9 +5,8 @@ import (
 	"fmt"
 	"io"
 	"sync"
-	"syscall"
+	"tapgro/rawsys"
 	"time"
-	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -108,18 +107,9 @@ func (v *vecIO) addSink() {
 	v.niov++
 }
 
-func (v *vecIO) syscall(fd uintptr, trap uintptr) (int, syscall.Errno) {
-	var p unsafe.Pointer
-	if v.niov > 0 {
-		p = unsafe.Pointer(&v.iov[0])
-	}
-	r, _, e := unix.Syscall(trap, fd, uintptr(p), uintptr(v.niov))
-	return int(r), e
-}
-
 func (v *vecIO) readv(fd uintptr) bool {
 	for {
-		n, e := v.syscall(fd, unix.SYS_READV)
+		n, e := rawsys.Readv(fd, v.iov[:v.niov])
 		v.d.stats.ReadCalls.Add(1)
 		switch e {
 		case 0:
@@ -142,7 +132,7 @@ func (v *vecIO) readv(fd uintptr) bool {
 
 func (v *vecIO) writev(fd uintptr) bool {
 	for {
-		n, e := v.syscall(fd, unix.SYS_WRITEV)
+		n, e := rawsys.Writev(fd, v.iov[:v.niov])
 		v.d.stats.WriteCalls.Add(1)
 		switch e {
 		case 0:

@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"sync/atomic"
+	"tapgro/rawsys"
 
 	"golang.org/x/sys/unix"
 )
@@ -462,7 +463,7 @@ func (s *Session) vringFile(m *message, p []byte) error {
 			// entries may have been published with no fd to signal. One spurious
 			// interrupt is harmless; a lost one stalls the guest (passt signals every
 			// new call fd, vhost_user.c vu_set_vring_call_exec).
-			unix.Write(fd, v.one[:])
+			rawsys.Write(uintptr(fd), v.one[:]) // cannot block, see Vring.callLocked
 			s.stats.Calls.Add(1)
 		}
 		v.mu.Unlock()
