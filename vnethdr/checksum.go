@@ -20,34 +20,36 @@ import (
 // ~7.6 to ~12 GB/s on the (2-vCPU) development VM.
 func Sum(b []byte, acc uint64) uint64 {
 	var carry uint64
-	if len(b) >= simdMin && useAVX2 {
-		// Little-endian 32-bit words summed into 64-bit lanes, folded and byte-swapped
-		// once (RFC 1071 §2(B), as below). Whole 32-byte blocks, so the Go tail starts
-		// at an even offset and word alignment is preserved. At most simdChunk bytes per
-		// call keeps every lane far from overflowing (sumAVX2's contract: < 16 GiB).
-		for len(b) >= 32 {
-			n := min(len(b), simdChunk) &^ 31
-			acc, carry = bits.Add64(acc, uint64(bits.ReverseBytes16(Fold(sumAVX2(b[:n])))), 0)
-			acc += carry
-			b = b[n:]
-		}
-	} else if len(b) >= 64 {
+	if len(b) >= 64 {
 		// Bulk in little-endian loads (no byte swap per word on x86), folded and
 		// byte-swapped once: the ones'-complement sum of byte-swapped words is the
 		// byte-swapped sum (RFC 1071 §2(B)); the explicit LittleEndian keeps this right
 		// on any host. The carry stays in one adc chain across iterations and is added
-		// back once. The bulk is a multiple of 8 bytes, so word alignment is preserved.
+		// back once. The bulk is a multiple of 8 bytes (32 with AVX2), so word alignment
+		// is preserved.
 		var le uint64
-		for len(b) >= 64 {
-			le, carry = bits.Add64(le, binary.LittleEndian.Uint64(b[0:]), carry)
-			le, carry = bits.Add64(le, binary.LittleEndian.Uint64(b[8:]), carry)
-			le, carry = bits.Add64(le, binary.LittleEndian.Uint64(b[16:]), carry)
-			le, carry = bits.Add64(le, binary.LittleEndian.Uint64(b[24:]), carry)
-			le, carry = bits.Add64(le, binary.LittleEndian.Uint64(b[32:]), carry)
-			le, carry = bits.Add64(le, binary.LittleEndian.Uint64(b[40:]), carry)
-			le, carry = bits.Add64(le, binary.LittleEndian.Uint64(b[48:]), carry)
-			le, carry = bits.Add64(le, binary.LittleEndian.Uint64(b[56:]), carry)
-			b = b[64:]
+		if useAVX2 && len(b) >= simdMin {
+			// sumAVX2 returns the sum of the little-endian 32-bit words in 64-bit
+			// lanes: the same value as the loop below modulo 0xffff, and 0 only for
+			// zero data. At most simdChunk bytes per call keeps its lanes far from
+			// overflowing (its contract: < 16 GiB).
+			for len(b) >= 32 {
+				n := min(len(b), simdChunk) &^ 31
+				le, carry = bits.Add64(le, sumAVX2(b[:n]), carry)
+				b = b[n:]
+			}
+		} else {
+			for len(b) >= 64 {
+				le, carry = bits.Add64(le, binary.LittleEndian.Uint64(b[0:]), carry)
+				le, carry = bits.Add64(le, binary.LittleEndian.Uint64(b[8:]), carry)
+				le, carry = bits.Add64(le, binary.LittleEndian.Uint64(b[16:]), carry)
+				le, carry = bits.Add64(le, binary.LittleEndian.Uint64(b[24:]), carry)
+				le, carry = bits.Add64(le, binary.LittleEndian.Uint64(b[32:]), carry)
+				le, carry = bits.Add64(le, binary.LittleEndian.Uint64(b[40:]), carry)
+				le, carry = bits.Add64(le, binary.LittleEndian.Uint64(b[48:]), carry)
+				le, carry = bits.Add64(le, binary.LittleEndian.Uint64(b[56:]), carry)
+				b = b[64:]
+			}
 		}
 		le += carry // cannot overflow: after a carry-out le ≤ 2^64-2
 		acc, carry = bits.Add64(acc, uint64(bits.ReverseBytes16(Fold(le))), 0)
@@ -84,11 +86,12 @@ func Sum(b []byte, acc uint64) uint64 {
 }
 
 // simdMin is the length from which Sum uses sumAVX2 and SumCopy uses sumCopyAVX2. A
-// call costs a fixed ~10 ns (ABI0 call, zeroing eight accumulators, the vector
-// reduction, VZEROUPPER, Fold) that the pure-Go loops (~0.05 ns/byte) only pay back at
-// about 128 bytes (BenchmarkChecksum, development VM). Headers (20-60 bytes), summed
-// once per packet, thus stay on exactly the pure-Go code they had.
-const simdMin = 128
+// call costs a fixed ~8-10 ns (ABI0 call, zeroing eight accumulators, the vector
+// reduction, VZEROUPPER) that the pure-Go loops (~0.05 ns/byte) pay back only between
+// 128 and 192 bytes (within the noise there; the assembly wins clearly from 256:
+// BenchmarkChecksum, development VM). 192 keeps every size below on exactly the code it
+// had, headers (20-60 bytes, summed once per packet) included.
+const simdMin = 192
 
 // simdChunk bounds one sumAVX2/sumCopyAVX2 call: 1 GiB is 2^28 32-bit words, so every
 // lane, and their total, stays below 2^60, far from a carry out (the limit is 16 GiB).
@@ -102,14 +105,17 @@ var simdChunk = 1 << 30
 // past len(src) are not touched.
 func SumCopy(dst, src []byte, acc uint64) uint64 {
 	dst = dst[:len(src)] // panics, before any write, if dst is too short
-	if len(src) >= simdMin && useAVX2 {
-		var carry uint64
+	if useAVX2 && len(src) >= simdMin {
+		// As in Sum: little-endian lane sums, chained with carry, folded and swapped once.
+		var le, carry uint64
 		for len(src) >= 32 {
 			n := min(len(src), simdChunk) &^ 31
-			acc, carry = bits.Add64(acc, uint64(bits.ReverseBytes16(Fold(sumCopyAVX2(dst[:n], src[:n])))), 0)
-			acc += carry
+			le, carry = bits.Add64(le, sumCopyAVX2(dst[:n], src[:n]), carry)
 			src, dst = src[n:], dst[n:]
 		}
+		le += carry
+		acc, carry = bits.Add64(acc, uint64(bits.ReverseBytes16(Fold(le))), 0)
+		acc += carry
 	}
 	copy(dst, src)
 	return Sum(src, acc)
