@@ -13,8 +13,9 @@
 // add-with-carry chain (the Linux kernel's arch/x86/lib/csum-partial_64.c,
 // csum_partial, is an adcq chain; so is the pure-Go Sum). A vector unit has no carry
 // flag, so instead each little-endian 32-bit word w is added, zero-extended, into a
-// 64-bit lane: no lane can carry out before 2^32 words (16 GiB) have gone into it,
-// and checksum.go feeds at most simdChunk (1 GiB) per call. The caller folds the
+// 64-bit lane: words are below 2^32, so neither a lane nor the total of all lanes can
+// carry out before 2^32 words (16 GiB) have been added, and checksum.go feeds at most
+// simdChunk (1 GiB) per call. The caller folds the
 // returned 64-bit total to 16 bits (Fold) and byte-swaps it once (§2(B)).
 //
 // The trick that saves an instruction. Zero-extending both 32-bit halves of a 64-bit
@@ -26,7 +27,11 @@
 //
 // Throughput. Eight independent accumulators (four A, four B), so no add waits on the
 // previous one; 128 bytes per iteration (four 32-byte loads), then whole 32-byte
-// blocks. Only whole 32-byte blocks are read (len &^ 31): the caller sums the tail in
+// blocks. Measured (BenchmarkChecksum, development VM, AMD EPYC): ~3x the pure-Go adc
+// chain at 1448 bytes, where the ~8-10 ns fixed cost of a call is half the time, ~5x
+// at 9000 and 65536 bytes (~100 GB/s). AVX-512 was not tried: at MTU sizes the loop
+// is no longer the larger part of a call, and Zen 4 (whose feature flags the
+// development CPU shows) executes 512-bit integer ops as two 256-bit halves. Only whole 32-byte blocks are read (len &^ 31): the caller sums the tail in
 // Go, so nothing past the end of the slice is ever touched (a read past it could
 // fault on a page boundary).
 
