@@ -117,8 +117,10 @@ func TestPseudoHeaderSum(t *testing.T) {
 	}
 }
 
+// BenchmarkChecksum covers header sizes (20-60 bytes, summed once per packet), MTU
+// segments (1448 = MSS at MTU 1500, 1500), a jumbo frame (9000) and 64 KB GSO packets.
 func BenchmarkChecksum(b *testing.B) {
-	for _, n := range []int{64, 1500, 65535} {
+	for _, n := range []int{20, 40, 60, 64, 128, 256, 1448, 1500, 9000, 65535, 65536} {
 		buf := pattern(n, 3)
 		b.Run(strconv.Itoa(n), func(b *testing.B) {
 			b.SetBytes(int64(n))

@@ -77,6 +77,19 @@
 // from csum_start to the end, the field already holding the pseudo-header sum — and the
 // kernel's skb_checksum_help in never storing 0.
 //
+// # Checksum arithmetic
+//
+// Sum returns an unfolded 64-bit ones'-complement accumulator that callers chain over
+// even-length pieces (pseudo-header, L4 header, payload) and reduce with Fold (RFC 1071
+// §2). Its bulk is a pure-Go add-with-carry chain over little-endian words, swapped once
+// (§2(B)); on amd64 with AVX2 (x/sys/cpu, chosen at init; not with the purego tag) the
+// bulk of inputs from 192 bytes is checksum_amd64.s instead: 32-bit words added into
+// 64-bit vector lanes, which cannot carry for any slice that fits in memory in practice
+// (< 16 GiB per call, and Sum feeds 1 GiB chunks). Fold(Sum(b, acc)) is the same on every
+// path for every input. SumCopy is the fused form for a payload that is copied anyway
+// (the coalescer): one load, one store and the adds per 32-byte block, never a read or
+// write outside src and dst[:len(src)].
+//
 // # What is not supported
 //
 //   - UFO (GSOUDP, IP fragmentation of a large UDP datagram): rejected with
