@@ -31,7 +31,9 @@
 // chain at 1448 bytes, where the ~8-10 ns fixed cost of a call is half the time, ~5x
 // at 9000 and 65536 bytes (~100 GB/s). AVX-512 was not tried: at MTU sizes the loop
 // is no longer the larger part of a call, and Zen 4 (whose feature flags the
-// development CPU shows) executes 512-bit integer ops as two 256-bit halves. Only whole 32-byte blocks are read (len &^ 31): the caller sums the tail in
+// development CPU shows) executes 512-bit integer ops as two 256-bit halves.
+//
+// Bounds. Only whole 32-byte blocks are read (len &^ 31): the caller sums the tail in
 // Go, so nothing past the end of the slice is ever touched (a read past it could
 // fault on a page boundary).
 
