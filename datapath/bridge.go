@@ -773,28 +773,36 @@ const refRingBatches = 2
 // refRing is the number of read buffers in a plain port's ring, the GRO engine's tags.
 func (b *bridge) refRing() int { return refRingBatches * b.cfg.batch }
 
-func newPortToTap(b *bridge, phl int) *portToTap {
+// newPortToTap builds the pipeline for a port with phl-byte vnet headers that lends
+// frames (l non-nil) or not. A plain port that does not lend reads into the ring.
+func newPortToTap(b *bridge, phl int, l port.Lender) *portToTap {
 	head := max(b.cfg.vnetHdrLen, phl)
+	ring := phl == 0 && l == nil
 	nb := b.cfg.batch
-	if phl == 0 {
+	if ring {
 		nb = b.refRing()
 	}
 	p := &portToTap{
-		b:     b,
-		bufs:  make([][]byte, nb),
-		views: make([][]byte, b.cfg.batch),
-		sizes: make([]int, b.cfg.batch),
-		phl:   phl,
-		head:  head,
-		ring:  phl == 0,
+		b:      b,
+		bufs:   make([][]byte, nb),
+		views:  make([][]byte, b.cfg.batch),
+		sizes:  make([]int, b.cfg.batch),
+		phl:    phl,
+		head:   head,
+		ring:   ring,
+		lender: l,
 	}
 	for i := range p.bufs {
 		p.bufs[i] = make([]byte, head+port.MaxFrame)
 	}
 	p.cur = p.bufs
-	if p.ring {
+	switch {
+	case p.ring:
 		p.cur = make([][]byte, b.cfg.batch)
 		p.tags = make([]int, b.cfg.batch)
+	case l != nil:
+		p.lent = make([][]byte, len(p.bufs))
+		p.cur = make([][]byte, len(p.bufs))
 	}
 	for i := range p.views {
 		p.views[i] = p.bufs[i][head-phl:]
@@ -832,11 +840,12 @@ func (p *portToTap) consumed(n int) {
 // runPortToTap moves frames from one connected port to the TAP until the port fails or
 // is closed; it returns that error.
 func (b *bridge) runPortToTap(pt port.Port) error {
-	p := newPortToTap(b, pt.VnetHdrLen())
-	if l, ok := pt.(port.Lender); ok && p.phl > 0 && p.head <= port.ShmHeadroom {
-		p.lender = l
-		p.lent = make([][]byte, len(p.bufs))
-		p.cur = make([][]byte, len(p.bufs))
+	l, _ := pt.(port.Lender)
+	if l != nil && max(b.cfg.vnetHdrLen, pt.VnetHdrLen()) > port.ShmHeadroom {
+		l = nil // no room for the TAP's header in front of a lent frame
+	}
+	p := newPortToTap(b, pt.VnetHdrLen(), l)
+	if l != nil {
 		defer l.ReleaseLent()
 	}
 	return p.run(pt)
@@ -902,6 +911,13 @@ func (p *portToTap) run(pt port.Port) error {
 				// is written.
 				for i := 0; i < n; i++ {
 					coal.AddRef(bufs[i][:hl+sizes[i]], nil, now, p.tags[i])
+				}
+			} else if p.phl == 0 {
+				// Lent in place (a QEMU-framed stream): the engine copies what it
+				// keeps, in order, each frame's headroom written only after the
+				// frame before it is done with (port.Lender).
+				for i := 0; i < n; i++ {
+					coal.Add(bufs[i][:hl+sizes[i]], nil, now)
 				}
 			} else {
 				p.addWithHeaders(coal, n, now)

@@ -74,6 +74,31 @@ func (p *scriptPort) ReadBatch(bufs [][]byte, sizes []int) (int, error) {
 	return len(s.frames), nil
 }
 
+// scriptLender is a scriptPort that lends its frames as a QEMU-framed StreamPort does:
+// records back to back in one buffer, each frame with port.ShmHeadroom bytes in front
+// of it that are the previous record's tail. The whole buffer is poisoned when the loan
+// ends (ReleaseLent) and before every read, so a frame used after its loan, or damaged
+// by the next frame's header written into its tail too early, puts poison on the TAP.
+type scriptLender struct {
+	*scriptPort
+	buf []byte
+}
+
+func (p *scriptLender) ReadBatchLent(bufs [][]byte, sizes []int, lent [][]byte) (int, error) {
+	copy(p.buf, p.scriptPort.poison)
+	n, err := p.scriptPort.ReadBatch(bufs, sizes)
+	off := port.ShmHeadroom - 4 // the deframer's headroom, then the first length prefix
+	for i := 0; i < n; i++ {
+		start := off + 4
+		copy(p.buf[start:], bufs[i][:sizes[i]])
+		lent[i] = p.buf[start-port.ShmHeadroom : start+sizes[i]]
+		off = start + sizes[i]
+	}
+	return n, err
+}
+
+func (p *scriptLender) ReleaseLent() { copy(p.buf, p.scriptPort.poison) }
+
 // tcp4From is tcp4 from source port sport.
 func tcp4From(sport uint16, seq uint32, id uint16, payload []byte, flags byte) []byte {
 	f := tcp4(seq, id, payload)
@@ -129,6 +154,15 @@ func resegment(t *testing.T, pkts [][]byte, hl int) [][]byte {
 // with pauses that let the timer flush. Every flow's frames must come back from the TAP
 // exactly, in order, with no poison.
 func TestPortToTapRefPoisoned(t *testing.T) {
+	for _, lend := range []bool{false, true} {
+		t.Run(map[bool]string{false: "ring", true: "lent"}[lend], func(t *testing.T) { testPortToTapPoisoned(t, lend) })
+	}
+}
+
+// testPortToTapPoisoned is TestPortToTapRefPoisoned over the ring (by reference) or
+// over frames lent in place back to back (lend: copied into aggregates, every frame's
+// headroom the previous frame's tail).
+func testPortToTapPoisoned(t *testing.T, lend bool) {
 	for _, mode := range []struct {
 		name       string
 		timer      bool
@@ -188,7 +222,11 @@ func TestPortToTapRefPoisoned(t *testing.T) {
 					steps = append(steps, scriptStep{pause: 2 * mode.interval})
 				}
 			}
-			pt := &scriptPort{steps: steps, poison: bytes.Repeat([]byte{0xdb}, 10+port.MaxFrame)}
+			sp := &scriptPort{steps: steps, poison: bytes.Repeat([]byte{0xdb}, 64*(16+port.MaxFrame))}
+			var pt port.Port = sp
+			if lend {
+				pt = &scriptLender{scriptPort: sp, buf: make([]byte, len(sp.poison))}
+			}
 			if err := b.runPortToTap(pt); err != port.ErrClosed {
 				t.Fatalf("runPortToTap: %v", err)
 			}
@@ -219,9 +257,16 @@ func TestPortToTapRefPoisoned(t *testing.T) {
 			}
 			st := b.coal.Stats()
 			t.Logf("%d reads, %d packets (%d GSO), eviction %d, timer %d, batch_end %d, %d bytes copied on hold",
-				pt.reads, st.Packets.Load(), st.GSOOut.Load(), st.Eviction.Load(), st.Timer.Load(), st.BatchEnd.Load(), st.HeldCopies.Load())
+				sp.reads, st.Packets.Load(), st.GSOOut.Load(), st.Eviction.Load(), st.Timer.Load(), st.BatchEnd.Load(), st.HeldCopies.Load())
 			if st.GSOOut.Load() == 0 {
 				t.Fatal("nothing was coalesced")
+			}
+			if lend {
+				// No references to check: the engine copies what it keeps of lent frames.
+				if st.HeldCopies.Load() != 0 || (mode.timer && st.Eviction.Load() == 0) {
+					t.Fatal("lent frames were referenced, or the run did not exercise eviction")
+				}
+				return
 			}
 			switch mode.name {
 			case "mtu-default":
@@ -282,7 +327,7 @@ func benchPipeline(b *testing.B, br *bridge, ref bool, src [][]byte, seg int) *c
 	if ref {
 		br.groRefMin = 0
 	}
-	p := newPortToTap(br, 0)
+	p := newPortToTap(br, 0, nil)
 	coal := br.coalescerFor()
 	p.ring = ref
 	next := 0

@@ -221,7 +221,7 @@ func BenchmarkPortToTap(b *testing.B) {
 	for i := 0; i < 44; i++ {
 		segs = append(segs, tcp4(1+uint32(i*1448), uint16(i), pattern(1448)))
 	}
-	p := newPortToTap(br, 0)
+	p := newPortToTap(br, 0, nil)
 	br.coalescerFor() // allocate the GRO engine outside the timed loop, as a connection does
 	done := make(chan error, 1)
 	b.SetBytes(int64(44 * 1448))

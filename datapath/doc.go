@@ -56,13 +56,23 @@
 // several batches' buffers would only matter if a flush could return with records
 // still queued, which it cannot.
 //
-// # Port→TAP by reference
+// # Port→TAP: frames lent in place, or by reference
 //
-// A plain port's frames are read into a ring of 2×batch read buffers and offered to
-// the GRO engine by reference (coalescer.AddRef): an aggregate of segments of at least
-// groRefMinPayload (4096) bytes holds the head's rewritten headers and slices of each
-// segment's payload where the port put it, and leaves with one writev(2) of
-// [vnet header + headers][payload]…, so the payload is copied only by the kernel.
+// A port that lends its frames (port.Lender: every stream port) hands the pipeline
+// views of its own read buffer, valid until the next read: the GRO engine takes them
+// in order through coalescer.Add, copying what it keeps into the aggregate in one pass
+// with the checksum check (vnethdr.SumCopy), and writes a frame it does not merge to
+// the TAP from where it lies, its vnet header in the headroom in front of it. On a
+// QEMU-framed stream that headroom is the previous frame's tail (port.Lender), which
+// is why the frames of a batch are taken strictly in order. Between the socket and the
+// TAP a payload byte is then copied once in tapgro, into the aggregate.
+//
+// A plain port that does not lend (datagrams, netmap) reads into a ring of 2×batch read
+// buffers, and its frames are offered to the GRO engine by reference (coalescer.AddRef):
+// an aggregate of segments of at least groRefMinPayload (4096) bytes holds the head's
+// rewritten headers and slices of each segment's payload where the port put it, and
+// leaves with one writev(2) of [vnet header + headers][payload]…, so the payload is
+// copied only by the kernel.
 // MTU-sized segments are still copied into the aggregate: the kernel's gathered copy
 // costs per iovec (drivers/net/tun.c tun_get_user → _copy_from_iter sets up one user
 // copy per segment), and 46 pieces cost it more than GRO's cache-hot copy of them
@@ -74,9 +84,8 @@
 // is never refilled under an aggregate, memory stays fixed, and the timer flush,
 // eviction and the flush reasons behave as when everything is copied. With one batch
 // of slack an aggregate held across a read (batch flush while the port has more
-// buffered, timer flush) normally ends before its buffers come round again. Frames
-// from a vnet-hdr port go in by copy (coalescer.Add): they may be lent by the port
-// until the end of the batch only.
+// buffered, timer flush) normally ends before its buffers come round again. Lent
+// frames go in by copy (coalescer.Add): they are the port's again after the batch.
 //
 // Negotiation decides, from what each side can carry and accept (port.Backend), the TAP's
 // read offloads (TUNSETOFFLOAD) and which software steps each direction runs; it runs at

@@ -228,7 +228,7 @@ func TestStepsMatchFramesPortToTap(t *testing.T) {
 	const phl = 12
 	tap := taptest.New(true)
 	b := testBridge(tap, false)
-	p := newPortToTap(b, phl)
+	p := newPortToTap(b, phl, nil)
 	coal := b.coalescerFor()
 	b.coalWriter.hdrPort = true
 	kinds := vnethdr.Kinds()

@@ -156,7 +156,11 @@ type ShmSender interface {
 // (lent[i] == nil) or lent, its record (vnet header, then frame, sizes[i] bytes) starting
 // at lent[i][ShmHeadroom-VnetHdrLen()], with the ShmHeadroom bytes before it the
 // caller's to overwrite (with the TAP's own header). Lent frames stay valid until
-// ReleaseLent, which the reader calls before its next ReadBatchLent.
+// ReleaseLent, which the reader calls before its next ReadBatchLent. The headroom of
+// frame i may be the tail of frame i-1 (a port without vnet headers lends frames where
+// they lie, back to back in its read buffer): writing it ends frame i-1's loan, so a
+// caller takes the frames of a batch in order, done with each before writing the next
+// one's headroom.
 type Lender interface {
 	ReadBatchLent(bufs [][]byte, sizes []int, lent [][]byte) (int, error)
 	ReleaseLent()

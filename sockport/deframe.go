@@ -14,8 +14,13 @@ const PrefixLen = 4
 // buffer, filled by the caller through Space and Commit, and hands out frames that alias
 // that buffer until the next Space call. It does no I/O, so it can be fuzzed on its own.
 //
-// Invariant: the buffer holds at least PrefixLen+hi bytes, so whenever Peek reports no
-// complete frame (and no error), Space returns a non-empty slice.
+// Invariant: the buffer holds at least head+PrefixLen+hi bytes, so whenever Peek reports
+// no complete frame (and no error), Space returns a non-empty slice.
+//
+// The first head bytes of the buffer never hold data: with them every frame has at least
+// head+PrefixLen bytes in front of it inside the buffer, room a caller taking the frame
+// in place may write a header into (StreamPort lends plain frames this way; see
+// lendOut).
 //
 // A length prefix outside [lo, hi] is sticky: Peek and Next return the same *port.FrameError
 // from then on, because nothing after a bad prefix can be trusted to be a frame boundary
@@ -23,6 +28,7 @@ const PrefixLen = 4
 // above NET_BUFSIZE, 69632, and net/stream.c then closes the connection).
 type Deframer struct {
 	buf    []byte
+	head   int // buf[:head] is headroom, never data
 	r, w   int // buf[r:w] is received and not yet handed out
 	lo, hi int // accepted frame lengths
 	err    error
@@ -30,9 +36,12 @@ type Deframer struct {
 
 // NewDeframer returns a Deframer with a buffer of size bytes (raised to PrefixLen+hi if
 // smaller) accepting frame lengths in [lo, hi].
-func NewDeframer(size, lo, hi int) *Deframer {
-	size = max(size, PrefixLen+hi)
-	return &Deframer{buf: make([]byte, size), lo: lo, hi: hi}
+func NewDeframer(size, lo, hi int) *Deframer { return newDeframer(size, 0, lo, hi) }
+
+// newDeframer is NewDeframer with head bytes of headroom at the buffer's start.
+func newDeframer(size, head, lo, hi int) *Deframer {
+	size = max(size, head+PrefixLen+hi)
+	return &Deframer{buf: make([]byte, size), head: head, r: head, w: head, lo: lo, hi: hi}
 }
 
 // Space returns the free tail of the buffer for the caller to read into, first moving any
@@ -42,10 +51,10 @@ func NewDeframer(size, lo, hi int) *Deframer {
 func (d *Deframer) Space() []byte {
 	switch {
 	case d.r == d.w:
-		d.r, d.w = 0, 0
-	case d.r > 0:
-		d.w = copy(d.buf, d.buf[d.r:d.w])
-		d.r = 0
+		d.r, d.w = d.head, d.head
+	case d.r > d.head:
+		d.w = d.head + copy(d.buf[d.head:], d.buf[d.r:d.w])
+		d.r = d.head
 	}
 	return d.buf[d.w:]
 }
@@ -116,4 +125,4 @@ func (d *Deframer) Want() int {
 }
 
 // Reset forgets all buffered bytes and any sticky error, for reuse on a new connection.
-func (d *Deframer) Reset() { d.r, d.w, d.err = 0, 0, nil }
+func (d *Deframer) Reset() { d.r, d.w, d.err = d.head, d.head, nil }

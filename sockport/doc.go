@@ -36,8 +36,9 @@
 // StreamPort reads with one read(2) into a 256 KiB buffer per connection (allocated once),
 // then walks the prefixes with a Deframer: each record is taken by one record step and
 // then either copied out (the copy path) or, for a caller that takes frames in place
-// (port.Lender), lent (the lend path); a trailing partial frame is moved to the front of
-// the buffer and completed by later reads. It writes up to 512 frames per writev(2)
+// (port.Lender), lent in place (the lend path, which the datapath uses: no copy in
+// tapgro between the socket and the GRO engine); a trailing partial frame is moved to the
+// front of the buffer and completed by later reads. It writes up to 512 frames per writev(2)
 // (IOV_MAX is 1024 iovecs: a prefix and a frame each), resuming mid-iovec after short
 // writes, so the peer always sees one contiguous byte stream. When the socket is full,
 // the Go netpoller waits for writability; nothing spins.

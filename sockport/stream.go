@@ -122,7 +122,7 @@ func newStreamPort(c net.Conn, st *port.Stats, hdrLen int) (*StreamPort, error) 
 		Base:        port.NewBase(c, PeerString(c), st),
 		conn:        c,
 		rc:          rc,
-		df:          NewDeframer(streamBufSize, port.MinFrame+hdrLen, port.MaxFrame+hdrLen),
+		df:          newDeframer(streamBufSize, lendHeadroom(hdrLen), port.MinFrame+hdrLen, port.MaxFrame+hdrLen),
 		vnetFraming: vnetFraming{hdrLen: hdrLen},
 		lo:          port.MinFrame + hdrLen,
 		hi:          port.MaxFrame + hdrLen,
@@ -199,7 +199,7 @@ func (s *StreamPort) readBatch(bufs [][]byte, sizes []int, lent [][]byte) (int, 
 			}
 			var size, b int
 			if lent != nil {
-				size, b, err = s.lendOut(rec, kind, bufs, lent, n)
+				size, b, err = s.lendOut(rec, kind, lent, n)
 			} else {
 				size, b, err = s.copyOut(rec, kind, bufs, n)
 			}
@@ -322,15 +322,16 @@ func (s *StreamPort) copyOut(rec []byte, kind recKind, bufs [][]byte, i int) (si
 
 // lendOut is the lend path: record rec is lent in lent[i] and consumed, its record
 // starting at port.ShmHeadroom-VnetHdrLen(). A descriptor lends the peer's slot (held
-// until ReleaseLent); on a vnet-hdr=on stream a frame is lent in place from the read
-// buffer, which stays as it is until the next call: the record's own vnet header is
-// the room for the caller's, and port.ShmHeadroom bytes before the frame are always
-// inside the buffer (the length prefix and the record's header). On a QEMU-framed
-// stream there is no room in front of the frame, so it takes the copy path
-// (lent[i] = nil).
-func (s *StreamPort) lendOut(rec []byte, kind recKind, bufs, lent [][]byte, i int) (size, bytes int, err error) {
-	switch {
-	case kind == recDesc:
+// until ReleaseLent); a frame is lent in place from the read buffer, which stays as it
+// is until the next call, with port.ShmHeadroom bytes in front of it always inside the
+// buffer. On a vnet-hdr=on stream those are the record's own length prefix and vnet
+// header. On a QEMU-framed stream they are the length prefix and the 12 bytes before
+// it: the deframer's headroom (lendHeadroom) for the first record in the buffer, the
+// previous record's tail for the others, so writing a frame's headroom ends the
+// previous frame's loan (port.Lender says so; the datapath takes frames in order).
+// Lending instead of copying saves a memmove of every byte the port delivers.
+func (s *StreamPort) lendOut(rec []byte, kind recKind, lent [][]byte, i int) (size, bytes int, err error) {
+	if kind == recDesc {
 		sl, fl, err := s.shm.lend(rec)
 		if err != nil {
 			return 0, 0, err
@@ -338,15 +339,18 @@ func (s *StreamPort) lendOut(rec []byte, kind recKind, bufs, lent [][]byte, i in
 		s.df.Discard()
 		lent[i] = sl
 		return s.hdrLen + fl, s.hdrLen + fl, nil
-	case s.hdrLen > 0:
-		start := s.df.r + PrefixLen
-		lent[i] = s.df.buf[start+s.hdrLen-port.ShmHeadroom : start+len(rec)]
-		s.df.Discard()
-		return len(rec), len(rec), nil
 	}
-	lent[i] = nil
-	return s.copyOut(rec, kind, bufs, i)
+	start := s.df.r + PrefixLen
+	lent[i] = s.df.buf[start+s.hdrLen-port.ShmHeadroom : start+len(rec)]
+	s.df.Discard()
+	return len(rec), len(rec), nil
 }
+
+// lendHeadroom is the deframer headroom that puts port.ShmHeadroom bytes in front of
+// every frame in the read buffer (see lendOut): the length prefix and the record's vnet
+// header cover it on vnet-hdr=on streams (0), the deframer's own headroom adds what a
+// QEMU-framed stream lacks.
+func lendHeadroom(hdrLen int) int { return max(0, port.ShmHeadroom-PrefixLen-hdrLen) }
 
 // SetReadDeadline implements Port.
 func (s *StreamPort) SetReadDeadline(t time.Time) error { return s.conn.SetReadDeadline(t) }
