@@ -212,7 +212,7 @@ func benchTapToPort(b *testing.B, br *bridge, near, far port.Port) {
 }
 
 // BenchmarkPortToTap measures the guest→host path per burst of 44 MTU segments: one
-// port read, GRO, one TAP write.
+// port read (frames lent in place), GRO, one TAP write.
 func BenchmarkPortToTap(b *testing.B) {
 	tap := taptest.New(false)
 	br := testBridge(tap, true)
@@ -221,7 +221,7 @@ func BenchmarkPortToTap(b *testing.B) {
 	for i := 0; i < 44; i++ {
 		segs = append(segs, tcp4(1+uint32(i*1448), uint16(i), pattern(1448)))
 	}
-	p := newPortToTap(br, 0, nil)
+	p := newPortToTap(br, 0, near) // a stream port lends its frames, as in runPortToTap
 	br.coalescerFor() // allocate the GRO engine outside the timed loop, as a connection does
 	done := make(chan error, 1)
 	b.SetBytes(int64(44 * 1448))

@@ -448,17 +448,7 @@ func BenchmarkStreamReadBatch(b *testing.B) {
 // arrives intact, across reads that leave a partial frame to be moved to the front.
 func TestPlainLendFromReadBuffer(t *testing.T) {
 	checkLeaks(t)
-	ca, cb := unixPair(t, unix.SOCK_STREAM)
-	a, err := NewStreamPort(ca, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer a.Close()
-	b, err := NewStreamPort(cb, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
+	a, b := streamPorts(t, "unix")
 	rng := rand.New(rand.NewPCG(15, 1))
 	var want [][]byte
 	total := 0

@@ -37,6 +37,18 @@
 // Go, so nothing past the end of the slice is ever touched (a read past it could
 // fault on a page boundary).
 
+// CSUM_ZERO clears the eight accumulators: Y0-Y3 hold A (whole words), Y4-Y7 hold B
+// (high halves).
+#define CSUM_ZERO \
+	VPXOR Y0, Y0, Y0 \
+	VPXOR Y1, Y1, Y1 \
+	VPXOR Y2, Y2, Y2 \
+	VPXOR Y3, Y3, Y3 \
+	VPXOR Y4, Y4, Y4 \
+	VPXOR Y5, Y5, Y5 \
+	VPXOR Y6, Y6, Y6 \
+	VPXOR Y7, Y7, Y7
+
 // CSUM_REDUCE folds the eight accumulators into one 64-bit total in AX, in this order:
 //   Y0 = A = Y0+Y1+Y2+Y3 and Y4 = B = Y4+Y5+Y6+Y7 (per lane);
 //   Y0 = A - (B<<32) = Σlo, then Y0 = Σlo + B = the lane sums (the trick above);
@@ -67,15 +79,7 @@ TEXT ·sumAVX2(SB), NOSPLIT, $0-32
 	MOVQ b_len+8(FP), CX
 	ANDQ $-32, CX // whole 32-byte blocks only; the tail is the caller's
 
-	// Zero the accumulators: Y0-Y3 hold A (whole words), Y4-Y7 hold B (high halves).
-	VPXOR Y0, Y0, Y0
-	VPXOR Y1, Y1, Y1
-	VPXOR Y2, Y2, Y2
-	VPXOR Y3, Y3, Y3
-	VPXOR Y4, Y4, Y4
-	VPXOR Y5, Y5, Y5
-	VPXOR Y6, Y6, Y6
-	VPXOR Y7, Y7, Y7
+	CSUM_ZERO
 
 	CMPQ CX, $128
 	JB   sum32
@@ -138,14 +142,7 @@ TEXT ·sumCopyAVX2(SB), NOSPLIT, $0-56
 	MOVQ src_len+32(FP), CX
 	ANDQ $-32, CX
 
-	VPXOR Y0, Y0, Y0
-	VPXOR Y1, Y1, Y1
-	VPXOR Y2, Y2, Y2
-	VPXOR Y3, Y3, Y3
-	VPXOR Y4, Y4, Y4
-	VPXOR Y5, Y5, Y5
-	VPXOR Y6, Y6, Y6
-	VPXOR Y7, Y7, Y7
+	CSUM_ZERO
 
 	CMPQ CX, $128
 	JB   copy32

@@ -166,19 +166,7 @@ func refPseudoAddr(src, dst []byte, proto uint8, l4len int) []byte {
 }
 
 // refChecksum is a deliberately naive RFC 1071 internet checksum.
-func refChecksum(b []byte) uint16 {
-	var s uint64
-	for i := 0; i+1 < len(b); i += 2 {
-		s += uint64(b[i])<<8 | uint64(b[i+1])
-	}
-	if len(b)%2 == 1 {
-		s += uint64(b[len(b)-1]) << 8
-	}
-	for s > 0xffff {
-		s = s>>16 + s&0xffff
-	}
-	return ^uint16(s)
-}
+func refChecksum(b []byte) uint16 { return ^refFoldedSum(b, 0) }
 
 // checkFrame re-parses a plain frame and verifies everything a receiver would: IPv4
 // header checksum, IP/UDP lengths against the frame length, and the L4 checksum against
