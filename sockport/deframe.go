@@ -101,6 +101,11 @@ func (d *Deframer) Discard() {
 	}
 }
 
+// consume is Discard for the frame f the last Peek returned, without parsing its
+// prefix again (the reader's per-frame step: Peek was 1.7 % of the coalescing tapgro,
+// called twice per frame).
+func (d *Deframer) consume(f []byte) { d.r += PrefixLen + len(f) }
+
 // Next returns and consumes the next complete frame (see Peek).
 func (d *Deframer) Next() ([]byte, error) {
 	f, err := d.Peek()

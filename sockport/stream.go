@@ -306,7 +306,7 @@ func (s *StreamPort) copyOut(rec []byte, kind recKind, bufs [][]byte, i int) (si
 		if err != nil {
 			return 0, 0, err
 		}
-		s.df.Discard()
+		s.df.consume(rec)
 		size = copy(bufs[i], sl[port.ShmHeadroom-s.hdrLen:port.ShmHeadroom+fl])
 		s.shm.releaseLent()
 		return size, s.hdrLen + fl, nil
@@ -316,7 +316,7 @@ func (s *StreamPort) copyOut(rec []byte, kind recKind, bufs [][]byte, i int) (si
 			i, len(bufs[i]), len(rec), io.ErrShortBuffer)
 	}
 	size = copy(bufs[i], rec)
-	s.df.Discard()
+	s.df.consume(rec)
 	return size, size, nil
 }
 
@@ -336,13 +336,13 @@ func (s *StreamPort) lendOut(rec []byte, kind recKind, lent [][]byte, i int) (si
 		if err != nil {
 			return 0, 0, err
 		}
-		s.df.Discard()
+		s.df.consume(rec)
 		lent[i] = sl
 		return s.hdrLen + fl, s.hdrLen + fl, nil
 	}
 	start := s.df.r + PrefixLen
 	lent[i] = s.df.buf[start+s.hdrLen-port.ShmHeadroom : start+len(rec)]
-	s.df.Discard()
+	s.df.consume(rec)
 	return len(rec), len(rec), nil
 }
 
