@@ -222,7 +222,7 @@ func BenchmarkPortToTap(b *testing.B) {
 		segs = append(segs, tcp4(1+uint32(i*1448), uint16(i), pattern(1448)))
 	}
 	p := newPortToTap(br, 0, near) // a stream port lends its frames, as in runPortToTap
-	br.coalescerFor() // allocate the GRO engine outside the timed loop, as a connection does
+	br.coalescerFor()              // allocate the GRO engine outside the timed loop, as a connection does
 	done := make(chan error, 1)
 	b.SetBytes(int64(44 * 1448))
 	b.ReportAllocs()
