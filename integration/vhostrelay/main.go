@@ -174,7 +174,8 @@ func run(sock, tapName, addr string, mtu, num, rxBuf int, wait time.Duration, ts
 		// SET_VRING_ENABLE, which the double sends for every ring.
 		ack |= 1 << vhostuser.FeatureNetMQ
 	}
-	s := vhostusertest.Dial(progTB{}, sock, vhostusertest.Options{Ack: ack, Pairs: queues, Num: num, MemSize: mem, TXSlot: slotSize, RXSlot: slotSize})
+	s := vhostusertest.Dial(progTB{}, sock, vhostusertest.Options{Ack: ack, Pairs: queues, Num: num, MemSize: mem, TXSlot: slotSize, RXSlot: slotSize,
+		ConnectWait: 5 * time.Second}) // the socket file appears at bind, before listen
 	for _, b := range []uint{vhostuser.FeatureVersion1, vhostuser.FeatureEventIdx} {
 		if !s.Has(b) {
 			return fmt.Errorf("tapgro did not offer virtio feature %d (offered %#x); the relay needs VERSION_1 and EVENT_IDX", b, s.Offered)

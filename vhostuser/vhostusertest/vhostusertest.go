@@ -674,6 +674,10 @@ type Options struct {
 	MTU      uint64 // NET_SET_MTU if the backend offers it and F_MTU is acked; 1500
 	NoEnable bool   // no SET_VRING_ENABLE
 	SkipKick bool   // stop before SET_VRING_KICK
+	// ConnectWait is how long Dial retries a socket that is not listening yet: a
+	// back-end's socket file exists from bind(2) on, and a connect before its listen(2)
+	// is refused. 0: one attempt.
+	ConnectWait time.Duration
 }
 
 // Session is one connection from the front-end double.
@@ -713,13 +717,20 @@ func Start(tb TB, serve func(*net.UnixConn) error, o Options) *Session {
 // -chardev socket,path=…) and runs Start's sequence. Close then reports nil.
 func Dial(tb TB, path string, o Options) *Session {
 	tb.Helper()
-	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	if err := unix.Connect(fd, &unix.SockaddrUnix{Name: path}); err != nil {
+	var fd int
+	for deadline := time.Now().Add(o.ConnectWait); ; time.Sleep(20 * time.Millisecond) {
+		var err error
+		if fd, err = unix.Socket(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0); err != nil {
+			tb.Fatal(err)
+		}
+		err = unix.Connect(fd, &unix.SockaddrUnix{Name: path})
+		if err == nil {
+			break
+		}
 		unix.Close(fd)
-		tb.Fatalf("connect %s: %v", path, err)
+		if (err != unix.ECONNREFUSED && err != unix.ENOENT) || time.Now().After(deadline) {
+			tb.Fatalf("connect %s: %v", path, err)
+		}
 	}
 	done := make(chan error, 1)
 	done <- nil
