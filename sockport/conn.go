@@ -65,3 +65,27 @@ func rawConn(c any) (syscall.RawConn, error) {
 	}
 	return sc.SyscallConn()
 }
+
+// sendChunks is the batch loop every writer here shares: frames go out in chunks of at
+// most max (what one writev or sendmmsg takes). lay lays out the chunk's leading frames
+// and returns how many (k) and, if it stopped early, why (a frame the port refuses);
+// send sends those k and returns how many went. It returns the frames sent, stopping at
+// the first send error, or at a refused frame once everything before it is sent.
+func sendChunks[T any](frames []T, max int, lay func(chunk []T) (int, error), send func(chunk []T, k int) (int, error)) (int, error) {
+	done := 0
+	for done < len(frames) {
+		chunk := frames[done:min(len(frames), done+max)]
+		k, bad := lay(chunk)
+		if k > 0 {
+			sent, err := send(chunk, k)
+			done += sent
+			if err != nil {
+				return done, err
+			}
+		}
+		if bad != nil {
+			return done, bad
+		}
+	}
+	return done, nil
+}

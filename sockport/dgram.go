@@ -311,47 +311,36 @@ func (p *DgramPort) Room() (free, size int) { return p.room.room(p.rc) }
 // datagram one message of sendmmsg with the iovec pair [Head after its headroom][Body]
 // (an empty piece is left out), so nothing is copied together first.
 func (p *DgramPort) TryWriteVecs(frames []port.Vec) (int, error) {
-	done := 0
-	for done < len(frames) {
-		chunk := frames[done:min(len(frames), done+maxDgramBatch)]
-		k := 0
-		var bad error
-		for i := range chunk {
-			v := &chunk[i]
-			if len(v.Head) < port.VecHeadroom {
-				bad = fmt.Errorf("sockport: a Vec's head of %d bytes is shorter than its headroom", len(v.Head))
-				break
-			}
-			if bad = port.CheckFrameLen(uint64(v.Len()), port.MinFrame, port.MaxFrame); bad != nil {
-				break
-			}
-			iov := p.wiov[2*k : 2*k+2]
-			n := 0
-			if h := v.Head[port.VecHeadroom:]; len(h) > 0 {
-				iov[n].Base = &h[0]
-				iov[n].SetLen(len(h))
-				n++
-			}
-			if len(v.Body) > 0 {
-				iov[n].Base = &v.Body[0]
-				iov[n].SetLen(len(v.Body))
-				n++
-			}
-			p.wmsgs[k].Hdr.SetIovlen(n)
-			k++
+	return sendChunks(frames, maxDgramBatch, p.layVecs,
+		func(_ []port.Vec, k int) (int, error) { return p.sendBuilt(k, true) })
+}
+
+// layVecs lays out the leading datagrams of chunk in wmsgs (see sendChunks).
+func (p *DgramPort) layVecs(chunk []port.Vec) (k int, bad error) {
+	for i := range chunk {
+		v := &chunk[i]
+		if len(v.Head) < port.VecHeadroom {
+			return k, fmt.Errorf("sockport: a Vec's head of %d bytes is shorter than its headroom", len(v.Head))
 		}
-		if k > 0 {
-			sent, err := p.sendBuilt(k, true)
-			done += sent
-			if err != nil {
-				return done, err
-			}
+		if bad = port.CheckFrameLen(uint64(v.Len()), port.MinFrame, port.MaxFrame); bad != nil {
+			return k, bad
 		}
-		if bad != nil {
-			return done, bad
+		iov := p.wiov[2*k : 2*k+2]
+		n := 0
+		if h := v.Head[port.VecHeadroom:]; len(h) > 0 {
+			iov[n].Base = &h[0]
+			iov[n].SetLen(len(h))
+			n++
 		}
+		if len(v.Body) > 0 {
+			iov[n].Base = &v.Body[0]
+			iov[n].SetLen(len(v.Body))
+			n++
+		}
+		p.wmsgs[k].Hdr.SetIovlen(n)
+		k++
 	}
-	return done, nil
+	return k, nil
 }
 
 // sendBuilt sends the k messages laid out in wmsgs (try: only what goes without
@@ -372,32 +361,22 @@ func (p *DgramPort) sendBuilt(k int, try bool) (int, error) {
 }
 
 func (p *DgramPort) write(frames [][]byte, try bool) (int, error) {
-	done := 0
-	for done < len(frames) {
-		chunk := frames[done:min(len(frames), done+maxDgramBatch)]
-		k := 0
-		var bad error
-		for _, f := range chunk {
-			if bad = port.CheckFrameLen(uint64(len(f)), port.MinFrame, port.MaxFrame); bad != nil {
-				break
-			}
-			p.wiov[2*k].Base = &f[0]
-			p.wiov[2*k].SetLen(len(f))
-			p.wmsgs[k].Hdr.SetIovlen(1)
-			k++
+	return sendChunks(frames, maxDgramBatch, p.layFrames,
+		func(_ [][]byte, k int) (int, error) { return p.sendBuilt(k, try) })
+}
+
+// layFrames lays out the leading datagrams of chunk in wmsgs (see sendChunks).
+func (p *DgramPort) layFrames(chunk [][]byte) (k int, bad error) {
+	for _, f := range chunk {
+		if bad = port.CheckFrameLen(uint64(len(f)), port.MinFrame, port.MaxFrame); bad != nil {
+			return k, bad
 		}
-		if k > 0 {
-			sent, err := p.sendBuilt(k, try)
-			done += sent
-			if err != nil {
-				return done, err
-			}
-		}
-		if bad != nil {
-			return done, bad
-		}
+		p.wiov[2*k].Base = &f[0]
+		p.wiov[2*k].SetLen(len(f))
+		p.wmsgs[k].Hdr.SetIovlen(1)
+		k++
 	}
-	return done, nil
+	return k, nil
 }
 
 // send pushes wmsgs[0:k] out, waiting at most dgramSendWait each time the socket stays

@@ -435,48 +435,43 @@ func (s *StreamPort) Room() (free, size int) { return s.room.room(s.rc) }
 // left partly written resumes as with TryWriteBatch: the next call must begin with the
 // same Vec (same memory, same length), or it fails with ErrPartialRecord.
 func (s *StreamPort) TryWriteVecs(frames []port.Vec) (int, error) {
-	done := 0
-	for done < len(frames) {
-		chunk := frames[done:min(len(frames), done+maxStreamBatch)]
-		k, iv, bytes := 0, 0, 0
-		var bad error
-		for i := range chunk {
-			v := &chunk[i]
-			n := v.Len()
-			if len(v.Head) < port.VecHeadroom {
-				bad = fmt.Errorf("sockport: a Vec's head of %d bytes has no room for the length prefix", len(v.Head))
-				break
-			}
-			if s.shm == nil || n != s.hdrLen+ShmDescLen {
-				if bad = port.CheckFrameLen(uint64(n), s.lo, s.hi); bad != nil {
-					break
-				}
-			}
-			binary.BigEndian.PutUint32(v.Head, uint32(n))
-			s.iov[iv] = unix.Iovec{Base: &v.Head[0], Len: uint64(len(v.Head))}
-			iv++
-			if len(v.Body) > 0 {
-				s.iov[iv] = unix.Iovec{Base: &v.Body[0], Len: uint64(len(v.Body))}
-				iv++
-			}
-			s.recEnd[k], s.recLen[k] = iv, n
-			s.recBase[k], s.recBody[k] = &v.Head[0], bodyBase(v.Body)
-			bytes += n
-			k++
-		}
-		if k > 0 {
+	bytes := 0
+	return sendChunks(frames, maxStreamBatch,
+		func(chunk []port.Vec) (k int, bad error) { k, bytes, bad = s.layVecs(chunk); return k, bad },
+		func(chunk []port.Vec, k int) (int, error) {
 			first := &chunk[0]
-			sent, err := s.send(k, bytes, &first.Head[0], bodyBase(first.Body), first.Len(), true)
-			done += sent
-			if err != nil {
-				return done, err
+			return s.send(k, bytes, &first.Head[0], bodyBase(first.Body), first.Len(), true)
+		})
+}
+
+// layVecs lays out the leading records of chunk in iov (see sendChunks) and returns
+// their frame bytes too.
+func (s *StreamPort) layVecs(chunk []port.Vec) (k, bytes int, bad error) {
+	iv := 0
+	for i := range chunk {
+		v := &chunk[i]
+		n := v.Len()
+		if len(v.Head) < port.VecHeadroom {
+			return k, bytes, fmt.Errorf("sockport: a Vec's head of %d bytes has no room for the length prefix", len(v.Head))
+		}
+		if s.shm == nil || n != s.hdrLen+ShmDescLen {
+			if bad = port.CheckFrameLen(uint64(n), s.lo, s.hi); bad != nil {
+				return k, bytes, bad
 			}
 		}
-		if bad != nil {
-			return done, bad
+		binary.BigEndian.PutUint32(v.Head, uint32(n))
+		s.iov[iv] = unix.Iovec{Base: &v.Head[0], Len: uint64(len(v.Head))}
+		iv++
+		if len(v.Body) > 0 {
+			s.iov[iv] = unix.Iovec{Base: &v.Body[0], Len: uint64(len(v.Body))}
+			iv++
 		}
+		s.recEnd[k], s.recLen[k] = iv, n
+		s.recBase[k], s.recBody[k] = &v.Head[0], bodyBase(v.Body)
+		bytes += n
+		k++
 	}
-	return done, nil
+	return k, bytes, nil
 }
 
 func bodyBase(b []byte) *byte {
@@ -487,37 +482,32 @@ func bodyBase(b []byte) *byte {
 }
 
 func (s *StreamPort) write(frames [][]byte, try bool) (int, error) {
-	done := 0
-	for done < len(frames) {
-		chunk := frames[done:min(len(frames), done+maxStreamBatch)]
-		k, bytes := 0, 0
-		var bad error
-		for _, f := range chunk {
-			if s.shm == nil || len(f) != s.hdrLen+ShmDescLen {
-				if bad = port.CheckFrameLen(uint64(len(f)), s.lo, s.hi); bad != nil {
-					break
-				}
-			}
-			binary.BigEndian.PutUint32(s.prefix[k][:], uint32(len(f)))
-			s.iov[2*k] = unix.Iovec{Base: &s.prefix[k][0], Len: PrefixLen}
-			s.iov[2*k+1] = unix.Iovec{Base: &f[0], Len: uint64(len(f))}
-			s.recEnd[k], s.recLen[k] = 2*k+2, len(f)
-			s.recBase[k], s.recBody[k] = &f[0], nil
-			bytes += len(f)
-			k++
-		}
-		if k > 0 {
-			sent, err := s.send(k, bytes, &chunk[0][0], nil, len(chunk[0]), try)
-			done += sent
-			if err != nil {
-				return done, err
+	bytes := 0
+	return sendChunks(frames, maxStreamBatch,
+		func(chunk [][]byte) (k int, bad error) { k, bytes, bad = s.layFrames(chunk); return k, bad },
+		func(chunk [][]byte, k int) (int, error) {
+			return s.send(k, bytes, &chunk[0][0], nil, len(chunk[0]), try)
+		})
+}
+
+// layFrames lays out the leading records of chunk in iov, each with its length prefix
+// in s.prefix (see sendChunks), and returns their frame bytes too.
+func (s *StreamPort) layFrames(chunk [][]byte) (k, bytes int, bad error) {
+	for _, f := range chunk {
+		if s.shm == nil || len(f) != s.hdrLen+ShmDescLen {
+			if bad = port.CheckFrameLen(uint64(len(f)), s.lo, s.hi); bad != nil {
+				return k, bytes, bad
 			}
 		}
-		if bad != nil {
-			return done, bad
-		}
+		binary.BigEndian.PutUint32(s.prefix[k][:], uint32(len(f)))
+		s.iov[2*k] = unix.Iovec{Base: &s.prefix[k][0], Len: PrefixLen}
+		s.iov[2*k+1] = unix.Iovec{Base: &f[0], Len: uint64(len(f))}
+		s.recEnd[k], s.recLen[k] = 2*k+2, len(f)
+		s.recBase[k], s.recBody[k] = &f[0], nil
+		bytes += len(f)
+		k++
 	}
-	return done, nil
+	return k, bytes, nil
 }
 
 // send writes the k records laid out in iov[:recEnd[k-1]] (bytes frame bytes in all;
