@@ -459,20 +459,27 @@ func (p *tapToPort) split(frame []byte) {
 		return
 	}
 	n, err := vnethdr.SplitHeaders(frame, &p.hdr, p.segs[:nseg], p.payloads[:nseg])
+	p.finishSplit(n, err, func(i int) { p.pool.CommitVec(p.payloads[i]) })
+	clear(p.payloads[:n])
+}
+
+// finishSplit commits the n segments a split of the reserved ones produced, each behind
+// an all-zero header (commit(i) commits segment i), and hands back the rest; err means
+// the frame was malformed, and nothing is committed.
+func (p *tapToPort) finishSplit(n int, err error, commit func(i int)) {
 	if err != nil {
 		p.pool.Cancel()
-		st.DropMalformed.Add(1)
+		p.b.t2p.DropMalformed.Add(1)
 		return
 	}
-	st.GSOSegmented.Add(1)
+	p.b.t2p.GSOSegmented.Add(1)
 	for i := 0; i < n; i++ {
 		// A plain segment behind an all-zero header: a stale GSO header on a segment
 		// makes the receiver treat it as a super-frame.
 		vnethdr.Zero(p.segBufs[i], p.hl)
-		p.pool.CommitVec(p.payloads[i])
+		commit(i)
 	}
-	clear(p.payloads[:n])
-	p.pool.Cancel() // segments SplitHeaders did not need, if any
+	p.pool.Cancel() // segments the split did not need, if any
 	if p.pool.PerFrame() {
 		p.flush(rxpool.ReasonFrame)
 	}
@@ -520,26 +527,12 @@ func (p *tapToPort) tryReserveSegs(vec bool, headLen, bodyMax, nseg int) bool {
 // buffers with the copying vnethdr.Split: the path for headers longer than a header
 // slot.
 func (p *tapToPort) splitCopy(frame []byte, pl vnethdr.SplitPlan) {
-	st := &p.b.t2p
 	segCap, nseg := p.hl+pl.SegCap, pl.Segments
 	if !p.reserveSegs(false, segCap, 0, nseg) {
 		return
 	}
 	n, err := vnethdr.Split(frame, &p.hdr, p.segs[:nseg], p.segSizes[:nseg])
-	if err != nil {
-		p.pool.Cancel()
-		st.DropMalformed.Add(1)
-		return
-	}
-	st.GSOSegmented.Add(1)
-	for i := 0; i < n; i++ {
-		vnethdr.Zero(p.segBufs[i], p.hl)
-		p.pool.Commit(p.hl + p.segSizes[i])
-	}
-	p.pool.Cancel()
-	if p.pool.PerFrame() {
-		p.flush(rxpool.ReasonFrame)
-	}
+	p.finishSplit(n, err, func(i int) { p.pool.Commit(p.hl + p.segSizes[i]) })
 }
 
 // released is where the batch's read buffers become free for the next TAP read (and
