@@ -135,3 +135,15 @@ func writeAllAsync[T any](p interface{ WaitWritable(time.Time) error }, items []
 	}()
 	return done
 }
+
+// drainN reads from p until n frames have arrived (their content is not checked).
+func drainN(t testing.TB, p port.Port, bufs [][]byte, sizes []int, n int) {
+	t.Helper()
+	for got := 0; got < n; {
+		k, err := p.ReadBatch(bufs, sizes)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got += k
+	}
+}

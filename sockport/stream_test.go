@@ -357,13 +357,7 @@ func TestStreamZeroAllocs(t *testing.T) {
 		if n, err := a.WriteBatch(frames); n != 64 || err != nil {
 			t.Fatalf("WriteBatch = %d, %v", n, err)
 		}
-		for got := 0; got < 64; {
-			n, err := b.ReadBatch(bufs, sizes)
-			if err != nil {
-				t.Fatal(err)
-			}
-			got += n
-		}
+		drainN(t, b, bufs, sizes, 64)
 	})
 	if allocs != 0 {
 		t.Errorf("%v allocations per WriteBatch+ReadBatch, want 0", allocs)

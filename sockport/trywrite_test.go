@@ -242,13 +242,7 @@ func TestTryWriteZeroAllocs(t *testing.T) {
 		if err := a.WaitWritable(time.Time{}); err != nil {
 			t.Fatal(err)
 		}
-		for got := 0; got < 64; {
-			n, err := b.ReadBatch(bufs, sizes)
-			if err != nil {
-				t.Fatal(err)
-			}
-			got += n
-		}
+		drainN(t, b, bufs, sizes, 64)
 	})
 	if allocs != 0 {
 		t.Errorf("%v allocations per TryWriteBatch+Room+WaitWritable, want 0", allocs)

@@ -140,13 +140,7 @@ func TestTryWriteVecsZeroAllocs(t *testing.T) {
 		if n, err := a.TryWriteVecs(vecs); n != 64 || err != nil {
 			t.Fatalf("TryWriteVecs = %d, %v", n, err)
 		}
-		for got := 0; got < 64; {
-			n, err := b.ReadBatch(bufs, sizes)
-			if err != nil {
-				t.Fatal(err)
-			}
-			got += n
-		}
+		drainN(t, b, bufs, sizes, 64)
 	})
 	if allocs != 0 {
 		t.Errorf("%v allocations per TryWriteVecs, want 0", allocs)
