@@ -386,10 +386,16 @@ func TestPlan(t *testing.T) {
 	}
 }
 
-func TestAllocs(t *testing.T) {
+// maxTSO4 is the largest TCP/IPv4 TSO frame (MSS 1448, partial checksum) with its
+// header, and the L4 offset, for the allocation tests and benchmarks.
+func maxTSO4() ([]byte, Hdr, int) {
 	p := pkt{payload: pattern(65535-40, 1), partial: true}
 	in, l3, l4, _ := p.build()
-	h := gsoHdr(p, 1448, l3, l4)
+	return in, gsoHdr(p, 1448, l3, l4), l4
+}
+
+func TestAllocs(t *testing.T) {
+	in, h, l4 := maxTSO4()
 	out, sizes := outBufs(64, 1600)
 	if a := testing.AllocsPerRun(50, func() {
 		if _, err := Split(in, &h, out, sizes); err != nil {
@@ -417,9 +423,7 @@ func TestAllocs(t *testing.T) {
 }
 
 func BenchmarkSplitTCPv4(b *testing.B) {
-	p := pkt{payload: pattern(65535-40, 1), partial: true}
-	in, l3, l4, _ := p.build()
-	h := gsoHdr(p, 1448, l3, l4)
+	in, h, _ := maxTSO4()
 	out, sizes := outBufs(64, 1600)
 	b.SetBytes(int64(len(in)))
 	b.ReportAllocs()

@@ -123,9 +123,7 @@ func TestSplitHeadersErrors(t *testing.T) {
 }
 
 func TestSplitHeadersAllocs(t *testing.T) {
-	p := pkt{payload: pattern(65535-40, 1), partial: true}
-	in, l3, l4, _ := p.build()
-	h := gsoHdr(p, 1448, l3, l4)
+	in, h, _ := maxTSO4()
 	hdrs, _ := outBufs(64, 128)
 	payloads := make([][]byte, 64)
 	if a := testing.AllocsPerRun(50, func() {
@@ -140,9 +138,7 @@ func TestSplitHeadersAllocs(t *testing.T) {
 // BenchmarkSplitHeadersTCPv4 is BenchmarkSplitTCPv4 without the payload copy: what is
 // left is the headers and the checksum pass over the payload.
 func BenchmarkSplitHeadersTCPv4(b *testing.B) {
-	p := pkt{payload: pattern(65535-40, 1), partial: true}
-	in, l3, l4, _ := p.build()
-	h := gsoHdr(p, 1448, l3, l4)
+	in, h, _ := maxTSO4()
 	hdrs, _ := outBufs(64, 128)
 	payloads := make([][]byte, 64)
 	b.SetBytes(int64(len(in)))
