@@ -147,3 +147,12 @@ func drainN(t testing.TB, p port.Port, bufs [][]byte, sizes []int, n int) {
 		got += k
 	}
 }
+
+// smallBuffers gives a a 16 KiB send buffer (and, over TCP, b a 16 KiB receive buffer)
+// so that records larger than that are taken in part: the short-write tests.
+func smallBuffers(kind string, a, b *StreamPort) {
+	a.rc.Control(func(fd uintptr) { unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_SNDBUF, 16<<10) })
+	if kind == "tcp" {
+		b.rc.Control(func(fd uintptr) { unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUF, 16<<10) })
+	}
+}

@@ -6,8 +6,6 @@ import (
 	"tapgro/port"
 	"testing"
 	"time"
-
-	"golang.org/x/sys/unix"
 )
 
 // withTimeout fails the test if fn blocks for longer than limit: TryWriteBatch must
@@ -111,10 +109,7 @@ func TestStreamTryWritePartialRecord(t *testing.T) {
 		t.Run(kind, func(t *testing.T) {
 			a, b := streamPorts(t, kind)
 			// A small send buffer makes a port.MaxFrame record larger than what fits.
-			a.rc.Control(func(fd uintptr) { unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_SNDBUF, 16<<10) })
-			if kind == "tcp" {
-				b.rc.Control(func(fd uintptr) { unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUF, 16<<10) })
-			}
+			smallBuffers(kind, a, b)
 			big := [][]byte{frame(port.MaxFrame, 1), frame(port.MaxFrame, 2), frame(port.MaxFrame, 3), frame(port.MaxFrame, 4)}
 			var n int
 			var err error

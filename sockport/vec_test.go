@@ -5,8 +5,6 @@ import (
 	"testing"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"tapgro/port"
 )
 
@@ -34,10 +32,7 @@ func TestStreamTryWriteVecsShortWrites(t *testing.T) {
 	for _, kind := range []string{"unix", "tcp"} {
 		t.Run(kind, func(t *testing.T) {
 			a, b := streamPorts(t, kind)
-			a.rc.Control(func(fd uintptr) { unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_SNDBUF, 16<<10) })
-			if kind == "tcp" {
-				b.rc.Control(func(fd uintptr) { unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUF, 16<<10) })
-			}
+			smallBuffers(kind, a, b)
 			var frames [][]byte
 			for i := 0; i < 200; i++ {
 				frames = append(frames, frame([]int{port.MaxFrame, 1514, 60, 9000, 333}[i%5], byte(i)))
