@@ -42,6 +42,8 @@ type options struct {
 	pprof       bool
 	allowRemote bool
 	batch       int
+	procs       int           // --procs: GOMAXPROCS; 0 picks it (procsFor)
+	scaleProcs  bool          // procsFor's choice: package procscale follows the load
 	rx          rxpool.Config // --rx-*: the TAP→port receive pool
 
 	// Operations (security.go, lifecycle.go, health.go).
@@ -162,6 +164,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.BoolVar(&o.pprof, "pprof", false, "also serve /debug/pprof on --metrics-addr")
 	fs.BoolVar(&o.allowRemote, "allow-remote", false, "allow TCP listeners (metrics, ports) on non-loopback addresses")
 	fs.IntVar(&o.batch, "batch", 64, "frames per read batch on each side")
+	fs.IntVar(&o.procs, "procs", 0, "threads that run tapgro's code at once (GOMAXPROCS); 0: for a socket or netmap port 1, more while the load keeps them busy; for vhost-user one per CPU (a GOMAXPROCS environment variable fixes it too)")
 	var socketMode, socketGroup, userName, groupName string
 	fs.StringVar(&socketMode, "socket-mode", "0600", "permissions (octal) of the UNIX socket paths tapgro creates; widen with care: whoever can connect can inject frames into the guest")
 	fs.StringVar(&socketGroup, "socket-group", "", "group (name or gid) of the UNIX socket paths tapgro creates, e.g. with --socket-mode 0660")
@@ -236,6 +239,9 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	}
 	if o.batch < 1 || o.batch > 512 {
 		return nil, fmt.Errorf("--batch %d: want 1..512", o.batch)
+	}
+	if o.procs < 0 || o.procs > 1024 {
+		return nil, fmt.Errorf("--procs %d: want 0..1024 (0: tapgro's default)", o.procs)
 	}
 	if o.rx, err = parseRxFlags(rxBuf, rxPool, rxThreshold, rxBatch, rxDelay); err != nil {
 		return nil, err

@@ -124,6 +124,7 @@ func TestParseFlags(t *testing.T) {
 		{"bad rx-flush-threshold", []string{"--tap", "tap0", nd, "--rx-flush-threshold", "lots"}, "--rx-flush-threshold"},
 		{"bad rx-flush-threshold percent", []string{"--tap", "tap0", nd, "--rx-flush-threshold", "150%"}, "--rx-flush-threshold"},
 		{"bad rx-batch", []string{"--tap", "tap0", nd, "--rx-batch", "sometimes"}, "--rx-batch"},
+		{"negative procs", []string{"--tap", "tap0", nd, "--procs", "-1"}, "--procs"},
 	}
 	for _, tc := range bad {
 		t.Run("bad/"+tc.name, func(t *testing.T) {
@@ -274,5 +275,36 @@ func TestParseFlagsVhostUser(t *testing.T) {
 	kvm, _ = vhostUserQEMUArgs(o.netdev)
 	if !strings.Contains(kvm, " -chardev socket,id=vu0,path=/run/vu.sock,server=on,wait=off -netdev vhost-user,id=n0,chardev=vu0 ") {
 		t.Errorf("server=off: QEMU args %s", kvm)
+	}
+}
+
+// GOMAXPROCS: --procs wins, then a valid GOMAXPROCS variable, both fixed; else one
+// scaled with the load for a socket port, and one per CPU for vhost-user.
+func TestProcsFor(t *testing.T) {
+	const stream = "--netdev=stream,server=on,addr.type=unix,addr.path=/tmp/x.sock"
+	const vhost = "--netdev=vhost-user,path=/run/vu.sock,queues=4"
+	for _, c := range []struct {
+		args  []string
+		env   string
+		cpus  int
+		want  int
+		scale bool
+	}{
+		{[]string{stream}, "", 2, 1, true},
+		{[]string{stream}, "", 1, 1, false},
+		{[]string{vhost}, "", 8, 8, false},
+		{[]string{stream}, "3", 2, 3, false},
+		{[]string{stream}, "zero", 2, 1, true}, // the runtime ignores it too
+		{[]string{stream}, "0", 2, 1, true},
+		{[]string{stream, "--procs", "2"}, "3", 2, 2, false},
+		{[]string{vhost, "--procs", "1"}, "", 8, 1, false},
+	} {
+		o, err := parseFlags(append([]string{"--tap", "tap0"}, c.args...), io.Discard)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got, scale, why := procsFor(o, c.env, c.cpus); got != c.want || scale != c.scale {
+			t.Errorf("%v GOMAXPROCS=%q on %d CPUs: %d, scale %v (%s); want %d, %v", c.args, c.env, c.cpus, got, scale, why, c.want, c.scale)
+		}
 	}
 }

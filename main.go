@@ -17,6 +17,8 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"runtime"
+	"strconv"
 	"syscall"
 	"time"
 
@@ -28,6 +30,7 @@ import (
 	"tapgro/netmapio"
 	"tapgro/ops"
 	"tapgro/port"
+	"tapgro/procscale"
 	"tapgro/tapdev"
 	"tapgro/vhostnet"
 )
@@ -69,6 +72,10 @@ func realMain(args []string, stdout, stderr io.Writer) int {
 	log := newLogger(o, out)
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	n, scale, why := procsFor(o, os.Getenv("GOMAXPROCS"), runtime.NumCPU())
+	runtime.GOMAXPROCS(n)
+	o.scaleProcs = scale
+	log.WithField("gomaxprocs", n).Debug(why)
 	handleSIGHUP(ctx, log)
 	go func() {
 		// A second signal means "now": do not wait for a peer that will not answer.
@@ -84,6 +91,48 @@ func realMain(args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	return 0
+}
+
+// procsFor returns the GOMAXPROCS tapgro starts with, whether package procscale then
+// follows the load, and where the number came from: --procs, else a GOMAXPROCS
+// environment variable (the runtime has applied it already), both fixed; else, for a
+// socket or netmap port, one P scaled up while the load needs more (procscale's doc
+// has why one), and for vhost-user Go's default of one per CPU: its guest side needs no
+// system calls, and one P measured no less CPU per GB there and less throughput toward
+// the guest.
+func procsFor(o *options, env string, cpus int) (n int, scale bool, why string) {
+	switch {
+	case o.procs > 0:
+		return o.procs, false, "GOMAXPROCS from --procs"
+	case env != "":
+		if n, err := strconv.Atoi(env); err == nil && n > 0 {
+			return n, false, "GOMAXPROCS from the environment"
+		}
+	}
+	if o.netdev.Backend == netdev.BackendVhostUser {
+		return cpus, false, "GOMAXPROCS: one per CPU (vhost-user)"
+	}
+	return 1, cpus > 1, "GOMAXPROCS: 1, more while the load needs them"
+}
+
+// bothWayRate is the rate, in bytes per second each way, from which procscale counts
+// the two directions as parallel work. A one-way bulk transfer's reverse direction
+// carries its ACKs: about one 66-byte ACK per 64 KB aggregate, some 1.5 MB per GB of
+// data, far below this even at 10 Gbit/s.
+const bothWayRate = 50 << 20
+
+// bothWays is procscale's Load.Parallel for a socket or netmap port: both directions
+// delivered at least bothWayRate since the last call.
+func bothWays(eng *datapath.Engine) func(wall time.Duration) bool {
+	var lastT, lastP uint64
+	return func(wall time.Duration) bool {
+		s := eng.Snapshot()
+		t, p := s.TapToPort.Bytes, s.PortToTap.Bytes
+		floor := uint64(bothWayRate * wall.Seconds())
+		busy := t-lastT >= floor && p-lastP >= floor
+		lastT, lastP = t, p
+		return busy
+	}
 }
 
 func newLogger(o *options, w io.Writer) *logrus.Logger {
@@ -151,6 +200,11 @@ func run(ctx context.Context, o *options, log *logrus.Logger) error {
 	defer ep.Close()
 	spec := netdev.SpecOf(ep, o.netdev) // inherited sockets resolved to their address
 
+	if o.scaleProcs {
+		go procscale.Run(ctx, procscale.Default(runtime.NumCPU()), bothWays(eng), func(from, to int, l procscale.Load) {
+			log.WithFields(logrus.Fields{"from": from, "to": to, "cpus_used": fmt.Sprintf("%.2f", l.CPU), "both_ways": l.Parallel}).Debug("GOMAXPROCS rescaled")
+		})
+	}
 	h := ops.NewHealthMonitor(eng, o.healthStall)
 	go h.Run(ctx)
 	var metricsDone func()
