@@ -23,7 +23,7 @@
 // One P is one CPU, and the goroutines on it take turns. When both directions carry
 // bulk data each waits for the other's batches even while the P is partly idle, so
 // throughput drops (iperf3 --bidir between two tapgro here: 7.1 Gbit/s in all on one
-// P against 7.9-8.7 on two, at the same CPU per GB); and work that keeps the P busy
+// P against 7.3-8.7 on two, at the same CPU per GB); and work that keeps the P busy
 // needs a second CPU anyway. The caller reports the first (Load.Parallel: it knows
 // its directions), the scaler measures the second.
 //
@@ -33,11 +33,10 @@
 // and system: the kernel work done inside tapgro's system calls counts) and divides by
 // the wall time: u CPUs' worth. With p Ps it adds one when u ≥ Up·p (the Ps are busy)
 // and removes one when u < Down·(p−1) (p−1 would still have room); while the caller
-// reports parallel work it keeps at least two. Down is well below
-// Up because the same work costs less CPU on fewer Ps, so a step down lands below the
-// next step up and the count does not swing back and forth. runtime.GOMAXPROCS stops
-// the world briefly; it is called only when the count changes, at most once per
-// Interval.
+// reports parallel work it keeps at least two. Down is well below Up because the same
+// work costs less CPU on fewer Ps, so a step down lands below the next step up and the
+// count does not swing back and forth. runtime.GOMAXPROCS stops the world briefly; it
+// is called only when the count changes, at most once per Interval.
 package procscale
 
 import (
