@@ -308,3 +308,29 @@ func TestProcsFor(t *testing.T) {
 		}
 	}
 }
+
+// Both directions count as parallel work only when each delivered bothWayRate over the
+// interval; a bulk transfer's ACK stream does not.
+func TestBothWays(t *testing.T) {
+	var tp, pt uint64
+	busy := bothWays(func() (uint64, uint64) { return tp, pt })
+	const rate = bothWayRate
+	for _, c := range []struct {
+		dt, dp uint64
+		wall   time.Duration
+		want   bool
+	}{
+		{rate, rate, time.Second, true},
+		{rate, 1 << 20, time.Second, false}, // bulk one way, ACKs the other
+		{1 << 20, rate, time.Second, false},
+		{rate, rate, 2 * time.Second, false}, // half the rate
+		{2 * rate, 2 * rate, 2 * time.Second, true},
+		{0, 0, time.Second, false},
+	} {
+		tp += c.dt
+		pt += c.dp
+		if got := busy(c.wall); got != c.want {
+			t.Errorf("%d / %d bytes in %v: parallel %v, want %v", c.dt, c.dp, c.wall, got, c.want)
+		}
+	}
+}

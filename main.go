@@ -117,17 +117,17 @@ func procsFor(o *options, env string, cpus int) (n int, scale bool, why string) 
 
 // bothWayRate is the rate, in bytes per second each way, from which procscale counts
 // the two directions as parallel work. A one-way bulk transfer's reverse direction
-// carries its ACKs: about one 66-byte ACK per 64 KB aggregate, some 1.5 MB per GB of
+// carries its ACKs: about one 66-byte ACK per 64 KB aggregate, some 1 MB per GB of
 // data, far below this even at 10 Gbit/s.
 const bothWayRate = 50 << 20
 
 // bothWays is procscale's Load.Parallel for a socket or netmap port: both directions
-// delivered at least bothWayRate since the last call.
-func bothWays(eng *datapath.Engine) func(wall time.Duration) bool {
+// delivered at least bothWayRate since the last call. bytes returns the bytes each
+// direction has delivered so far.
+func bothWays(bytes func() (tapToPort, portToTap uint64)) func(wall time.Duration) bool {
 	var lastT, lastP uint64
 	return func(wall time.Duration) bool {
-		s := eng.Snapshot()
-		t, p := s.TapToPort.Bytes, s.PortToTap.Bytes
+		t, p := bytes()
 		floor := uint64(bothWayRate * wall.Seconds())
 		busy := t-lastT >= floor && p-lastP >= floor
 		lastT, lastP = t, p
@@ -201,7 +201,11 @@ func run(ctx context.Context, o *options, log *logrus.Logger) error {
 	spec := netdev.SpecOf(ep, o.netdev) // inherited sockets resolved to their address
 
 	if o.scaleProcs {
-		go procscale.Run(ctx, procscale.Default(runtime.NumCPU()), bothWays(eng), func(from, to int, l procscale.Load) {
+		delivered := func() (uint64, uint64) {
+			s := eng.Snapshot()
+			return s.TapToPort.Bytes, s.PortToTap.Bytes
+		}
+		go procscale.Run(ctx, procscale.Default(runtime.NumCPU()), bothWays(delivered), func(from, to int, l procscale.Load) {
 			log.WithFields(logrus.Fields{"from": from, "to": to, "cpus_used": fmt.Sprintf("%.2f", l.CPU), "both_ways": l.Parallel}).Debug("GOMAXPROCS rescaled")
 		})
 	}

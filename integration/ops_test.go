@@ -14,6 +14,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"runtime"
 	"strconv"
 	"strings"
 	"syscall"
@@ -447,6 +448,10 @@ func TestMetricsScrape(t *testing.T) {
 	}
 	if st := ma.get(t, "tapgro_start_time_seconds", ""); time.Since(time.Unix(int64(st), 0)) > time.Hour || st > float64(time.Now().Unix()) {
 		t.Errorf("start time %v", st)
+	}
+	// A stream port starts on one P and the scaler keeps it within the CPUs.
+	if v := ma.get(t, "tapgro_gomaxprocs", ""); v < 1 || v > float64(runtime.NumCPU()) {
+		t.Errorf("tapgro_gomaxprocs %v, want 1..%d", v, runtime.NumCPU())
 	}
 	if ma["tapgro_gro_segments_per_packet"].kind != "HISTOGRAM" {
 		t.Errorf("segments per packet is a %s", ma["tapgro_gro_segments_per_packet"].kind)

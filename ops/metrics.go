@@ -1,6 +1,7 @@
 package ops
 
 import (
+	"runtime"
 	"sort"
 	"strconv"
 	"time"
@@ -178,10 +179,16 @@ func NewVhostMetrics(vn VhostNet, health *HealthMonitor, version string) *Metric
 	if health != nil {
 		m.addStalled(health)
 	}
+	m.addProcess(version)
+	return m
+}
+
+// addProcess adds the series about the process itself, the same for every datapath.
+func (m *Metrics) addProcess(version string) {
 	m.add("tapgro_build_info", "Build version.", Gauge, Labels{"version": version}, func(*Source) float64 { return 1 })
 	start := float64(time.Now().Unix())
 	m.add("tapgro_start_time_seconds", "Process start time (Unix seconds).", Gauge, nil, func(*Source) float64 { return start })
-	return m
+	m.add("tapgro_gomaxprocs", "Threads that may run tapgro's code at once (GOMAXPROCS): --procs, or what the load scaler set.", Gauge, nil, func(*Source) float64 { return float64(runtime.GOMAXPROCS(0)) })
 }
 
 // VhostNet is what the operator surfaces read of a vhost-user datapath (*vhostnet.Net).
@@ -224,8 +231,6 @@ func NewMetrics(eng Snapshotter, ps *port.Stats, nm *netmapio.NetmapStats, healt
 	if health != nil {
 		m.addHealth(health)
 	}
-	m.add("tapgro_build_info", "Build version.", Gauge, Labels{"version": version}, func(*Source) float64 { return 1 })
-	start := float64(time.Now().Unix())
-	m.add("tapgro_start_time_seconds", "Process start time (Unix seconds).", Gauge, nil, func(*Source) float64 { return start })
+	m.addProcess(version)
 	return m
 }
