@@ -165,17 +165,28 @@ func main() {
 	out := flag.String("out", "BENCHMARKS.md", "markdown report")
 	png := flag.String("png", "BENCHMARKS.png", "bar chart (TCP bulk medians)")
 	only := flag.String("cases", "", "comma-separated case numbers to run (default all; none: only the QEMU rows)")
-	onlyTests := flag.String("tests", "", "comma-separated test numbers to run: 0 TCP 1 stream, 1 TCP 4 streams, 2 UDP 64 B, 3 ping RTT (default all)")
+	onlyTests := flag.String("tests", "", "comma-separated test numbers to run: 0 TCP 1 stream, 1 TCP 4 streams, 2 UDP 64 B, 3 ping RTT, 4 UDP 1-byte RTT (default all)")
 	withQEMU := flag.Bool("qemu", true, "add TCP rows for a real QEMU guest under TCG (needs qemu-system-x86_64)")
 	onlyQEMU := flag.String("qemu-cases", "", "comma-separated QEMU case numbers to run (default all, none)")
 	replot := flag.Bool("replot", false, "only redraw -png from the TCP 1-stream tables of an existing -out report")
 	withRR := flag.Bool("qemu-rr", true, "with the QEMU vhost-user rows: also 1-byte TCP ping-pong host -> guest (p50/p99)")
 	rrAddr := flag.String("rr-client", "", "internal: be the ping-pong client of ADDR")
-	rrN := flag.Int("rr-rounds", rrRounds, "internal: round trips for -rr-client")
+	rrN := flag.Int("rr-rounds", rrRounds, "internal: round trips for -rr-client and -udp-rr-client")
+	udpEchoAddr := flag.String("udp-echo", "", "internal: echo UDP datagrams on ADDR")
+	udpRRAddr := flag.String("udp-rr-client", "", "internal: be the UDP ping-pong client of ADDR")
 	flag.StringVar(&b.perfDir, "perf", "", "during the first run of each TCP row, perf record -g each relay into DIR and write DIR/*.txt summaries (needs perf)")
 	flag.Parse()
 	if *rrAddr != "" {
 		if err := rrClient(*rrAddr, *rrN); err != nil {
+			fatal("%v", err)
+		}
+		return
+	}
+	if *udpEchoAddr != "" {
+		fatal("%v", udpEcho(*udpEchoAddr))
+	}
+	if *udpRRAddr != "" {
+		if err := udpRRClient(*udpRRAddr, *rrN); err != nil {
 			fatal("%v", err)
 		}
 		return
@@ -235,6 +246,7 @@ func main() {
 		{name: "TCP bulk, 4 streams", unit: "Gbit/s", tcp: true, run: func(b *bench, d direction) (float64, error) { return b.iperfTCP(d, 4) }},
 		{name: "UDP 64-byte datagrams", unit: "kpps", run: (*bench).iperfUDP64},
 		{name: "request/response latency (ping RTT)", unit: "µs", run: (*bench).pingRTT, lower: true},
+		{name: "UDP request/response latency (1-byte datagrams, median RTT)", unit: "µs", run: (*bench).udpRR, lower: true},
 	}
 	tests = pick("-tests", *onlyTests, tests)
 	res := map[string]map[string]map[string]*row{} // test -> dir -> case
