@@ -12,6 +12,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"tapgro/alarm"
 	"tapgro/coalescer"
 	"tapgro/pcapio"
 	"tapgro/port"
@@ -118,6 +119,10 @@ type bridge struct {
 	// offload, from the port→TAP goroutine.
 	tapKilled     atomic.Uint32
 	onOffloadKill func(vnethdr.Offloads, error)
+
+	// onNoAlarm is called, from a port→TAP goroutine, when the timer flush could not
+	// get its alarm (package alarm) for a connection.
+	onNoAlarm func(error)
 
 	// Runtime switches (offload_control.go): read by the port→TAP goroutine at batch boundaries
 	// whenever reconf changed.
@@ -887,6 +892,16 @@ func (p *portToTap) run(pt port.Port) error {
 	gen := b.reconf.Load()
 	interval := b.cfg.rscInterval.Nanoseconds()
 	armed := false // a read deadline is set for the timer flush
+	var wake *alarm.Alarm
+	if b.cfg.timerFlush {
+		// The deadline alone would fire up to a millisecond late on an idle process
+		// (package alarm); without an alarm (no descriptor left) it still fires.
+		var err error
+		if wake, err = alarm.New(); err != nil && b.onNoAlarm != nil {
+			b.onNoAlarm(err)
+		}
+		defer wake.Close()
+	}
 	for {
 		n, err := p.read(pt, coal)
 		now := time.Now().UnixNano()
@@ -927,10 +942,14 @@ func (p *portToTap) run(pt port.Port) error {
 		}
 		if b.cfg.timerFlush {
 			// Timer mode (QEMU RSC's rsc_interval): hold aggregates across reads, and let
-			// the read deadline be the timer, armed only while something is held.
+			// the read deadline be the timer, armed only while something is held; the
+			// alarm wakes an idle runtime for it, which would otherwise sleep a whole
+			// millisecond past a 50 µs deadline (package alarm).
 			coal.FlushExpired(now, interval)
 			if oldest, ok := coal.Oldest(); ok {
-				pt.SetReadDeadline(time.Unix(0, oldest+interval))
+				at := time.Unix(0, oldest+interval)
+				pt.SetReadDeadline(at)
+				wake.Set(at)
 				armed = true
 			} else if armed {
 				pt.SetReadDeadline(time.Time{})

@@ -121,6 +121,9 @@ func New(cfg Config, tap TAP, log Logger) (*Engine, error) {
 	b.onOffloadKill = func(off vnethdr.Offloads, err error) {
 		log.Warn("the kernel refused a valid GSO write; frames of this kind now go to the TAP segment by segment", "error", err, "offload", off.String())
 	}
+	b.onNoAlarm = func(err error) {
+		log.Warn("timer flush without its alarm: aggregates may be held up to 1 ms past --rsc-interval on an idle port", "error", err)
+	}
 	if cfg.GRO {
 		if err := probeGSOWrite(tap, cfg.VnetHdrLen); err != nil {
 			b.groKilled.Store(true)
