@@ -32,7 +32,7 @@ type options struct {
 	multiQueue  bool
 	gro         bool
 	udpGRO      bool
-	groFlush    string // "batch" or "timer"
+	groFlush    string // "auto", "batch" or "timer"; timerFlush decides for a port
 	rscInterval time.Duration
 	maxFlows    int
 	offload     vnethdr.Choice
@@ -154,7 +154,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.BoolVar(&o.multiQueue, "multi-queue", false, "open the TAP with IFF_MULTI_QUEUE (must match an existing TAP)")
 	fs.StringVar(&gro, "gro", "on", "coalesce port->TAP TCP segments into GSO packets: on or off")
 	fs.StringVar(&udpGRO, "udp-gro", "on", "also coalesce UDP datagrams (only where the TAP accepts USO): on or off")
-	fs.StringVar(&o.groFlush, "gro-flush", "timer", "when held aggregates are flushed: timer (held across port reads for at most --rsc-interval; PSH/FIN/short segments still flush at once) or batch (when the port has nothing more buffered)")
+	fs.StringVar(&o.groFlush, "gro-flush", "auto", "when held aggregates are flushed: batch (when the port has nothing more buffered), timer (held across port reads for at most --rsc-interval; PSH/FIN/short segments still flush at once), or auto (batch on socket and netmap ports, timer on vhost-user)")
 	fs.DurationVar(&o.rscInterval, "rsc-interval", 50*time.Microsecond, "with --gro-flush=timer: longest time an aggregate is held")
 	fs.IntVar(&o.maxFlows, "gro-flows", 64, "GRO flow table size (aggregates held at once)")
 	fs.StringVar(&offload, "offload", "auto", "TAP offloads: auto, off, or a list of csum,tso4,tso6,tso_ecn,uso")
@@ -228,8 +228,8 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	if o.udpGRO, err = onOff("udp-gro", udpGRO); err != nil {
 		return nil, err
 	}
-	if o.groFlush != "batch" && o.groFlush != "timer" {
-		return nil, fmt.Errorf("--gro-flush %q: want batch or timer", o.groFlush)
+	if o.groFlush != "auto" && o.groFlush != "batch" && o.groFlush != "timer" {
+		return nil, fmt.Errorf("--gro-flush %q: want auto, batch or timer", o.groFlush)
 	}
 	if o.rscInterval <= 0 || o.rscInterval > time.Second {
 		return nil, fmt.Errorf("--rsc-interval %v: want a duration in (0, 1s]", o.rscInterval)
@@ -420,4 +420,17 @@ func parsePcapFlags(o *options, maxBytes string) error {
 		return fmt.Errorf("--pcap-tap and --pcap-port are both %q: each side needs its own file", o.pcapTap)
 	}
 	return nil
+}
+
+// timerFlush is --gro-flush for a port: auto is the timer on vhost-user and the batch
+// flush on every other port. The vhost-user worker writes everything it holds before
+// it waits (vhostnet/gro.go, endBatch), so its timer only lets aggregates span TX
+// batches while the guest keeps sending; a socket port's timer holds across reads
+// even when nothing more arrives, which costs a lone datagram the whole interval at
+// each coalescing hop (README, "Flush policy", has both measured).
+func (o *options) timerFlush(vhostUser bool) bool {
+	if o.groFlush == "auto" {
+		return vhostUser
+	}
+	return o.groFlush == "timer"
 }

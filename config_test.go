@@ -19,7 +19,7 @@ func TestParseFlags(t *testing.T) {
 		check func(*testing.T, *options)
 	}{
 		{"defaults", []string{"--tap", "tap0", nd}, func(t *testing.T, o *options) {
-			if !o.gro || !o.udpGRO || !o.offload.Auto || o.vnetHdrLen != 10 || o.groFlush != "timer" || o.batch != 64 || o.maxFlows != 64 {
+			if !o.gro || !o.udpGRO || !o.offload.Auto || o.vnetHdrLen != 10 || o.groFlush != "auto" || o.timerFlush(false) || !o.timerFlush(true) || o.batch != 64 || o.maxFlows != 64 {
 				t.Errorf("unexpected defaults: %+v", o)
 			}
 		}},

@@ -166,7 +166,7 @@ func run(ctx context.Context, o *options, log *logrus.Logger) error {
 		Batch:       o.batch,
 		GRO:         o.gro,
 		UDPGRO:      o.udpGRO,
-		TimerFlush:  o.groFlush == "timer",
+		TimerFlush:  o.timerFlush(false),
 		RSCInterval: o.rscInterval,
 		MaxFlows:    o.maxFlows,
 		RX:          o.rx,
@@ -311,7 +311,7 @@ func runVhostUser(ctx context.Context, o *options, log *logrus.Logger) error {
 		Logf: func(f string, a ...any) { log.Warnf(f, a...) }, Infof: func(f string, a ...any) { log.Infof(f, a...) },
 		// GRO toward the TAP and RSC toward the guest (vhostnet/gro.go, rsc.go), with the
 		// stream path's switches; --offload caps the TAP's read offloads.
-		GRO: o.gro, TimerFlush: o.groFlush == "timer", RSCInterval: o.rscInterval, MaxFlows: o.maxFlows,
+		GRO: o.gro, TimerFlush: o.timerFlush(true), RSCInterval: o.rscInterval, MaxFlows: o.maxFlows,
 		Offload: &offload,
 		// The receive pool's switches mean the same here: --rx-batch off notifies per
 		// frame, --rx-flush-delay bounds the calls to the guest under load.
