@@ -117,16 +117,24 @@ func (b *bench) qemuRR(c caseDef, kernel, initrd string) ([]float64, error) {
 		if err != nil {
 			return fmt.Errorf("ping-pong client: %v: %s", err, out)
 		}
-		for _, f := range strings.Fields(string(out)) {
-			v, err := strconv.ParseFloat(f, 64)
-			if err != nil {
-				return fmt.Errorf("ping-pong client printed %q", f)
-			}
-			rtts = append(rtts, v)
-		}
-		return nil
+		rtts, err = parseRTTs("ping-pong client", out)
+		return err
 	})
 	return rtts, err
+}
+
+// parseRTTs reads the round trips (µs, space-separated) that a ping-pong client
+// (-rr-client, -udp-rr-client) printed.
+func parseRTTs(who string, out []byte) ([]float64, error) {
+	var rtts []float64
+	for _, f := range strings.Fields(string(out)) {
+		v, err := strconv.ParseFloat(f, 64)
+		if err != nil {
+			return nil, fmt.Errorf("%s printed %q", who, f)
+		}
+		rtts = append(rtts, v)
+	}
+	return rtts, nil
 }
 
 // rrRounds is the round trips measured per guest boot, after rrWarm unmeasured ones.

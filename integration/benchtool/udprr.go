@@ -9,7 +9,6 @@ import (
 	"os/exec"
 	"sort"
 	"strconv"
-	"strings"
 	"time"
 )
 
@@ -43,13 +42,9 @@ func (b *bench) udpRR(d direction) (float64, error) {
 	if err != nil {
 		return 0, fmt.Errorf("UDP ping-pong client: %v: %s", err, out)
 	}
-	var rtts []float64
-	for _, f := range strings.Fields(string(out)) {
-		v, err := strconv.ParseFloat(f, 64)
-		if err != nil {
-			return 0, fmt.Errorf("UDP ping-pong client printed %q", f)
-		}
-		rtts = append(rtts, v)
+	rtts, err := parseRTTs("UDP ping-pong client", out)
+	if err != nil {
+		return 0, err
 	}
 	if len(rtts) == 0 {
 		return 0, errors.New("UDP ping-pong client printed nothing")
