@@ -292,7 +292,11 @@ func main() {
 				if r.err != nil {
 					fmt.Fprintf(os.Stderr, "   %-38s %-14s FAILED: %v\n", t.name, d.name, r.err)
 				} else {
-					fmt.Fprintf(os.Stderr, "   %-38s %-14s %v %s\n", t.name, d.name, fmtVals(r.vals), t.unit)
+					cpu := ""
+					if r.cpu != "" {
+						cpu = ", CPU s/GB " + r.cpu
+					}
+					fmt.Fprintf(os.Stderr, "   %-38s %-14s %v %s%s\n", t.name, d.name, fmtVals(r.vals), t.unit, cpu)
 				}
 				if res[t.name] == nil {
 					res[t.name] = map[string]map[string]*row{}
