@@ -8,8 +8,8 @@ import (
 	"io"
 	"net"
 	"os"
+	"sync"
 	"sync/atomic"
-	"tapgro/rawsys"
 
 	"golang.org/x/sys/unix"
 )
@@ -35,10 +35,16 @@ type Stats struct {
 	Rejected [NumReasons]atomic.Uint64     // rejected chains / rings, by reason
 	Kicks    atomic.Uint64                 // kick eventfd reads that returned a count
 	Calls    atomic.Uint64                 // call eventfd signals
+	// CallsDropped counts calls the call eventfd refused (its counter at the limit,
+	// EAGAIN): the count already in it signals the front-end, so none is lost.
+	CallsDropped atomic.Uint64
 	// CallsDeferred counts calls moderation postponed (Vring.SetCallModeration); each
 	// was sent later, merged with the calls that followed, or found unneeded.
 	CallsDeferred atomic.Uint64
 	Sessions      atomic.Uint64 // connections whose front-end sent at least one message
+	// Refused counts connections closed unserved because a session was running (one
+	// front-end per socket; vhostnet.Net.Serve).
+	Refused atomic.Uint64
 }
 
 // Features is what SET_FEATURES acked.
@@ -98,6 +104,10 @@ type Config struct {
 	NetMTU  bool
 	Handler Handler
 	Stats   *Stats // nil: the Backend allocates one
+	// Logf reports what a session accepted but the operator should know (guest memory
+	// that can be truncated under us, a kick fd that never goes quiet); nil discards.
+	// What ends a session is its error, returned by Serve.
+	Logf func(format string, args ...any)
 }
 
 // Backend serves vhost-user-net sessions, one at a time per socket.
@@ -114,6 +124,9 @@ func NewBackend(cfg Config) (*Backend, error) {
 	}
 	if cfg.Handler == nil {
 		cfg.Handler = NopHandler{}
+	}
+	if cfg.Logf == nil {
+		cfg.Logf = func(string, ...any) {}
 	}
 	cfg.Features |= protocolFeaturesMask
 	if cfg.QueuePairs > 1 {
@@ -157,6 +170,10 @@ type Session struct {
 	mem        *guestMem
 	rings      []*Vring
 	msg        message
+
+	// abortErr is why another goroutine ended the session (Session.abort).
+	abortMu  sync.Mutex
+	abortErr error
 }
 
 // Serve runs one session on uc until the front-end disconnects or breaks the protocol.
@@ -175,6 +192,8 @@ func (b *Backend) Serve(uc *net.UnixConn) error {
 	s.rings = make([]*Vring, 2*b.cfg.QueuePairs)
 	for i := range s.rings {
 		s.rings[i] = newVring(i, b.stats)
+		s.rings[i].onFault = s.abort
+		s.rings[i].logf = b.cfg.Logf
 	}
 	err = s.loop()
 	s.teardown()
@@ -182,8 +201,27 @@ func (b *Backend) Serve(uc *net.UnixConn) error {
 	if errors.Is(err, io.EOF) {
 		err = nil
 	}
+	s.abortMu.Lock()
+	if s.abortErr != nil {
+		err = s.abortErr
+	}
+	s.abortMu.Unlock()
 	s.h.SessionEnded(err)
 	return err
+}
+
+// abort ends the session from another goroutine (a worker whose guest memory
+// faulted): the first error is kept for Serve to return, and shutdown(2) makes the
+// session's recvmsg see end of file. Later messages are not read: after a fault the
+// guest's memory cannot be trusted to be what the front-end described.
+func (s *Session) abort(err error) {
+	s.abortMu.Lock()
+	defer s.abortMu.Unlock()
+	if s.abortErr != nil {
+		return
+	}
+	s.abortErr = err
+	s.c.raw.Control(func(fd uintptr) { unix.Shutdown(int(fd), unix.SHUT_RDWR) })
 }
 
 func (s *Session) loop() error {
@@ -371,9 +409,12 @@ func (s *Session) setMemTable(m *message, p []byte) error {
 	for i := range fds {
 		fds[i] = m.takeFd(i)
 	}
-	g, err := mapMemTable(&t, fds)
+	g, warn, err := mapMemTable(&t, fds)
 	if err != nil {
 		return reqErr("SET_MEM_TABLE: %v", err)
+	}
+	if warn != "" {
+		s.b.cfg.Logf("vhost-user: %s", warn)
 	}
 	old := s.mem
 	s.mem = g
@@ -440,6 +481,12 @@ func (s *Session) vringState(req uint32, v *Vring, st VringState) (bool, error) 
 // (vhost-user.rst SET_VRING_KICK). A kick starts the ring (libvhost-user
 // vu_set_vring_kick_exec; QEMU creates the kick eventfd already signalled, so the ring
 // would start at the first read anyway).
+//
+// Every fd must be an eventfd (checkEventfd), and is made non-blocking: the kick
+// because the runtime poller reads it, call and err because a write to them must never
+// block a worker holding its ring (Vring.signal). Anything else (a pipe that fills, a
+// file or /dev/zero that never stops being readable) ends the session with an error
+// that says what the fd was: QEMU only ever sends eventfds (event_notifier_init).
 func (s *Session) vringFile(m *message, p []byte) error {
 	u, _ := decodeU64(p)
 	if u&^uint64(vringIndexMask|vringFdNoFd) != 0 {
@@ -452,6 +499,14 @@ func (s *Session) vringFile(m *message, p []byte) error {
 	fd := -1
 	if u&vringFdNoFd == 0 {
 		fd = m.takeFd(0)
+		err := checkEventfd(fd, m.req == ReqSetVringKick)
+		if err == nil {
+			err = unix.SetNonblock(fd, true)
+		}
+		if err != nil {
+			unix.Close(fd)
+			return protoErr("%s ring %d: %v", reqName(m.req), v.index, err)
+		}
 	}
 	v.mu.Lock()
 	switch m.req {
@@ -463,8 +518,11 @@ func (s *Session) vringFile(m *message, p []byte) error {
 			// entries may have been published with no fd to signal. One spurious
 			// interrupt is harmless; a lost one stalls the guest (passt signals every
 			// new call fd, vhost_user.c vu_set_vring_call_exec).
-			rawsys.Write(uintptr(fd), v.one[:]) // cannot block, see Vring.callLocked
-			s.stats.Calls.Add(1)
+			if v.signal(fd) {
+				s.stats.Calls.Add(1)
+			} else {
+				s.stats.CallsDropped.Add(1)
+			}
 		}
 		v.mu.Unlock()
 		return nil
@@ -474,16 +532,10 @@ func (s *Session) vringFile(m *message, p []byte) error {
 		v.mu.Unlock()
 		return nil
 	}
-	// Kick. The eventfd goes into the runtime poller: it must be non-blocking (QEMU's
-	// event_notifier_init creates it with EFD_NONBLOCK already; the flag is on the
-	// shared file description). Closing the os.File wakes a blocked Read.
+	// Kick. The eventfd goes into the runtime poller; closing the os.File wakes a
+	// blocked Read.
 	var f *os.File
 	if fd >= 0 {
-		if err := unix.SetNonblock(fd, true); err != nil {
-			unix.Close(fd)
-			v.mu.Unlock()
-			return reqErr("kick fd: %v", err)
-		}
 		f = os.NewFile(uintptr(fd), fmt.Sprintf("vhost-user-kick-%d", v.index))
 	}
 	v.closeKickLocked()
@@ -499,6 +551,18 @@ func (s *Session) vringFile(m *message, p []byte) error {
 		s.h.RingStarted(v)
 	}
 	return nil
+}
+
+func reqName(req uint32) string {
+	switch req {
+	case ReqSetVringKick:
+		return "SET_VRING_KICK"
+	case ReqSetVringCall:
+		return "SET_VRING_CALL"
+	case ReqSetVringErr:
+		return "SET_VRING_ERR"
+	}
+	return fmt.Sprintf("request %d", req)
 }
 
 // teardown stops every ring and unmaps guest memory: the session's end is a stop for

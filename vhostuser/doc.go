@@ -22,9 +22,12 @@
 // RingStarted, RingStopped, VringEnabled (every SET_VRING_ENABLE, running ring or not),
 // SetMTU, Unknown, SessionEnded.
 //
-// mem.go and mem_unsafe.go hold guest memory. Each SET_MEM_TABLE region is mmapped once
-// from fd offset 0 (mmap offsets must be page-aligned, mmap_offset need not be) and its
-// fd closed. Ring addresses are front-end virtual addresses, descriptor addresses are
+// mem.go and mem_unsafe.go hold guest memory. Each SET_MEM_TABLE region's fd must be a
+// regular file (memfd, tmpfs, hugetlbfs) that holds the whole region, checked with
+// fstat (a mapping past a file's end faults at the first touch); a memfd that is not
+// sealed against shrinking is reported. The region is mmapped once from fd offset 0
+// (mmap offsets must be page-aligned, mmap_offset need not be), left out of core dumps
+// (MADV_DONTDUMP), and its fd closed. Ring addresses are front-end virtual addresses, descriptor addresses are
 // guest-physical; both are translated by range checks that cannot overflow, into slices
 // of the mapping, so ordinary Go bounds checks guard every later access. A buffer that
 // crosses two regions becomes two slices. mem_unsafe.go is the only file that uses
@@ -62,6 +65,20 @@
 // the Go runtime poller (epoll) parks the goroutine instead of a thread, with no epoll
 // loop of our own to keep; stopping or replacing the kick closes the File, which wakes
 // the reader. One worker per ring (or per pair) matches cloud-hypervisor and passt.
+// Kick, call and err must be eventfds (fds.go: anything else ends the session, since a
+// pipe can fill and a file never stops being readable), the kick not in semaphore
+// mode; call and err are made non-blocking and written with a plain write, so a full
+// counter drops a signal (counted) instead of blocking a worker that holds its ring. A
+// kick that keeps signalling with no work 65536 times in a row stops the ring
+// (RejectKick). A ring with no kick fd (NOFD_MASK) is polled, 50 µs after work and
+// backing off to 4 ms while idle.
+//
+// # Faults
+//
+// fault.go: a front-end can still shrink the file after SET_MEM_TABLE. Every goroutine
+// that touches guest memory runs with debug.SetPanicOnFault; workers defer Vring.Guard,
+// the session and the moderation timer recover where they hold the lock. A fault breaks
+// the ring (RejectFault) and ends the session with a FaultError; the next one is served.
 //
 // # Publishing and notification
 //
@@ -91,9 +108,11 @@
 // indirect tables only when negotiated, on the head, len%16 == 0, len/16 ≤ num, never
 // nested, never with NEXT; every address must be inside a region; lengths must not
 // overflow; the chain must hold the virtio-net header; avail->idx may not run more than
-// num ahead. A violation is counted by Reason in Stats.Rejected, written to the err
-// eventfd, and stops the ring until the front-end restarts it (QEMU virtio_error
-// behaves alike). Nothing panics and nothing outside the mapped regions is touched.
+// num ahead of the used index last published (which also bounds what the back-end
+// holds in flight to the ring size). A violation is counted by Reason in
+// Stats.Rejected, written to the err eventfd, and stops the ring until the front-end
+// restarts it (QEMU virtio_error behaves alike). Nothing panics and nothing outside the
+// mapped regions is touched.
 //
 // # Receive
 //

@@ -415,6 +415,8 @@ type opts struct {
 	guest    *guest
 	noEnable bool
 	skipKick bool
+	rec      *recorder // nil: a new one
+	logf     func(string, ...any)
 }
 
 func startSession(t testing.TB, o opts) *harness {
@@ -430,8 +432,11 @@ func startSession(t testing.TB, o opts) *harness {
 	if o.layout == nil {
 		o.layout = measuredLayout()
 	}
-	rec := newRecorder()
-	b, err := NewBackend(Config{Features: o.features, QueuePairs: o.pairs, NetMTU: true, Handler: rec, Stats: o.stats})
+	rec := o.rec
+	if rec == nil {
+		rec = newRecorder()
+	}
+	b, err := NewBackend(Config{Features: o.features, QueuePairs: o.pairs, NetMTU: true, Handler: rec, Stats: o.stats, Logf: o.logf})
 	if err != nil {
 		t.Fatal(err)
 	}

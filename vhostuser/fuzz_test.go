@@ -5,6 +5,8 @@ package vhostuser
 import (
 	"encoding/binary"
 	"errors"
+	"os"
+	"runtime/debug"
 	"sync"
 	"testing"
 
@@ -111,7 +113,7 @@ func getFuzzEnv(t testing.TB) *fuzzEnv {
 		for i := range fds {
 			fds[i], _ = unix.Dup(e.g.fd)
 		}
-		m, err := mapMemTable(&mt, fds)
+		m, _, err := mapMemTable(&mt, fds)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -286,4 +288,174 @@ func inMapping(g *guestMem, s []byte) bool {
 		}
 	}
 	return false
+}
+
+// memFuzzFiles are the files FuzzMemTable's regions may name: memfds of several sizes
+// (one sealed against shrinking), a regular file, and a pipe, opened once.
+var (
+	memFuzzOnce  sync.Once
+	memFuzzFiles []memFuzzFile
+)
+
+type memFuzzFile struct {
+	fd     int
+	size   uint64
+	sealed bool // mapMemTable must not warn about it
+}
+
+func getMemFuzzFiles(t testing.TB) []memFuzzFile {
+	memFuzzOnce.Do(func() {
+		for i, size := range []uint64{0, 4096, 65536, 1 << 20, 1<<20 + 123, 1 << 20} {
+			fd, err := unix.MemfdCreate("fuzz-table", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
+			if err != nil {
+				t.Fatal(err)
+			}
+			unix.Ftruncate(fd, int64(size))
+			sealed := i == 5
+			if sealed {
+				unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, unix.F_SEAL_SHRINK)
+			}
+			memFuzzFiles = append(memFuzzFiles, memFuzzFile{fd, size, sealed})
+		}
+		f, err := os.CreateTemp("", "fuzz-table")
+		if err != nil {
+			t.Fatal(err)
+		}
+		os.Remove(f.Name())
+		f.Truncate(128 << 10)
+		fd, _ := unix.Dup(int(f.Fd()))
+		f.Close()
+		memFuzzFiles = append(memFuzzFiles, memFuzzFile{fd, 128 << 10, true})
+		var p [2]int
+		unix.Pipe2(p[:], unix.O_CLOEXEC)
+		memFuzzFiles = append(memFuzzFiles, memFuzzFile{p[0], 0, true})
+	})
+	return memFuzzFiles
+}
+
+// FuzzMemTable feeds SET_MEM_TABLE regions of arbitrary addresses, sizes and offsets
+// over files of several kinds and sizes to mapMemTable, then translates arbitrary
+// addresses through the table. Invariants: no panic; a table is accepted only if every
+// region lies inside a regular file; the warning names unsealed memfds exactly; every
+// translation lies inside a mapping and inside the file (its first and last bytes read
+// without a fault); every fd handed over is closed.
+//
+// Input: [0] regions (1..8), then per region GPA, size, userspace_addr, mmap_offset (8
+// bytes each, sizes and offsets kept within 2 MiB unless bit 7 of the file byte is set)
+// and a file byte; the rest are probes of 17 bytes: kind, address, length.
+func FuzzMemTable(f *testing.F) {
+	region := func(gpa, size, ua, off uint64, file byte) []byte {
+		b := binary.LittleEndian.AppendUint64(nil, gpa)
+		b = binary.LittleEndian.AppendUint64(b, size)
+		b = binary.LittleEndian.AppendUint64(b, ua)
+		b = binary.LittleEndian.AppendUint64(b, off)
+		return append(b, file)
+	}
+	probe := func(kind byte, a, n uint64) []byte {
+		return binary.LittleEndian.AppendUint64(binary.LittleEndian.AppendUint64([]byte{kind}, a), n)
+	}
+	seed := [][]byte{
+		append(append([]byte{1}, region(0, 65536, 1<<30, 0, 3)...), probe(0, 100, 200)...),
+		append(append(append([]byte{2}, region(0, 0xa0000, 1<<30, 0, 3)...), region(0xc0000, 0x40000, 1<<30+0xc0000, 0xc0000, 3)...), probe(2, 0x9ff00, 0x300)...),
+		append([]byte{1}, region(0, 4096, 1<<30, 4096, 1)...),
+		append([]byte{1}, region(0, 1<<20, 1<<30, 123, 4)...),
+		append([]byte{1}, region(0, 4096, 1<<30, 0, 7)...),
+	}
+	for _, s := range seed {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		files := getMemFuzzFiles(t)
+		if len(data) < 1 {
+			return
+		}
+		var mt MemTable
+		mt.N = int(data[0]%maxRegions) + 1
+		data = data[1:]
+		if len(data) < 33*mt.N {
+			return
+		}
+		fds := make([]int, mt.N)
+		use := make([]memFuzzFile, mt.N)
+		for i := 0; i < mt.N; i++ {
+			p := data[33*i:]
+			r := MemRegion{GPA: binary.LittleEndian.Uint64(p), Size: binary.LittleEndian.Uint64(p[8:]),
+				UserAddr: binary.LittleEndian.Uint64(p[16:]), MmapOffset: binary.LittleEndian.Uint64(p[24:])}
+			fb := p[32]
+			if fb&0x80 == 0 {
+				r.Size &= 1<<21 - 1
+				r.MmapOffset &= 1<<21 - 1
+			}
+			mt.Regions[i] = r
+			use[i] = files[int(fb&0x7f)%len(files)]
+			fds[i], _ = unix.Dup(use[i].fd)
+		}
+		probes := data[33*mt.N:]
+		fdsBefore := append([]int(nil), fds...)
+		g, warn, err := mapMemTable(&mt, fds)
+		for _, fd := range fdsBefore {
+			if _, e := unix.FcntlInt(uintptr(fd), unix.F_GETFD, 0); e == nil {
+				t.Fatalf("fd %d left open", fd)
+			}
+		}
+		if err != nil {
+			return
+		}
+		defer g.unmap()
+		anyUnsealed := false
+		for i := 0; i < mt.N; i++ {
+			r := mt.Regions[i]
+			if r.MmapOffset+r.Size > use[i].size {
+				t.Fatalf("region %d (%+v) accepted over a %d-byte file", i, r, use[i].size)
+			}
+			anyUnsealed = anyUnsealed || !use[i].sealed
+		}
+		if (warn != "") != anyUnsealed {
+			t.Fatalf("warning %q with unsealed memfds %v", warn, anyUnsealed)
+		}
+		defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+		defer func() {
+			if r := recover(); r != nil {
+				t.Fatalf("translation faulted: %v", r)
+			}
+		}()
+		touch := func(s []byte) {
+			if !inMapping(g, s) {
+				t.Fatal("translation outside the mapped regions")
+			}
+			if len(s) > 0 {
+				_ = s[0] + s[len(s)-1]
+			}
+		}
+		var iov [16][]byte
+		for ; len(probes) >= 17; probes = probes[17:] {
+			a, n := binary.LittleEndian.Uint64(probes[1:]), binary.LittleEndian.Uint64(probes[9:])&(1<<22-1)
+			switch probes[0] % 3 {
+			case 0:
+				if s := g.qva(a, n); s != nil {
+					if uint64(len(s)) != n {
+						t.Fatalf("qva length %d for %d", len(s), n)
+					}
+					touch(s)
+				}
+			case 1:
+				if s := g.gpa(a, n); s != nil {
+					touch(s)
+				}
+			case 2:
+				if a+n < a {
+					continue
+				}
+				k, _, ok := g.gpaIov(a, n, iov[:0:len(iov)], 0)
+				total := 0
+				for _, s := range iov[:k] {
+					touch(s)
+					total += len(s)
+				}
+				if ok && uint64(total) != n {
+					t.Fatalf("gpaIov covers %d of %d bytes", total, n)
+				}
+			}
+		}
+	})
 }

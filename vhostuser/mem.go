@@ -26,27 +26,51 @@ type guestMem struct {
 
 // mapMemTable maps every region of t, taking ownership of fds (closed in all cases:
 // the mapping keeps the memory alive, libvhost-user and DPDK close them the same way).
-func mapMemTable(t *MemTable, fds []int) (*guestMem, error) {
+// warn collects what is accepted but worth telling the operator (one line per table).
+//
+// A region must lie inside its file as the file is now: a shared mapping past the end
+// of a file is not an error for mmap(2) but a SIGBUS at the first access (mm/filemap.c
+// filemap_fault returns VM_FAULT_SIGBUS past i_size), and in a Go program a SIGBUS in
+// ordinary code is fatal to the whole process. So every fd is fstat'ed: it must be a
+// regular file (a memfd, a tmpfs or hugetlbfs file: what QEMU's memory backends
+// create), and mmap_offset+size must not pass its size. A file can still shrink after
+// this check; the workers recover that fault (Vring.Guard), and a memfd sealed with
+// F_SEAL_SHRINK (QEMU's memory-backend-memfd default, seal=on) cannot, so an unsealed
+// memfd is reported once.
+func mapMemTable(t *MemTable, fds []int) (g *guestMem, warn string, err error) {
 	defer func() {
 		for _, fd := range fds {
 			unix.Close(fd)
 		}
 	}()
-	g := &guestMem{regions: make([]region, 0, t.N)}
+	g = &guestMem{regions: make([]region, 0, t.N)}
+	var unsealed []int
 	for i := 0; i < t.N; i++ {
 		r := t.Regions[i]
 		if err := checkRegion(r); err != nil {
 			g.unmap()
-			return nil, fmt.Errorf("region %d: %w", i, err)
+			return nil, "", fmt.Errorf("region %d: %w", i, err)
+		}
+		sealed, err := checkRegionFile(fds[i], r)
+		if err != nil {
+			g.unmap()
+			return nil, "", fmt.Errorf("region %d: %w", i, err)
+		}
+		if !sealed {
+			unsealed = append(unsealed, i)
 		}
 		m, err := mmapRegion(fds[i], int(r.MmapOffset+r.Size))
 		if err != nil {
 			g.unmap()
-			return nil, fmt.Errorf("region %d: mmap %d bytes: %w", i, r.MmapOffset+r.Size, err)
+			return nil, "", fmt.Errorf("region %d: mmap %d bytes: %w", i, r.MmapOffset+r.Size, err)
 		}
 		g.regions = append(g.regions, region{MemRegion: r, mapping: m, mem: m[r.MmapOffset:][:r.Size]})
 	}
-	return g, nil
+	if len(unsealed) > 0 {
+		warn = fmt.Sprintf("guest memory regions %v are memfds not sealed against shrinking (F_SEAL_SHRINK): "+
+			"a front-end that truncates them ends its session with a fault", unsealed)
+	}
+	return g, warn, nil
 }
 
 // checkRegion rejects regions whose ends overflow in any of the three address spaces, so
@@ -63,6 +87,29 @@ func checkRegion(r MemRegion) error {
 	return nil
 }
 
+// checkRegionFile checks that fd is a regular file holding all of r (checkRegion has
+// ruled out overflow). sealed is false only for a memfd without F_SEAL_SHRINK; a file
+// that takes no seals at all (F_GET_SEALS fails: not a memfd) counts as sealed, since
+// nothing can be done about it here and the fault recovery covers it.
+func checkRegionFile(fd int, r MemRegion) (sealed bool, err error) {
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return false, fmt.Errorf("fstat: %w", err)
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFREG {
+		return false, fmt.Errorf("fd is not a regular file or memfd (mode %#o): its size cannot be checked", st.Mode)
+	}
+	if end := r.MmapOffset + r.Size; st.Size < 0 || end > uint64(st.Size) {
+		return false, fmt.Errorf("mmap_offset %#x + size %#x = %#x passes the end of its file (%#x bytes)",
+			r.MmapOffset, r.Size, end, st.Size)
+	}
+	seals, err := unix.FcntlInt(uintptr(fd), unix.F_GET_SEALS, 0)
+	if err != nil {
+		return true, nil
+	}
+	return seals&unix.F_SEAL_SHRINK != 0, nil
+}
+
 func (g *guestMem) unmap() {
 	if g == nil {
 		return
@@ -72,6 +119,21 @@ func (g *guestMem) unmap() {
 		g.regions[i].mapping, g.regions[i].mem = nil, nil
 	}
 	g.regions = nil
+}
+
+// regionOf names the region whose mapping holds host address a (a fault's address),
+// for the error that ends the session: -1 if none does.
+func (g *guestMem) regionOf(a uintptr) int {
+	if g == nil {
+		return -1
+	}
+	for i := range g.regions {
+		m := g.regions[i].mapping
+		if len(m) > 0 && a >= addrOf(m) && a-addrOf(m) < uintptr(len(m)) {
+			return i
+		}
+	}
+	return -1
 }
 
 // qva translates a front-end virtual address range (SET_VRING_ADDR) to one slice. Ring

@@ -22,8 +22,16 @@ import (
 // mmapRegion maps length bytes of fd from offset 0, shared and without swap
 // reservation, as libvhost-user vu_set_mem_table_exec does: mmap offsets must be page
 // aligned and mmap_offset need not be, so the region starts mmap_offset bytes in.
+// The mapping is left out of core dumps (MADV_DONTDUMP, as DPDK's vhost library does
+// for guest memory, lib/vhost/vhost_user.c mem_set_dump): a crash of tapgro must not
+// write a guest's RAM to disk, and gigabytes of it would make the dump useless anyway.
 func mmapRegion(fd int, length int) ([]byte, error) {
-	return unix.Mmap(fd, 0, length, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED|unix.MAP_NORESERVE)
+	m, err := unix.Mmap(fd, 0, length, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED|unix.MAP_NORESERVE)
+	if err != nil {
+		return nil, err
+	}
+	unix.Madvise(m, unix.MADV_DONTDUMP) // advice only: a kernel that refuses it still maps
+	return m, nil
 }
 
 func munmapRegion(b []byte) error { return unix.Munmap(b) }

@@ -8,9 +8,9 @@ import (
 	"fmt"
 	"math"
 	"os"
+	"runtime/debug"
 	"sync"
 	"sync/atomic"
-	"tapgro/rawsys"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -41,18 +41,20 @@ const (
 	RejectLoop                      // more descriptors than the table holds ("Looped descriptor")
 	RejectZeroLen                   // zero-length descriptor ("zero sized buffers are not allowed")
 	RejectDirection                 // writable descriptor on TX or read-only on RX ("Incorrect order for descriptors")
-	RejectAvailJump                 // avail idx moved more than num past last_avail ("Guest moved used index")
+	RejectAvailJump                 // more than num chains outstanding (QEMU "Guest moved used index", "Virtqueue size exceeded")
 	RejectAddress                   // buffer outside every region
 	RejectLenOverflow               // addr+len wraps, or chain longer than a used.len can say
 	RejectShortChain                // chain shorter than the virtio-net header
 	RejectIndirect                  // indirect not negotiated, bad size, nested, or with NEXT
 	RejectIovFull                   // more segments than the caller's iovec slice holds
 	RejectRingAddr                  // ring parts unmapped, not in one region, or misaligned
+	RejectFault                     // guest memory faulted (its file shrank): the session ends (fault.go)
+	RejectKick                      // the kick fd kept signalling with no work (Vring.sleep)
 	NumReasons
 )
 
 var reasonNames = [NumReasons]string{"head_range", "next_range", "loop", "zero_len", "direction",
-	"avail_jump", "address", "len_overflow", "short_chain", "indirect", "iov_full", "ring_addr"}
+	"avail_jump", "address", "len_overflow", "short_chain", "indirect", "iov_full", "ring_addr", "fault", "kick"}
 
 func (r Reason) String() string {
 	if r >= 0 && r < NumReasons {
@@ -144,6 +146,19 @@ type Vring struct {
 	mask                  uint16
 	usedEventOff, availEv int
 
+	// onFault ends the ring's session after a guest memory fault (fault.go). The
+	// session sets it before the ring can start; it is called with mu held.
+	onFault func(error)
+	// waitLocked: the worker holds mu inside Wait or WaitMore, touching the used ring
+	// (Guard must release the lock if that access faults). Worker-only, like inBatch.
+	waitLocked bool
+	// pollWait is the polling worker's current sleep (kick with no fd): it backs off
+	// while the ring stays empty. idleKicks counts the kicks since the worker last
+	// found work. Both worker-only.
+	pollWait  time.Duration
+	idleKicks int
+	logf      func(string, ...any) // the Backend's Config.Logf
+
 	// Data-path state: meaningful while running, touched only under mu.
 	lastAvail      uint16 // next avail index to consume
 	availCache     uint16 // avail->idx last read
@@ -172,7 +187,8 @@ type Vring struct {
 }
 
 func newVring(index int, stats *Stats) *Vring {
-	v := &Vring{index: index, rx: index%2 == 0, stats: stats, callFd: -1, errFd: -1}
+	v := &Vring{index: index, rx: index%2 == 0, stats: stats, callFd: -1, errFd: -1,
+		logf: func(string, ...any) {}}
 	binary.LittleEndian.PutUint64(v.one[:], 1)
 	return v
 }
@@ -263,33 +279,58 @@ func (v *Vring) failLocked(r Reason) error {
 	v.stats.Rejected[r].Add(1)
 	v.broken = true
 	if v.errFd >= 0 {
-		rawsys.Write(uintptr(v.errFd), v.one[:]) // cannot block, as in callLocked
+		v.signal(v.errFd)
 	}
 	return ringErrs[r]
+}
+
+// signal adds 1 to one of the front-end's eventfds (call or err). The session takes
+// only eventfds for them and sets O_NONBLOCK (Session.vringFile), so a counter at its
+// limit (2^64-2, eventfd(2)) answers EAGAIN instead of blocking: the count already in
+// it wakes the front-end anyway, so the signal is counted and dropped. It is a plain
+// write, not a rawsys one: a front-end can clear O_NONBLOCK on its own copy of the
+// file later, and a write blocked then holds this goroutine, not the whole runtime
+// (a raw system call never lets the garbage collector stop the world).
+func (v *Vring) signal(fd int) bool {
+	n, err := unix.Write(fd, v.one[:])
+	return err == nil && n == len(v.one)
 }
 
 // stopLocked ends a running ring: it publishes what the data path pushed (End already
 // did; this is for an abandoned batch), closes kick and call (DPDK and passt do so at
 // GET_VRING_BASE; QEMU sends fresh ones at the next start) and returns last_avail_idx.
+// A ring that never started answers the base SET_VRING_BASE gave, as libvhost-user,
+// DPDK and rust-vmm do.
 func (v *Vring) stopLocked() uint16 {
 	if v.state == ringRunning && !v.broken && v.used != nil {
-		v.rewindLocked(v.pending)
-		v.publishLocked()
-		if v.callDeferred && v.callFd >= 0 {
-			v.callLocked() // owed: the front-end takes over the ring's state now
-		}
+		v.flushOnStopLocked()
 	}
 	v.callDeferred = false
 	if v.callTimer != nil {
 		v.callTimer.Stop()
 	}
+	if v.state == ringRunning {
+		v.base = v.lastAvail
+	}
 	v.state = ringStopped
 	v.enabled.Store(false)
 	v.closeKickLocked()
 	v.closeFd(&v.callFd)
-	v.base = v.lastAvail
 	v.desc, v.avail, v.used = nil, nil, nil
-	return v.lastAvail
+	return v.base
+}
+
+// flushOnStopLocked publishes what an abandoned batch pushed and sends a call owed,
+// before the front-end takes the ring over. It runs on the session goroutine, which
+// can meet a fault in guest memory here like any worker (fault.go).
+func (v *Vring) flushOnStopLocked() {
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+	defer v.recoverLocked()
+	v.rewindLocked(v.pending)
+	v.publishLocked()
+	if v.callDeferred && v.callFd >= 0 {
+		v.callLocked() // owed: the front-end takes over the ring's state now
+	}
 }
 
 func (v *Vring) closeKickLocked() {
@@ -362,10 +403,16 @@ func (v *Vring) Pop(iov [][]byte) (Chain, error) {
 		// acquire orders the ring-entry and descriptor reads after it (QEMU
 		// virtqueue_num_heads: read idx, smp_rmb, then the ring).
 		idx := uint16(load32(v.avail, 0) >> 16)
-		d := idx - v.lastAvail
-		if d > uint16(v.num) {
+		// An honest driver has at most num chains outstanding: a descriptor is
+		// reused only after its chain shows in the used ring as published (pubIdx).
+		// Counting from there, not from last_avail_idx as QEMU's virtqueue_num_heads
+		// does, also bounds what tapgro holds popped or pushed-but-unpublished (QEMU's
+		// second check, virtqueue_pop "Virtqueue size exceeded"), so used entries can
+		// never be written over unpublished ones.
+		if uint16(idx-v.pubIdx) > uint16(v.num) {
 			return Chain{}, v.failLocked(RejectAvailJump)
 		}
+		d := idx - v.lastAvail
 		if d == 0 {
 			v.dry = true
 			return Chain{}, ErrEmpty
@@ -551,17 +598,21 @@ func (v *Vring) callLocked() {
 	if v.modEvery > 0 {
 		v.lastCall = time.Now()
 	}
-	// Raw (package rawsys) even if the front-end's eventfd is blocking: a write blocks only
-	// when the counter would pass 2^64-2 (eventfd(2)), which no guest lets it reach.
-	rawsys.Write(uintptr(v.callFd), v.one[:])
-	v.stats.Calls.Add(1)
+	if v.signal(v.callFd) {
+		v.stats.Calls.Add(1)
+	} else {
+		v.stats.CallsDropped.Add(1)
+	}
 }
 
 // deferredCall is the moderation timer: it sends the owed call if the driver still
-// wants it.
+// wants it. It reads the avail ring on the timer's goroutine, so it recovers a fault
+// there itself (fault.go).
 func (v *Vring) deferredCall() {
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
 	v.mu.Lock()
 	defer v.mu.Unlock()
+	defer v.recoverLocked()
 	if !v.callDeferred {
 		return
 	}
@@ -627,14 +678,8 @@ func vringNeedEvent(eventIdx, newIdx, old uint16) bool {
 // or ErrBroken when the worker should stop.
 func (v *Vring) Wait() error {
 	for {
-		v.mu.Lock()
-		if v.state != ringRunning {
-			v.mu.Unlock()
-			return ErrStopped
-		}
-		if v.broken {
-			v.mu.Unlock()
-			return ErrBroken
+		if err := v.lockForWait(); err != nil {
+			return err
 		}
 		if v.eventIdx {
 			store16(v.used, v.availEv, v.lastAvail)
@@ -651,26 +696,88 @@ func (v *Vring) Wait() error {
 				v.usedFlags = usedFNoNotify
 				store32(v.used, 0, uint32(v.pubIdx)<<16|uint32(v.usedFlags))
 			}
-			v.mu.Unlock()
+			v.unlockForWait()
+			v.pollWait, v.idleKicks = 0, 0
 			return nil
 		}
 		f, poll := v.kick, v.kickNoFd
-		v.mu.Unlock()
-		if f == nil {
-			if !poll {
-				return ErrStopped
-			}
-			// Front-end sent SET_VRING_KICK with VHOST_USER_VRING_NOFD_MASK: no
-			// eventfd, so poll (vhost-user.rst SET_VRING_KICK).
-			time.Sleep(50 * time.Microsecond)
-			continue
+		v.unlockForWait()
+		if err := v.sleep(f, poll); err != nil {
+			return err
 		}
-		if _, err := f.Read(v.kickBuf[:]); err == nil {
-			v.stats.Kicks.Add(1)
-		}
-		// On error (the kick file was closed by a stop or replaced) loop: the state
-		// check at the top decides.
+		// After a kick, or the kick file closed by a stop or replaced, loop: the
+		// state check at the top decides.
 	}
+}
+
+// lockForWait takes mu for Wait or WaitMore, which touch the used ring under it, and
+// reports a ring the worker should leave.
+func (v *Vring) lockForWait() error {
+	v.mu.Lock()
+	if v.state != ringRunning || v.broken {
+		err := ErrStopped
+		if v.broken {
+			err = ErrBroken
+		}
+		v.mu.Unlock()
+		return err
+	}
+	v.waitLocked = true
+	return nil
+}
+
+func (v *Vring) unlockForWait() {
+	v.waitLocked = false
+	v.mu.Unlock()
+}
+
+// Polling (SET_VRING_KICK with VHOST_USER_VRING_NOFD_MASK: no eventfd, vhost-user.rst
+// SET_VRING_KICK) looks at the ring pollMin after it was last found busy, backing off
+// by doubling to pollMax while it stays empty: an idle polled ring then wakes 250
+// times a second, well under 1 % of a core, and a busy one is looked at within 50 µs.
+const (
+	pollMin = 50 * time.Microsecond
+	pollMax = 4 * time.Millisecond
+)
+
+// kickStorm is how many kicks in a row may find no work before the kick counts as
+// broken. A driver kicks after it made chains available (virtio spec "Available
+// Buffer Notifications"), so a spurious kick is rare and never many in a row; a
+// semaphore eventfd with a huge count, or anything else that is always readable, would
+// otherwise keep the worker spinning on a core.
+const kickStorm = 1 << 16
+
+// sleep waits for the next kick on f, or polls. ErrStopped: nothing to wait on (the
+// ring has no kick: it is stopping). ErrBroken: the kick never goes quiet; the ring is
+// stopped as the other violations stop it, counted (RejectKick) and logged.
+func (v *Vring) sleep(f *os.File, poll bool) error {
+	if f == nil {
+		if !poll {
+			return ErrStopped
+		}
+		v.pollWait = min(max(2*v.pollWait, pollMin), pollMax)
+		time.Sleep(v.pollWait)
+		return nil
+	}
+	_, err := f.Read(v.kickBuf[:])
+	if errors.Is(err, os.ErrClosed) {
+		return nil
+	}
+	if err == nil {
+		v.stats.Kicks.Add(1)
+	}
+	if v.idleKicks++; v.idleKicks < kickStorm {
+		return nil
+	}
+	v.idleKicks = 0
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if v.state != ringRunning || v.broken {
+		return ErrStopped
+	}
+	v.failLocked(RejectKick)
+	v.logf("vhost-user: ring %d: %d kicks in a row found no work (last read: %v); ring stopped", v.index, kickStorm, err)
+	return ErrBroken
 }
 
 // ReserveRX pops receive chains until their capacity covers need bytes (header

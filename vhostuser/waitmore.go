@@ -2,8 +2,6 @@
 
 package vhostuser
 
-import "time"
-
 // WaitMore blocks until the driver makes a chain available beyond those the last Pop
 // saw (returning at once if it already has):
 // for a receive worker whose ReserveRX found chains, but too few to hold a frame. Wait
@@ -15,28 +13,16 @@ import "time"
 // QEMU virtio_queue_split_set_notification). Call it outside a batch. It returns
 // ErrStopped or ErrBroken when the worker should stop.
 func (v *Vring) WaitMore() error {
-	v.mu.Lock()
-	if v.state != ringRunning || v.broken {
-		err := ErrStopped
-		if v.broken {
-			err = ErrBroken
-		}
-		v.mu.Unlock()
+	if err := v.lockForWait(); err != nil {
 		return err
 	}
 	// The avail idx the last Pop saw: after a ReserveRX that ran out, every chain up to
 	// it was looked at. Chains the driver added since count as "more" already.
 	target := v.availCache
-	v.mu.Unlock()
+	v.unlockForWait()
 	for {
-		v.mu.Lock()
-		if v.state != ringRunning {
-			v.mu.Unlock()
-			return ErrStopped
-		}
-		if v.broken {
-			v.mu.Unlock()
-			return ErrBroken
+		if err := v.lockForWait(); err != nil {
+			return err
 		}
 		if v.eventIdx {
 			store16(v.used, v.availEv, target)
@@ -45,20 +31,14 @@ func (v *Vring) WaitMore() error {
 		}
 		store32(v.used, 0, uint32(v.pubIdx)<<16|uint32(v.usedFlags))
 		if uint16(load32(v.avail, 0)>>16) != target {
-			v.mu.Unlock()
+			v.unlockForWait()
+			v.pollWait, v.idleKicks = 0, 0
 			return nil
 		}
 		f, poll := v.kick, v.kickNoFd
-		v.mu.Unlock()
-		if f == nil {
-			if !poll {
-				return ErrStopped
-			}
-			time.Sleep(50 * time.Microsecond)
-			continue
-		}
-		if _, err := f.Read(v.kickBuf[:]); err == nil {
-			v.stats.Kicks.Add(1)
+		v.unlockForWait()
+		if err := v.sleep(f, poll); err != nil {
+			return err
 		}
 	}
 }

@@ -1,0 +1,99 @@
+//go:build linux
+
+package vhostuser
+
+import "fmt"
+
+// Guest memory can fault. The front-end owns the files behind the mappings and may
+// truncate one after SET_MEM_TABLE was checked (mapMemTable); the next access to a page
+// past the new end raises SIGBUS, which Go makes fatal to the whole process unless the
+// faulting goroutine asked for a panic instead (runtime/debug.SetPanicOnFault). So
+// every goroutine that touches guest memory does, and recovers the panic at a point
+// that knows which locks it holds:
+//
+//   - a ring worker defers Vring.Guard at its top (after SetPanicOnFault); Guard
+//     releases the ring's lock if the worker held it (inside a batch, or in Wait);
+//   - the session's own accesses (publishing at GET_VRING_BASE) and the call
+//     moderation timer recover inside the function that holds the lock.
+//
+// A fault breaks the ring, is counted (Stats.Rejected[RejectFault]) and ends the
+// session with an error that names the region, so the owner logs it once; the next
+// session starts from scratch. Faults in the kernel's own copies (readv/writev on the
+// TAP from guest memory) come back as EFAULT, not as a signal, and are counted as TAP
+// errors by the owner.
+
+// faultAddr reports whether r, a recovered panic value, is a memory fault that
+// SetPanicOnFault turned into a panic (runtime.Error with an Addr method), and where.
+func faultAddr(r any) (uintptr, bool) {
+	e, ok := r.(interface {
+		error
+		Addr() uintptr
+	})
+	if !ok {
+		return 0, false
+	}
+	return e.Addr(), true
+}
+
+// FaultError is how a session ends after guest memory faulted.
+type FaultError struct {
+	Ring   int     // the ring whose access faulted
+	Addr   uintptr // the faulting host address
+	Region int     // the SET_MEM_TABLE region it lies in, -1 if none
+}
+
+func (e *FaultError) Error() string {
+	where := "outside every region"
+	if e.Region >= 0 {
+		where = fmt.Sprintf("in region %d", e.Region)
+	}
+	return fmt.Sprintf("vhost-user: guest memory fault on ring %d at %#x %s: "+
+		"the front-end shrank or unmapped the file behind guest RAM", e.Ring, e.Addr, where)
+}
+
+// Guard recovers a guest memory fault in a ring worker. Defer it at the top of the
+// worker's goroutine, after debug.SetPanicOnFault(true), and let the worker return
+// when it does: the ring is broken and its session is ending. *faulted is set, so that
+// the worker can skip work that would trust state a fault interrupted (a half-built
+// aggregate). Any other panic is not Guard's business and continues.
+func (v *Vring) Guard(faulted *bool) {
+	r := recover()
+	if r == nil {
+		return
+	}
+	addr, ok := faultAddr(r)
+	if !ok {
+		panic(r)
+	}
+	if !v.inBatch && !v.waitLocked {
+		v.mu.Lock()
+	}
+	v.inBatch, v.waitLocked = false, false
+	v.faultLocked(addr)
+	v.mu.Unlock()
+	if faulted != nil {
+		*faulted = true
+	}
+}
+
+// recoverLocked is Guard for code that holds v.mu itself and releases it by defer:
+// deferred after the unlock, it runs first.
+func (v *Vring) recoverLocked() {
+	r := recover()
+	if r == nil {
+		return
+	}
+	addr, ok := faultAddr(r)
+	if !ok {
+		panic(r)
+	}
+	v.faultLocked(addr)
+}
+
+// faultLocked breaks the ring after a fault at addr and has its session end.
+func (v *Vring) faultLocked(addr uintptr) {
+	v.failLocked(RejectFault)
+	if v.onFault != nil {
+		v.onFault(&FaultError{Ring: v.index, Addr: addr, Region: v.mem.regionOf(addr)})
+	}
+}
