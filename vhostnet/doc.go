@@ -6,10 +6,12 @@
 // # Wiring
 //
 // New(Config{TAP}) probes the TAP's read offloads and builds a vhostuser.Backend whose
-// Handler is the Net; Serve(ctx, listener) accepts one QEMU at a time (QEMU is the
-// client: -chardev socket,path=P,reconnect=1 -netdev vhost-user,chardev=…). Each
+// Handler is the Net; Serve(ctx, listener) serves one QEMU at a time (QEMU is the
+// client: -chardev socket,path=P,reconnect=1 -netdev vhost-user,chardev=…) and closes,
+// counts and logs a second connection that is still waiting after a second's grace,
+// rather than leave it blocked in the backlog. Each
 // connection is a fresh session; when it ends its rings are stopped, the workers joined
-// and guest memory unmapped before the next is accepted, so a reconnecting QEMU needs
+// and guest memory unmapped before the next is served, so a reconnecting QEMU needs
 // no saved state (it recovers ring positions from used->idx, QEMU hw/virtio/virtio.c
 // virtio_queue_split_restore_last_avail_idx). ServeClient(ctx, path, retry) is the same
 // with the socket's roles reversed: QEMU listens (-chardev socket,server=on,wait=off)
@@ -64,13 +66,15 @@
 // descriptors and start the frame inside the header's descriptor: virtio spec "Message
 // Framing"; the guest may also rewrite its memory while we look), and if the kernel
 // would act on it (NEEDS_CSUM or GSO) check that the guest acked that kind (CSUM,
-// HOST_*) and run vnethdr.ValidatePeer — the kernel's own rules, stricter — over the
-// frame: in place if it is one segment, else over a gathered prefix of its headers,
-// falling back to a full copy only if the headers do not fit 512 bytes. A refused
-// frame is counted by reason and never reaches the TAP. The validated header,
-// re-encoded (its hdr_len re-derived, num_buffers 0), is the first segment of one
-// TryWritev whose other segments are the frame in guest memory (cloud-hypervisor's
-// process_tx writes chains to its TAP the same way). Every chain gets a used entry of
+// HOST_*) and run vnethdr.ValidatePeer — the kernel's own rules, stricter — over a
+// private copy of the frame's first 512 bytes, falling back to a full copy only if the
+// headers do not fit. A refused frame is counted by reason and never reaches the TAP.
+// The validated header, re-encoded (its hdr_len re-derived, num_buffers 0; hdr_len 0
+// for a frame with neither GSO nor NEEDS_CSUM, where tun reads nothing else of it),
+// is the first segment of one TryWritev, the copied prefix the second, and the rest of
+// the frame in guest memory the others (cloud-hypervisor's process_tx writes chains to
+// its TAP the same way): so the headers the kernel parses are the bytes that were
+// checked, whatever the guest writes meanwhile. Every chain gets a used entry of
 // length 0; End publishes them with one used->idx store and at most one call. If the
 // TAP's send buffer is full (rare: tun's sndbuf is INT_MAX by default) the chain is
 // rewound, the batch ended and the worker waits for the TAP outside any batch, so the
@@ -86,10 +90,12 @@
 // unused chains back); End (one used->idx store, at most one call). The batch ends when
 // the TAP is empty (then the worker waits for the TAP to become readable, outside the
 // batch: the control plane must never wait for a packet), when the budget is spent, or
-// when the ring cannot hold another frame: then, if a frame is waiting in the TAP
-// (poll), it stops reading the TAP — the kernel's queue holds up to txqueuelen frames
-// and drops the rest — counts a stall, and sleeps in Vring.WaitMore until the guest
-// posts more buffers and kicks; if none is waiting it waits for the TAP instead. Readv's private
+// when the ring cannot cover the worst case: then the next frame is read into the
+// worker's own buffer and only its real length reserved (QEMU reads into its own
+// buffer first too), so a few small buffers still take small frames. A frame that does
+// not fit stays there; the worker stops reading the TAP — the kernel's queue holds up
+// to txqueuelen frames and drops the rest — counts a stall, and sleeps in
+// Vring.WaitMore until the guest posts more buffers and kicks. Readv's private
 // sink byte tells a frame that overflowed a chain (dropped, counted) from one that
 // fitted exactly. Each header read is checked against the acks: with TUNSETOFFLOAD ⊆
 // acks a frame kind the guest cannot take cannot appear, except for frames queued
@@ -144,6 +150,17 @@
 // and failing Begin); RingStopped then wakes a worker parked on the TAP by setting a
 // past deadline, joins it, and clears the deadline. Nothing touches guest memory after
 // RingStopped returns.
+//
+// # Faults
+//
+// Guest memory can vanish under a worker (the front-end truncates the file behind it).
+// Each worker runs with debug.SetPanicOnFault and defers vhostuser.Vring.Guard, and
+// each batch is a function that holds Net's read lock by defer, so the panic releases
+// it on the way out; Guard releases the ring, counts the fault and ends the session,
+// which is logged once with the region that faulted. What the TX engine held is
+// discarded, not flushed: a copy the fault cut short may be in it. The kernel's own
+// copies (readv/writev from guest memory) fail with EFAULT instead and count as TAP
+// errors.
 //
 // # MTU
 //

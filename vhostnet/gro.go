@@ -20,10 +20,10 @@ import (
 // tun_get_user always accepts on write (drivers/net/tun.c → virtio_net_hdr_to_skb takes
 // VIRTIO_NET_HDR_GSO_TCPV4/6 and _ECN whatever TUNSETOFFLOAD says).
 //
-// Only the segments the engine may merge are copied. The frame's first validatePrefix
-// bytes are gathered into private memory (the guest may rewrite its own at any time,
-// and parse must never see bytes change under it) and Coalescer.Classify decides from
-// them: a merge candidate is copied whole into txGRO.buf and handed to Add, which
+// Only the segments the engine may merge are copied. tx has gathered the frame's first
+// validatePrefix bytes (or all of it) into private memory, st.lin, once (the guest may
+// rewrite its own at any time, and parse must never see bytes change under it), and
+// Coalescer.Classify decides from that copy: a merge candidate is copied whole into txGRO.buf and handed to Add, which
 // copies it into its aggregate; anything else — the guest's GSO frames, ACKs, non-TCP —
 // has had its flow's held aggregate emitted first and is then written from guest memory
 // as before, so a flow's frames never overtake each other. A prefix too short for the
@@ -68,12 +68,10 @@ func (n *Net) newTXGRO(q *queuePair) *txGRO {
 }
 
 // offer runs one validated guest frame (header h, frameLen bytes in c.Iov after ringHL
-// header bytes) through the engine. It returns true if the engine took it (copied:
-// the chain may be completed now), false if the caller must write it from guest memory
-// itself, now (its flow holds nothing any more).
-func (g *txGRO) offer(st *txState, c vhostuser.Chain, ringHL, frameLen int, h *vnethdr.Hdr) bool {
-	k := min(frameLen, validatePrefix)
-	vhostuser.CopyFrom(st.lin[:k], c.Iov, ringHL)
+// header bytes, the first k of them already copied into st.lin) through the engine. It
+// returns true if the engine took it (copied: the chain may be completed now), false if
+// the caller must write it itself, now (its flow holds nothing any more).
+func (g *txGRO) offer(st *txState, c vhostuser.Chain, ringHL, frameLen, k int, h *vnethdr.Hdr) bool {
 	if !g.c.Classify(st.lin[:frameLen], k, h) {
 		return false
 	}

@@ -100,6 +100,9 @@ func testFrame(dst, src net.HardwareAddr, n int, seq uint32, seed uint64) []byte
 func (e *env) recvTAP(buf []byte) ([]byte, error) {
 	for {
 		n, from, err := unix.Recvfrom(e.ps, buf, 0)
+		if err == unix.EINTR {
+			continue // the runtime's preemption signals interrupt a blocking recvfrom
+		}
 		if err != nil {
 			return nil, err
 		}

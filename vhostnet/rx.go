@@ -4,6 +4,7 @@ package vhostnet
 
 import (
 	"errors"
+	"runtime/debug"
 	"time"
 
 	"tapgro/tapdev"
@@ -15,22 +16,41 @@ import (
 const rxBudget = 64
 
 const (
-	rxGo      = iota // budget spent: go on
-	rxIdle           // the TAP has nothing: wait for it
-	rxStalled        // the ring has too few buffers: wait for the guest if a frame waits
-	rxGuest          // packets wait for guest buffers (rsc.go): wait for the guest
+	rxGo    = iota // budget spent: go on
+	rxIdle         // the TAP has nothing: wait for it
+	rxGuest        // a frame waits for guest buffers (held here, or in rsc.go): wait for the guest
+	rxRetry        // the session's header length is changing: look again shortly
 	rxStop
 )
 
+// rxState is one RX worker's own memory.
+type rxState struct {
+	tap *tapdev.Device
+	q   *queuePair
+	// iov is ReserveRX's segments, which also go to readv, which takes MaxIov-1 of
+	// them (Readv keeps one for its truncation sink). A chain set needing more breaks
+	// the ring (RejectIovFull): only a guest posting tiny buffers could do that.
+	iov [][]byte
+	hdr [vnethdr.LenMrgRxbuf]byte
+	rsc *rxRSC // created when the guest first needs it (rsc.go)
+
+	// bounce holds one frame read from the TAP while the guest's posted buffers
+	// cannot cover the largest frame the TAP may hand over (need): the frame is read
+	// here, and only its real length is reserved. held is its length with the header
+	// (0: none); it goes to the guest before anything else is read.
+	bounce []byte
+	rd     [][]byte // TryReadv's one segment, bounce
+	held   int
+
+	faulted bool // guest memory faulted: the worker is ending (vhostuser.Vring.Guard)
+}
+
 func (n *Net) rxLoop(w *worker) {
 	defer close(w.done)
-	v, tap := w.v, w.q.tap
-	// ReserveRX's segments also go to readv, which takes MaxIov-1 of them (Readv keeps
-	// one for its truncation sink). A chain set needing more breaks the ring
-	// (RejectIovFull): only a guest posting tiny buffers could do that.
-	iov := make([][]byte, 0, tapdev.MaxIov-1)
-	var hdr [vnethdr.LenMrgRxbuf]byte
-	var rsc *rxRSC // created when the guest first needs it (rsc.go)
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true)) // guest memory may fault: Guard
+	v := w.v
+	st := &rxState{tap: w.q.tap, q: w.q, iov: make([][]byte, 0, tapdev.MaxIov-1), rd: make([][]byte, 1)}
+	defer v.Guard(&st.faulted)
 	for !w.stop.Load() {
 		if !v.Enabled() {
 			// Started but disabled: no RX (vhost-user.rst "Ring states"). Enabling comes
@@ -38,78 +58,9 @@ func (n *Net) rxLoop(w *worker) {
 			time.Sleep(time.Millisecond)
 			continue
 		}
-		ringHL := v.HdrLen()
-		n.mu.RLock()
-		if ringHL != n.tapHdr {
-			// SET_FEATURES is between updating the ring and telling us.
-			n.mu.RUnlock()
-			time.Sleep(100 * time.Microsecond)
-			continue
-		}
-		need := ringHL + MaxFrame // a mergeable reservation covers any frame
-		state := rxGo
-		if err := v.Begin(); err != nil {
-			n.mu.RUnlock()
-			return
-		}
-		if n.rscMode || (rsc != nil && rsc.pending()) {
-			// Coalescing toward the guest; also while packets from it are pending
-			// after the mode ended, so that nothing is overtaken.
-			if rsc == nil {
-				rsc = n.newRXRSC(v, iov, w.q)
-			}
-			state = rsc.batch(ringHL)
-		}
-		for i := 0; i < rxBudget && state == rxGo && (rsc == nil || !n.rscMode && !rsc.pending()); i++ {
-			segs, _, err := v.ReserveRX(need, iov)
-			if err != nil {
-				state = rxStalled
-				if !errors.Is(err, vhostuser.ErrEmpty) {
-					state = rxStop
-				}
-				break
-			}
-			k, err := tap.TryReadv(segs)
-			if err != nil {
-				v.CommitRX(0) // hands the chains back
-				if errors.Is(err, tapdev.ErrWouldBlock) {
-					state = rxIdle
-					break
-				}
-				if errors.Is(err, tapdev.ErrTruncated) {
-					n.stats.Drops[DropRXTruncated].Add(1)
-					continue
-				}
-				n.stats.Drops[DropRXTAP].Add(1)
-				state = rxIdle
-				break
-			}
-			gso, ok := n.rxCheck(segs, hdr[:], ringHL)
-			if !ok {
-				v.CommitRX(0)
-				n.stats.Drops[DropRXOffload].Add(1)
-				continue
-			}
-			if cw := n.capture.Writer(); cw != nil {
-				cw.WriteFrameV(time.Now(), segs, ringHL, k-ringHL)
-			}
-			used := v.CommitRX(k)
-			if n.perFrame {
-				v.Publish()
-			}
-			n.stats.RXFrames.Add(1)
-			n.stats.RXBytes.Add(uint64(k - ringHL))
-			w.q.stats.RXFrames.Add(1)
-			w.q.stats.RXBytes.Add(uint64(k - ringHL))
-			n.stats.RXChains.Add(uint64(used))
-			if gso {
-				n.stats.RXGSO.Add(1)
-			}
-		}
-		clear(iov[:cap(iov)]) // do not keep guest memory referenced past End
-		v.End()
-		n.mu.RUnlock()
-		if state == rxGuest {
+		state := n.rxBatch(v, st)
+		switch state {
+		case rxGuest:
 			n.stats.RXStalls.Add(1)
 			n.setWaiting(w.q, true, true)
 			err := v.WaitMore()
@@ -117,43 +68,148 @@ func (n *Net) rxLoop(w *worker) {
 			if err != nil {
 				return
 			}
-			continue
-		}
-		if state == rxStalled {
-			// Too few buffers for a frame. If a frame is waiting, that is a stall:
-			// leave it in the TAP's queue (the kernel holds up to txqueuelen, then
-			// drops) until the guest posts more buffers and kicks. If not, wait for
-			// the TAP first.
-			ready, err := tap.Readable()
-			if err != nil && isClosed(err) {
-				return
-			}
-			state = rxIdle
-			if ready {
-				n.stats.RXStalls.Add(1)
-				n.setWaiting(w.q, true, true)
-				err := v.WaitMore()
-				n.setWaiting(w.q, true, false)
-				if err != nil {
-					return
-				}
-				continue
-			}
-		}
-		switch state {
 		case rxIdle:
-			if err := tap.WaitReadable(); err != nil {
-				if w.stop.Load() {
-					return
-				}
-				if isClosed(err) {
+			if err := st.tap.WaitReadable(); err != nil {
+				if w.stop.Load() || isClosed(err) {
 					return
 				}
 				time.Sleep(time.Millisecond)
 			}
+		case rxRetry:
+			time.Sleep(100 * time.Microsecond)
 		case rxStop:
 			return
 		}
+	}
+}
+
+// rxBatch moves up to rxBudget frames from the TAP into the ring, under the read lock
+// (a fault in guest memory unwinds through it, releasing the lock, to the worker's
+// Guard), and says what the worker should wait for next.
+func (n *Net) rxBatch(v *vhostuser.Vring, st *rxState) int {
+	ringHL := v.HdrLen()
+	n.mu.RLock()
+	defer n.mu.RUnlock()
+	if ringHL != n.tapHdr {
+		return rxRetry // SET_FEATURES is between updating the ring and telling us
+	}
+	if err := v.Begin(); err != nil {
+		return rxStop
+	}
+	// Not deferred: after a fault End must not run (Guard takes the ring over).
+	state := n.rxFrames(v, st, ringHL)
+	clear(st.iov[:cap(st.iov)]) // do not keep guest memory referenced past End
+	v.End()
+	return state
+}
+
+func (n *Net) rxFrames(v *vhostuser.Vring, st *rxState, ringHL int) int {
+	if rsc := st.rsc; n.rscMode || (rsc != nil && rsc.pending()) {
+		// Coalescing toward the guest; also while packets from it are pending after
+		// the mode ended, so that nothing is overtaken.
+		if rsc == nil {
+			st.rsc = n.newRXRSC(v, st.iov, st.q)
+		}
+		if state := st.rsc.batch(ringHL); state != rxGo || n.rscMode || st.rsc.pending() {
+			return state
+		}
+	}
+	need := ringHL + MaxFrame // a mergeable reservation covers any frame
+	for range rxBudget {
+		if st.held > 0 {
+			if !n.rxHeld(v, st, ringHL) {
+				return rxGuest
+			}
+			continue
+		}
+		segs, _, err := v.ReserveRX(need, st.iov)
+		if err != nil {
+			if !errors.Is(err, vhostuser.ErrEmpty) {
+				return rxStop
+			}
+			// Too few buffers for the largest frame: read the next one here and
+			// reserve only what it needs (QEMU reads into its own buffer first too,
+			// hw/net/virtio-net.c virtio_net_receive_rcu → virtio_net_has_buffers).
+			if st.bounce == nil {
+				st.bounce = make([]byte, vnethdr.LenMrgRxbuf+MaxFrame)
+			}
+			st.rd[0] = st.bounce[:ringHL+MaxFrame]
+			k, err := st.tap.TryReadv(st.rd)
+			if err != nil {
+				return n.rxReadFailed(err)
+			}
+			st.held = k
+			continue
+		}
+		k, err := st.tap.TryReadv(segs)
+		if err != nil {
+			v.CommitRX(0) // hands the chains back
+			if state := n.rxReadFailed(err); state != rxGo {
+				return state
+			}
+			continue
+		}
+		n.rxDeliver(v, st, segs, k, ringHL)
+	}
+	return rxGo
+}
+
+// rxReadFailed counts a TAP read that brought no frame and says what to do next.
+func (n *Net) rxReadFailed(err error) int {
+	switch {
+	case errors.Is(err, tapdev.ErrWouldBlock):
+		return rxIdle
+	case errors.Is(err, tapdev.ErrTruncated):
+		n.stats.Drops[DropRXTruncated].Add(1)
+		return rxGo
+	}
+	n.stats.Drops[DropRXTAP].Add(1)
+	return rxIdle
+}
+
+// rxHeld moves the frame held in st.bounce into the ring, reserving exactly its length;
+// false if the ring has too few buffers still (the frame stays held).
+func (n *Net) rxHeld(v *vhostuser.Vring, st *rxState, ringHL int) bool {
+	segs, capTot, err := v.ReserveRX(st.held, st.iov)
+	if err != nil {
+		return false
+	}
+	if capTot < st.held {
+		// Without MRG_RXBUF a frame takes one chain, and this one is too short.
+		v.CommitRX(0)
+		n.stats.Drops[DropRXTruncated].Add(1)
+		st.held = 0
+		return true
+	}
+	vhostuser.CopyTo(segs, st.bounce[:st.held])
+	n.rxDeliver(v, st, segs, st.held, ringHL)
+	st.held = 0
+	return true
+}
+
+// rxDeliver completes a frame of k bytes (header included) the TAP wrote, or rxHeld
+// copied, into segs.
+func (n *Net) rxDeliver(v *vhostuser.Vring, st *rxState, segs [][]byte, k, ringHL int) {
+	gso, ok := n.rxCheck(segs, st.hdr[:], ringHL)
+	if !ok {
+		v.CommitRX(0)
+		n.stats.Drops[DropRXOffload].Add(1)
+		return
+	}
+	if cw := n.capture.Writer(); cw != nil {
+		cw.WriteFrameV(time.Now(), segs, ringHL, k-ringHL)
+	}
+	used := v.CommitRX(k)
+	if n.perFrame {
+		v.Publish()
+	}
+	n.stats.RXFrames.Add(1)
+	n.stats.RXBytes.Add(uint64(k - ringHL))
+	st.q.stats.RXFrames.Add(1)
+	st.q.stats.RXBytes.Add(uint64(k - ringHL))
+	n.stats.RXChains.Add(uint64(used))
+	if gso {
+		n.stats.RXGSO.Add(1)
 	}
 }
 

@@ -18,10 +18,13 @@ type activeConn struct{ uc *net.UnixConn }
 
 // Serve accepts front-ends (QEMU -chardev socket,…,reconnect=N as the client) on ln one
 // at a time: each connection is a fresh session (the old one's rings are stopped, its
-// mappings unmapped and its fds closed before the next is accepted), so a reconnecting
-// QEMU starts over from GET_FEATURES. A second QEMU waits in the listen backlog. When
-// ctx is done the listener is closed and the running session shut down; Serve then
-// returns ctx.Err().
+// mappings unmapped and its fds closed before the next is served), so a reconnecting
+// QEMU starts over from GET_FEATURES. A connection that arrives while a session runs
+// is given refuseGrace for that session to end (a QEMU restarted before tapgro saw the
+// old one go), then closed, counted (BackendStats.Refused) and logged, at most once per
+// refuseQuiet: left in the listen backlog it would have QEMU block on its first reply
+// for as long as the other session lasts. When ctx is done the listener is closed and
+// the running session shut down; Serve then returns ctx.Err().
 func (n *Net) Serve(ctx context.Context, ln *net.UnixListener) error {
 	n.serveMu.Lock()
 	defer n.serveMu.Unlock()
@@ -30,6 +33,13 @@ func (n *Net) Serve(ctx context.Context, ln *net.UnixListener) error {
 		n.shutdownActive()
 	})
 	defer stop()
+	var idle chan struct{} // closed when the running session ends; nil before the first
+	defer func() {
+		if idle != nil {
+			<-idle
+		}
+	}()
+	var reported time.Time
 	for {
 		uc, err := ln.AcceptUnix()
 		if err != nil {
@@ -42,12 +52,38 @@ func (n *Net) Serve(ctx context.Context, ln *net.UnixListener) error {
 			}
 			return err
 		}
-		n.session(ctx, uc)
-		if ctx.Err() != nil {
-			return ctx.Err()
+		if idle != nil {
+			select {
+			case <-idle:
+			case <-time.After(refuseGrace):
+				n.BackendStats().Refused.Add(1)
+				if time.Since(reported) >= refuseQuiet {
+					reported = time.Now()
+					n.logf("vhostnet: refused a second front-end on %s: a session is running, one front-end per socket (more within %v are only counted)",
+						ln.Addr(), refuseQuiet)
+				}
+				uc.Close()
+				continue
+			case <-ctx.Done():
+				uc.Close()
+				return ctx.Err()
+			}
 		}
+		done := make(chan struct{})
+		idle = done
+		go func() {
+			defer close(done)
+			n.session(ctx, uc)
+		}()
 	}
 }
+
+// refuseGrace is how long Serve holds a connection that arrived while a session runs
+// before it refuses it; refuseQuiet how often a refusal is logged.
+const (
+	refuseGrace = time.Second
+	refuseQuiet = 10 * time.Second
+)
 
 // ServeClient is Serve with the roles of the socket reversed (--netdev
 // vhost-user,server=off): the front-end listens on path (QEMU -chardev
@@ -94,17 +130,15 @@ func (n *Net) ServeClient(ctx context.Context, path string, retry func(err error
 // session runs one session on uc, a connection Serve accepted or ServeClient dialled,
 // until the front-end goes away, breaks the protocol, or ctx ends (the caller's
 // AfterFunc shuts the active session down; the check here covers a ctx that ended
-// before uc was published). A session's error is logged and ends that session only.
+// before uc was published). A session's error ends that session only; SessionEnded
+// logs it, once.
 func (n *Net) session(ctx context.Context, uc *net.UnixConn) {
 	n.active.Store(&activeConn{uc})
 	if ctx.Err() != nil {
 		n.shutdownActive()
 	}
-	err := n.backend.Serve(uc)
+	n.backend.Serve(uc)
 	n.active.Store(nil)
-	if err != nil {
-		n.logf("vhostnet: session: %v", err)
-	}
 }
 
 // ServeConn runs one session on uc (a front-end that connected some other way).

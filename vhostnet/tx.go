@@ -4,6 +4,7 @@ package vhostnet
 
 import (
 	"errors"
+	"runtime/debug"
 	"time"
 
 	"tapgro/tapdev"
@@ -23,19 +24,22 @@ const validatePrefix = 512
 
 type txState struct {
 	iov  [][]byte // Pop's view of the chain
-	out  [][]byte // writev: our header copy, then the frame's segments
+	out  [][]byte // writev: our header copy, our copy of the frame's headers, then its other segments
 	hdr  [vnethdr.LenMrgRxbuf]byte
-	lin  []byte // validation scratch and, rarely, a linearized frame
+	lin  []byte // our copy of the frame's first bytes (tx) and, rarely, all of it
 	nPop int
 
 	tap *tapdev.Device // the pair's TAP queue
 	q   *QueueStats    // the pair's counters
 	gro *txGRO         // nil: GRO off (gro.go)
 	gh  vnethdr.Hdr    // the header handed to the engine (kept off the stack)
+
+	faulted bool // guest memory faulted: the worker is ending (vhostuser.Vring.Guard)
 }
 
 func (n *Net) txLoop(w *worker) {
 	defer close(w.done)
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true)) // guest memory may fault: Guard
 	v := w.v
 	st := &txState{
 		tap: w.q.tap,
@@ -46,48 +50,16 @@ func (n *Net) txLoop(w *worker) {
 		lin: make([]byte, MaxFrame),
 		gro: n.newTXGRO(w.q),
 	}
-	defer st.gro.flushAll() // what timer mode holds goes out before the worker ends
+	defer st.finish()
+	defer v.Guard(&st.faulted)
 	for !w.stop.Load() {
 		if err := v.Wait(); err != nil {
 			return
 		}
-		ringHL := v.HdrLen()
-		n.mu.RLock()
-		if err := v.Begin(); err != nil {
-			n.mu.RUnlock()
+		blocked, err := n.txBatch(v, st)
+		if err != nil {
 			return
 		}
-		blocked, empty := false, false
-		for range txBudget {
-			c, err := v.Pop(st.iov)
-			if err != nil {
-				empty = true // ErrEmpty; a broken ring makes the next Wait fail
-				break
-			}
-			if !v.Enabled() {
-				n.stats.Drops[DropTXDisabled].Add(1)
-				v.Push(c.Head, 0)
-				continue
-			}
-			if errors.Is(n.tx(st, c, ringHL), tapdev.ErrWouldBlock) {
-				v.Rewind(1)
-				blocked = true
-				break
-			}
-			// virtio spec "Packet Transmission": used.len is 0 for TX, nothing written.
-			v.Push(c.Head, 0)
-			if n.perFrame {
-				// What GRO holds is a copy: the chain is free for the guest.
-				v.Publish()
-			}
-		}
-		if st.gro != nil {
-			// Before End: the aggregates are written before the guest sees its chains
-			// used, as if each segment had been (endBatch says when).
-			st.gro.endBatch(empty || blocked)
-		}
-		v.End()
-		n.mu.RUnlock()
 		if blocked {
 			n.stats.TXBlocked.Add(1)
 			n.setWaiting(w.q, false, true)
@@ -100,14 +72,70 @@ func (n *Net) txLoop(w *worker) {
 	}
 }
 
+// txBatch moves up to txBudget chains to the TAP under the read lock (a fault in guest
+// memory unwinds through it, releasing the lock, to the worker's Guard). blocked says
+// the TAP could not take a frame: the worker waits for it before the next batch.
+func (n *Net) txBatch(v *vhostuser.Vring, st *txState) (blocked bool, err error) {
+	ringHL := v.HdrLen()
+	n.mu.RLock()
+	defer n.mu.RUnlock()
+	if err := v.Begin(); err != nil {
+		return false, err
+	}
+	empty := false
+	for range txBudget {
+		c, err := v.Pop(st.iov)
+		if err != nil {
+			empty = true // ErrEmpty; a broken ring makes the next Wait fail
+			break
+		}
+		if !v.Enabled() {
+			n.stats.Drops[DropTXDisabled].Add(1)
+			v.Push(c.Head, 0)
+			continue
+		}
+		if errors.Is(n.tx(st, c, ringHL), tapdev.ErrWouldBlock) {
+			v.Rewind(1)
+			blocked = true
+			break
+		}
+		// virtio spec "Packet Transmission": used.len is 0 for TX, nothing written.
+		v.Push(c.Head, 0)
+		if n.perFrame {
+			// What GRO holds is a copy: the chain is free for the guest.
+			v.Publish()
+		}
+	}
+	if st.gro != nil {
+		// Before End: the aggregates are written before the guest sees its chains
+		// used, as if each segment had been (endBatch says when).
+		st.gro.endBatch(empty || blocked)
+	}
+	v.End()
+	return blocked, nil
+}
+
+// finish runs as the worker ends: what timer mode holds goes out, unless guest memory
+// faulted, which may have cut a copy into an aggregate short.
+func (st *txState) finish() {
+	if !st.faulted {
+		st.gro.flushAll()
+	}
+}
+
 // tx writes one guest TX chain to the TAP. The header is gathered by byte offset (the
 // driver may split it over descriptors and start the frame inside the header's
-// descriptor: virtio spec "Message Framing"), decoded once from our copy (the guest
-// can change its memory meanwhile), checked with vnethdr.ValidatePeer when the kernel
-// would act on it, and re-encoded into our own buffer, which is the first writev
-// segment: the TAP's header length equals the guest's, so the frame itself goes to
-// the kernel straight from guest memory in one writev (cloud-hypervisor process_tx
-// does the same). It returns tapdev.ErrWouldBlock if the TAP could not take it now.
+// descriptor: virtio spec "Message Framing") and decoded once from our copy. The
+// frame's first validatePrefix bytes are copied once too, into st.lin, and everything
+// that decides from the frame's headers reads that copy: vnethdr.ValidatePeer, the GRO
+// engine's classification, and the kernel itself, since the prefix goes to the TAP
+// from st.lin and only the bytes after it from guest memory. A guest that rewrites its
+// headers after the check therefore changes nothing the kernel parses (DPDK's vhost
+// library fixed the same race for CVE-2024-11614 by copying headers first). The
+// virtio-net header is re-encoded into our own buffer, the first writev segment: the
+// TAP's header length equals the guest's, so the payload goes to the kernel straight
+// from guest memory in the same writev (cloud-hypervisor process_tx does the same). It
+// returns tapdev.ErrWouldBlock if the TAP could not take it now.
 func (n *Net) tx(st *txState, c vhostuser.Chain, ringHL int) error {
 	tapHL := n.tapHdr
 	frameLen := c.Len - ringHL
@@ -122,54 +150,59 @@ func (n *Net) tx(st *txState, c vhostuser.Chain, ringHL int) error {
 	var h vnethdr.Hdr
 	vhostuser.CopyFrom(st.hdr[:ringHL], c.Iov, 0)
 	h.Decode(st.hdr[:], ringHL)
-	out := append(st.out[:0], st.hdr[:tapHL])
-	skip := ringHL
-	for _, s := range c.Iov {
-		if skip >= len(s) {
-			skip -= len(s)
-			continue
-		}
-		out = append(out, s[skip:])
-		skip = 0
-		if len(out) == cap(out) {
-			break
-		}
-	}
-	frame := out[1:]
+	k := min(frameLen, validatePrefix)
+	vhostuser.CopyFrom(st.lin[:k], c.Iov, ringHL)
+	copied := k // st.lin[:copied] is ours
 	if h.GSOType != vnethdr.GSONone || h.Flags&^vnethdr.FlagDataValid != 0 {
 		need, ok := h.Needs()
 		if !ok || need&^n.txAllow != 0 {
 			n.stats.Drops[DropTXNotNegotiated].Add(1)
 			return nil
 		}
-		if err := n.validate(st, frame, frameLen, &h); err != nil {
+		var err error
+		if copied, err = n.validate(st, c, ringHL, frameLen, k, &h); err != nil {
 			n.stats.Drops[DropTXBadHeader].Add(1)
 			return nil
 		}
+	} else {
+		// Neither GSO nor a partial checksum: tun reads nothing of the header but
+		// hdr_len, and refuses values 1..13 or past the frame with EINVAL
+		// (drivers/net/tun.c tun_vnet_hdr_get): the guest's hint goes, not the frame.
+		h.HdrLen = 0
 	}
 	if st.gro != nil {
-		// The engine copies what it may merge; anything else is written below, its
-		// flow's held aggregate already written (gro.go).
+		// The engine decides from st.lin and copies what it may merge; anything else
+		// is written below, its flow's held aggregate already written (gro.go).
 		st.gh = h
-		if st.gro.offer(st, c, ringHL, frameLen, &st.gh) {
-			clear(out)
+		if st.gro.offer(st, c, ringHL, frameLen, copied, &st.gh) {
 			return nil
 		}
 	}
 	h.NumBuffers = 0 // the TAP skips it (drivers/net/tun.c tun_vnet_hdr_get); the driver sets 0
 	h.Encode(st.hdr[:], tapHL)
-	if len(out) == cap(out) && segLen(frame) < frameLen {
-		// More segments than one writev takes (UIO_MAXIOV): copy.
-		vhostuser.CopyFrom(st.lin[:frameLen], c.Iov, ringHL)
-		out = append(out[:1], st.lin[:frameLen])
-		n.stats.Linearized.Add(1)
+	out := append(st.out[:0], st.hdr[:tapHL], st.lin[:copied])
+	skip := ringHL + copied
+	for _, s := range c.Iov {
+		if skip >= len(s) {
+			skip -= len(s)
+			continue
+		}
+		if len(out) == cap(out) {
+			// More segments than one writev takes (UIO_MAXIOV): copy the rest too.
+			vhostuser.CopyFrom(st.lin[copied:frameLen], c.Iov, ringHL+copied)
+			out = append(out[:1], st.lin[:frameLen])
+			n.stats.Linearized.Add(1)
+			break
+		}
+		out = append(out, s[skip:])
+		skip = 0
 	}
 	st.out = out
 	_, err := st.tap.TryWritev(out)
 	if err == nil {
 		if cw := n.capture.Writer(); cw != nil {
-			// What the TAP took: the guest may rewrite its memory after the writev,
-			// so under a hostile guest the record can differ from what was sent.
+			// What the TAP took, headers from our copy: the guest may rewrite the
+			// payload after the writev, so under a hostile guest only that can differ.
 			cw.WriteFrameV(time.Now(), out[1:], 0, frameLen)
 		}
 	}
@@ -192,33 +225,20 @@ func (n *Net) tx(st *txState, c vhostuser.Chain, ringHL int) error {
 	return nil
 }
 
-func segLen(segs [][]byte) int {
-	t := 0
-	for _, s := range segs {
-		t += len(s)
-	}
-	return t
-}
-
-// validate runs vnethdr.ValidatePeer over a frame held in segments. A frame in one
-// segment is validated in place. Otherwise the first validatePrefix bytes are gathered
-// into st.lin, which is then presented as the frame at its full length: ValidatePeer
-// reads only the headers it re-derives h.HdrLen from (and len(frame)), so a result
-// whose HdrLen lies within the prefix is the result for the real frame. Anything else
+// validate runs vnethdr.ValidatePeer over tapgro's copy of a frame: st.lin holds its
+// first k bytes, and is presented as the frame at its full length. ValidatePeer reads
+// only the headers it re-derives h.HdrLen from (and len(frame)), so a result whose
+// HdrLen lies within the prefix is the result for the real frame. Anything else
 // (headers longer than the prefix, or a refusal that might be due to bytes past it) is
-// decided again on a full copy. h is updated only on success.
-func (n *Net) validate(st *txState, frame [][]byte, frameLen int, h *vnethdr.Hdr) error {
-	if len(frame) == 1 {
-		return vnethdr.ValidatePeer(frame[0][:frameLen], h)
-	}
-	k := min(frameLen, validatePrefix)
-	vhostuser.CopyFrom(st.lin[:k], frame, 0)
+// decided again on a full copy. It returns how many bytes of st.lin are the frame's
+// (k, or frameLen after a full copy); h is updated only on success.
+func (n *Net) validate(st *txState, c vhostuser.Chain, ringHL, frameLen, k int, h *vnethdr.Hdr) (int, error) {
 	orig := *h
 	err := vnethdr.ValidatePeer(st.lin[:frameLen], h)
 	if k == frameLen || (err == nil && int(h.HdrLen) <= k) {
-		return err
+		return k, err
 	}
 	*h = orig
-	vhostuser.CopyFrom(st.lin[k:frameLen], frame, k)
-	return vnethdr.ValidatePeer(st.lin[:frameLen], h)
+	vhostuser.CopyFrom(st.lin[k:frameLen], c.Iov, ringHL+k)
+	return frameLen, vnethdr.ValidatePeer(st.lin[:frameLen], h)
 }

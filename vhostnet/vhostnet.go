@@ -275,6 +275,7 @@ func New(cfg Config) (*Net, error) {
 		NetMTU:     true,
 		Handler:    n,
 		Stats:      cfg.BackendStats,
+		Logf:       n.logf,
 	})
 	if err != nil {
 		return nil, err
