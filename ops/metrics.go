@@ -147,7 +147,7 @@ func NewVhostMetrics(vn VhostNet, health *HealthMonitor, version string) *Metric
 		m.add("tapgro_vhost_dropped_total", "vhost-user: frames dropped, by reason.", Counter, Labels{"reason": vhostnet.DropName(r)}, u(st.Drops[r].Load))
 	}
 	for r := vhostuser.Reason(0); r < vhostuser.NumReasons; r++ {
-		m.add("tapgro_vhost_rejected_total", "vhost-user: chains or rings the guest broke, by reason (each stops that ring until the device is reset).",
+		m.add("tapgro_vhost_rejected_total", "vhost-user: chains or rings the guest broke, by reason (each stops that ring until the device is reset; a fault also ends the session).",
 			Counter, Labels{"reason": r.String()}, u(bs.Rejected[r].Load))
 	}
 	m.add("tapgro_vhost_rx_chains_total", "vhost-user: receive descriptor chains filled (more than frames with mergeable buffers).", Counter, nil, u(st.RXChains.Load))
@@ -158,6 +158,8 @@ func NewVhostMetrics(vn VhostNet, health *HealthMonitor, version string) *Metric
 	m.add("tapgro_vhost_kicks_total", "vhost-user: kick eventfd reads (the guest posted work).", Counter, nil, u(bs.Kicks.Load))
 	m.add("tapgro_vhost_calls_total", "vhost-user: call eventfd signals (interrupts to the guest).", Counter, nil, u(bs.Calls.Load))
 	m.add("tapgro_vhost_calls_deferred_total", "vhost-user: calls to the guest moderation held back (--rx-flush-delay); each was sent later, merged with the next, or found unneeded.", Counter, nil, u(bs.CallsDeferred.Load))
+	m.add("tapgro_vhost_calls_dropped_total", "vhost-user: calls the front-end's call eventfd refused (its counter full); the count already in it wakes the guest.", Counter, nil, u(bs.CallsDropped.Load))
+	m.add("tapgro_vhost_sessions_refused_total", "vhost-user: connections closed unserved because a session was running (one front-end per socket).", Counter, nil, u(bs.Refused.Load))
 	m.add("tapgro_vhost_messages_unknown_total", "vhost-user: front-end requests refused as unknown or not negotiated.", Counter, nil, u(bs.Unknown.Load))
 	m.add("tapgro_vhost_messages_failed_total", "vhost-user: front-end requests answered with a failure.", Counter, nil, u(bs.Failed.Load))
 	// GRO toward the TAP: the engine's series, same names and meaning, except the
