@@ -4,7 +4,6 @@ package vhostnet
 
 import (
 	"bytes"
-	"context"
 	"encoding/binary"
 	"errors"
 	"net"
@@ -20,31 +19,6 @@ import (
 	"tapgro/vnethdr"
 )
 
-// vnetPacketSocket is a packet socket bound to the TAP that reads each frame with the
-// virtio-net header the kernel keeps for it (PACKET_VNET_HDR: 10 bytes, the skb's GSO
-// type, size and checksum offsets; net/packet/af_packet.c packet_rcv_vnet).
-func (e *env) vnetPacketSocket() int {
-	t := e.t
-	var fd int
-	if err := e.ns.Do(func() (err error) {
-		fd, err = unix.Socket(unix.AF_PACKET, unix.SOCK_RAW|unix.SOCK_CLOEXEC, int(htons(unix.ETH_P_ALL)))
-		if err != nil {
-			return err
-		}
-		if err := unix.SetsockoptInt(fd, unix.SOL_PACKET, unix.PACKET_VNET_HDR, 1); err != nil {
-			return err
-		}
-		unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, 256<<20)
-		tv := unix.Timeval{Usec: 200000}
-		unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv)
-		return unix.Bind(fd, &unix.SockaddrLinklayer{Protocol: htons(unix.ETH_P_ALL), Ifindex: e.ifx})
-	}); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { unix.Close(fd) })
-	return fd
-}
-
 // TestTXHeadersFromOurCopy: a guest rewrites the IP protocol of its TCP GSO frames (TCP
 // ↔ UDP) while tapgro handles them. Whatever it catches, every frame on the TAP passes
 // ValidatePeer with the header the kernel kept for it: the headers the kernel parsed are
@@ -53,7 +27,7 @@ func (e *env) vnetPacketSocket() int {
 func TestTXHeadersFromOurCopy(t *testing.T) {
 	const frames = 100_000
 	e := newEnv(t, vhostusertest.Options{AckMask: 1 << FeatureHostTSO6, Num: 256, TXSlot: 8192})
-	ps := e.vnetPacketSocket()
+	ps := e.vnetSocket()
 	f, h := tso4(e.mac, gMAC, 3000) // three segments of 1448
 	hl := e.s.HdrLen()
 	data := make([]byte, hl+len(f))
@@ -234,14 +208,7 @@ func TestServeRefusesSecond(t *testing.T) {
 	if err := e.s.Close(); err != nil {
 		t.Fatal(err)
 	}
-	path := t.TempDir() + "/vhost.sock"
-	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- e.n.Serve(ctx, ln) }()
+	path, cancel, done := e.serve()
 	defer func() {
 		cancel()
 		<-done

@@ -4,6 +4,7 @@ package vhostnet
 
 import (
 	"bytes"
+	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -257,4 +258,18 @@ func (e *env) attach(name string) {
 			unix.Close(e.ps)
 		}
 	})
+}
+
+// serve runs e.n.Serve on a fresh listener at path; cancel ends it, and done then
+// carries what Serve returned.
+func (e *env) serve() (path string, cancel context.CancelFunc, done chan error) {
+	path = e.t.TempDir() + "/vhost.sock"
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done = make(chan error, 1)
+	go func() { done <- e.n.Serve(ctx, ln) }()
+	return path, cancel, done
 }

@@ -10,7 +10,6 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"net"
 	"os"
 	"path/filepath"
 	"sync/atomic"
@@ -374,15 +373,8 @@ func TestServe(t *testing.T) {
 	if err := e.s.Close(); err != nil {
 		t.Fatal(err)
 	}
-	path := t.TempDir() + "/vhost.sock"
-	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
+	path, cancel, done := e.serve()
 	defer cancel()
-	done := make(chan error, 1)
-	go func() { done <- e.n.Serve(ctx, ln) }()
 	buf := make([]byte, 1<<17)
 	sessions := e.n.BackendStats().Sessions.Load()
 	for i := range 2 {

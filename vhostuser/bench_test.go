@@ -5,6 +5,9 @@ package vhostuser
 import (
 	"encoding/binary"
 	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // republish puts heads back on the avail ring without the test allocator (0 allocs on
@@ -95,4 +98,49 @@ func BenchmarkRX(b *testing.B) {
 			}
 		})
 	}
+}
+
+// BenchmarkIdlePolledRing measures what a ring with no kick fd (SET_VRING_KICK with
+// VHOST_USER_VRING_NOFD_MASK, so the worker polls) costs while the guest sends nothing,
+// beside the same idle ring waiting on its kick eventfd: one op is 100 ms of idleness,
+// %cpu the whole test process's CPU time over it (getrusage).
+func BenchmarkIdlePolledRing(b *testing.B) {
+	for _, polled := range []bool{false, true} {
+		b.Run(map[bool]string{false: "kick", true: "polled"}[polled], func(b *testing.B) { benchIdleRing(b, polled) })
+	}
+}
+
+func benchIdleRing(b *testing.B, polled bool) {
+	h := startSession(b, opts{skipKick: true})
+	if polled {
+		h.fe.send(ReqSetVringKick, flagVersion, u64(1|vringFdNoFd))
+	} else {
+		h.fe.send(ReqSetVringKick, flagVersion, u64(1), h.rings[1].kick)
+	}
+	v := <-h.rec.started
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for v.Wait() == nil {
+			if v.Begin() == nil {
+				v.Pop(make([][]byte, 0, 8))
+				v.End()
+			}
+		}
+	}()
+	time.Sleep(50 * time.Millisecond) // past the back-off's first steps
+	var ru0, ru1 unix.Rusage
+	unix.Getrusage(unix.RUSAGE_SELF, &ru0)
+	start := time.Now()
+	b.ResetTimer()
+	for range b.N {
+		time.Sleep(100 * time.Millisecond)
+	}
+	b.StopTimer()
+	wall := time.Since(start)
+	unix.Getrusage(unix.RUSAGE_SELF, &ru1)
+	cpu := time.Duration(ru1.Utime.Nano()+ru1.Stime.Nano()-ru0.Utime.Nano()-ru0.Stime.Nano()) * time.Nanosecond
+	b.ReportMetric(100*cpu.Seconds()/wall.Seconds(), "%cpu")
+	h.stop()
+	<-done
 }

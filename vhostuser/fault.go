@@ -22,17 +22,18 @@ import "fmt"
 // TAP from guest memory) come back as EFAULT, not as a signal, and are counted as TAP
 // errors by the owner.
 
-// faultAddr reports whether r, a recovered panic value, is a memory fault that
-// SetPanicOnFault turned into a panic (runtime.Error with an Addr method), and where.
-func faultAddr(r any) (uintptr, bool) {
+// faultOrPanic returns where r, a recovered panic value, faulted, if it is a memory
+// fault that SetPanicOnFault turned into a panic (a runtime.Error with an Addr
+// method); any other panic is not a fault's business and goes on.
+func faultOrPanic(r any) uintptr {
 	e, ok := r.(interface {
 		error
 		Addr() uintptr
 	})
 	if !ok {
-		return 0, false
+		panic(r)
 	}
-	return e.Addr(), true
+	return e.Addr()
 }
 
 // FaultError is how a session ends after guest memory faulted.
@@ -61,10 +62,7 @@ func (v *Vring) Guard(faulted *bool) {
 	if r == nil {
 		return
 	}
-	addr, ok := faultAddr(r)
-	if !ok {
-		panic(r)
-	}
+	addr := faultOrPanic(r)
 	if !v.inBatch && !v.waitLocked {
 		v.mu.Lock()
 	}
@@ -79,15 +77,9 @@ func (v *Vring) Guard(faulted *bool) {
 // recoverLocked is Guard for code that holds v.mu itself and releases it by defer:
 // deferred after the unlock, it runs first.
 func (v *Vring) recoverLocked() {
-	r := recover()
-	if r == nil {
-		return
+	if r := recover(); r != nil {
+		v.faultLocked(faultOrPanic(r))
 	}
-	addr, ok := faultAddr(r)
-	if !ok {
-		panic(r)
-	}
-	v.faultLocked(addr)
 }
 
 // faultLocked breaks the ring after a fault at addr and has its session end.

@@ -28,7 +28,7 @@ func checkEventfd(fd int, kick bool) error {
 	link, err := os.Readlink("/proc/self/fd/" + strconv.Itoa(fd))
 	if err != nil {
 		if st.Mode&unix.S_IFMT != 0 {
-			return fmt.Errorf("fd is a %s, not an eventfd", fileType(st.Mode))
+			return fmt.Errorf("fd of mode %#o is not an eventfd", st.Mode)
 		}
 		return nil
 	}
@@ -42,22 +42,4 @@ func checkEventfd(fd int, kick bool) error {
 		}
 	}
 	return nil
-}
-
-func fileType(mode uint32) string {
-	switch mode & unix.S_IFMT {
-	case unix.S_IFIFO:
-		return "pipe"
-	case unix.S_IFSOCK:
-		return "socket"
-	case unix.S_IFREG:
-		return "regular file"
-	case unix.S_IFCHR:
-		return "character device"
-	case unix.S_IFBLK:
-		return "block device"
-	case unix.S_IFDIR:
-		return "directory"
-	}
-	return fmt.Sprintf("file of mode %#o", mode)
 }

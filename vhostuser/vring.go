@@ -737,7 +737,7 @@ func (v *Vring) unlockForWait() {
 // times a second, well under 1 % of a core, and a busy one is looked at within 50 µs.
 const (
 	pollMin = 50 * time.Microsecond
-	pollMax = 4 * time.Millisecond
+	pollMax = 10 * time.Millisecond
 )
 
 // kickStorm is how many kicks in a row may find no work before the kick counts as
