@@ -383,11 +383,17 @@ func runVhostUser(ctx context.Context, o *options, log *logrus.Logger) error {
 		"rx_stalls": st.RXStalls.Load(), "sessions": bs.Sessions.Load(),
 		"kicks": bs.Kicks.Load(), "calls": bs.Calls.Load(),
 	}
+	// Drops as in the engine's summary: a total per direction, all together, and the
+	// reasons that happened as direction_reason.
+	var dropped [2]uint64
 	for r := 0; r < vhostnet.NumDrops; r++ {
-		if n := st.Drops[r].Load(); n != 0 {
-			f["dropped_"+vhostnet.DropName(r)] = n
+		n := st.Drops[r].Load()
+		dropped[b2i(vhostnet.DropIsRX(r))] += n
+		if n != 0 {
+			f[vhostnet.DropDir(r)+"_"+vhostnet.DropName(r)] = n
 		}
 	}
+	f["port_to_tap_dropped"], f["tap_to_port_dropped"], f["dropped"] = dropped[0], dropped[1], dropped[0]+dropped[1]
 	if len(st.Queues) > 1 {
 		for i := range st.Queues {
 			q := &st.Queues[i]
@@ -479,6 +485,13 @@ func traceDecisions(log *logrus.Logger) func(coalescer.Reason, int) {
 		logged++
 		log.WithFields(logrus.Fields{"decision": r.String(), "frame_len": frameLen}).Trace("gro")
 	}
+}
+
+func b2i(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 func onOffString(b bool) string {

@@ -99,7 +99,7 @@ func TestVhostMetricsDocumented(t *testing.T) {
 			got[key] = m.GetCounter().GetValue()
 		}
 	}
-	if got["tapgro_vhost_frames_total,port_to_tap"] != 7 || got["tapgro_vhost_sessions_total"] != 2 ||
+	if got["tapgro_frames_total,port_to_tap"] != 7 || got["tapgro_port_connects_total"] != 2 ||
 		got["tapgro_gso_passthrough_total,port_to_tap"] != 3 || got["tapgro_vhost_rejected_total,loop"] != 1 ||
 		got["tapgro_vhost_queue_frames_total,tap_to_port,1"] != 5 ||
 		got["tapgro_gro_segments_total"] != 45 || got["tapgro_vhost_rsc_gso_packets_total"] != 4 {

@@ -175,7 +175,7 @@ func TestQEMUVhostMQ(t *testing.T) {
 	// The pairs' counters add up to the totals.
 	for _, dir := range []string{"port_to_tap", "tap_to_port"} {
 		sum := m.get(t, queueKey("tapgro_vhost_queue_frames_total", dir, 0)) + m.get(t, queueKey("tapgro_vhost_queue_frames_total", dir, 1))
-		if tot := m.get(t, `tapgro_vhost_frames_total{direction="`+dir+`"}`); sum != tot {
+		if tot := m.get(t, `tapgro_frames_total{direction="`+dir+`"}`); sum != tot {
 			t.Errorf("%s: pairs' frames add up to %v, total %v", dir, sum, tot)
 		}
 	}

@@ -83,8 +83,8 @@ echo "GUEST-DOWN-SHA=$(nc %[1]s %[5]d </dev/null | sha256sum | cut -d' ' -f1)"
 	}
 	files.check(t, console, guestFile) // after the driver reload
 	m := scrape(t, s.ns, metricsAddr)
-	if v := m.get(t, "tapgro_vhost_sessions_total"); v != 1 {
-		t.Errorf("tapgro_vhost_sessions_total = %v: the driver reload must stay within the session", v)
+	if v := m.get(t, "tapgro_port_connects_total"); v != 1 {
+		t.Errorf("tapgro_port_connects_total = %v: the driver reload must stay within the session", v)
 	}
 	if v := m.get(t, "tapgro_gro_gso_packets_total"); v < 1 {
 		t.Errorf("tapgro_gro_gso_packets_total = %v: the guest's MTU segments (tso off) were not coalesced", v)

@@ -98,7 +98,7 @@ func TestVhostRelay(t *testing.T) {
 		}
 	}
 	for r := 0; r < vhostnet.NumDrops; r++ {
-		if v := m.get(t, `tapgro_vhost_dropped_total{reason="`+vhostnet.DropName(r)+`"}`); v != 0 {
+		if v := m.get(t, `tapgro_dropped_total{direction="`+vhostnet.DropDir(r)+`",reason="`+vhostnet.DropName(r)+`"}`); v != 0 {
 			t.Errorf("tapgro dropped %v frames (%s)", v, vhostnet.DropName(r))
 		}
 	}

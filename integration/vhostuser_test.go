@@ -234,14 +234,14 @@ func TestQEMUVhostUser(t *testing.T) {
 		// Both directions carry bulk TCP (iperf3 both ways, the files), so with the
 		// offloads on GSO frames go through whole: from the guest's TSO (HOST_TSO4) to
 		// the TAP, and from the host's TCP through the TAP to the guest (GUEST_TSO4).
-		for _, name := range []string{`tapgro_vhost_frames_total{direction="port_to_tap"}`, `tapgro_vhost_frames_total{direction="tap_to_port"}`,
+		for _, name := range []string{`tapgro_frames_total{direction="port_to_tap"}`, `tapgro_frames_total{direction="tap_to_port"}`,
 			`tapgro_gso_passthrough_total{direction="port_to_tap"}`, `tapgro_gso_passthrough_total{direction="tap_to_port"}`,
-			`tapgro_vhost_sessions_total`} {
+			`tapgro_port_connects_total`} {
 			if v := m.get(t, name); v < 1 {
 				t.Errorf("%s = %v after the guest's traffic", name, v)
 			}
 		}
-		for _, name := range []string{`tapgro_vhost_bytes_total{direction="port_to_tap"}`, `tapgro_vhost_bytes_total{direction="tap_to_port"}`} {
+		for _, name := range []string{`tapgro_bytes_total{direction="port_to_tap"}`, `tapgro_bytes_total{direction="tap_to_port"}`} {
 			if v := m.get(t, name); v < vhostFile {
 				t.Errorf("%s = %v, want >= %d (a hashed file each way)", name, v, vhostFile)
 			}
@@ -302,7 +302,7 @@ func TestQEMUVhostUser(t *testing.T) {
 			}
 			// Host → guest, the guest idle: the requests and replies are (nearly)
 			// all that crosses vhostnet here, and they must be counted at full size.
-			keys := []string{`tapgro_vhost_bytes_total{direction="tap_to_port"}`, `tapgro_vhost_bytes_total{direction="port_to_tap"}`}
+			keys := []string{`tapgro_bytes_total{direction="tap_to_port"}`, `tapgro_bytes_total{direction="port_to_tap"}`}
 			before := scrape(t, s.ns, metricsAddr).pick(t, keys...)
 			s.ns.MustRun(t, "ping", "-c", "2", "-W", "5", "-M", "do", "-s", "8972", guestIP4)
 			s.ns.MustRun(t, "ping", "-6", "-c", "2", "-W", "5", "-M", "do", "-s", "8952", guestIP6)
@@ -326,7 +326,7 @@ func TestQEMUVhostUser(t *testing.T) {
 		}
 		// The hashed files alone are guestFile each way.
 		m := scrape(t, s.ns, metricsAddr)
-		for _, k := range []string{`tapgro_vhost_bytes_total{direction="port_to_tap"}`, `tapgro_vhost_bytes_total{direction="tap_to_port"}`} {
+		for _, k := range []string{`tapgro_bytes_total{direction="port_to_tap"}`, `tapgro_bytes_total{direction="tap_to_port"}`} {
 			if v := m.get(t, k); v < guestFile {
 				t.Errorf("%s = %v, want >= %d: the guest's traffic did not go through vhostnet", k, v, guestFile)
 			}
@@ -351,7 +351,7 @@ func TestQEMUVhostUser(t *testing.T) {
 		const bulk = 32 << 20
 		cmd := fmt.Sprintf("set -e\nping -c 2 %[1]s\nping6 -c 2 %[2]s\niperf3 -c %[1]s -n %[3]d\niperf3 -c %[1]s -n %[3]d -R\n",
 			hostIP4, hostIP6, bulk)
-		keys := []string{`tapgro_vhost_bytes_total{direction="port_to_tap"}`, `tapgro_vhost_bytes_total{direction="tap_to_port"}`}
+		keys := []string{`tapgro_bytes_total{direction="port_to_tap"}`, `tapgro_bytes_total{direction="tap_to_port"}`}
 		prev := map[string]float64{}
 		for i := 1; i <= 2; i++ {
 			g := startGuest(t, guestOpts{Name: fmt.Sprintf("guest %d", i), NS: s.ns, Netdev: netdev, QEMUArgs: args, DevOpts: dev,
@@ -369,8 +369,8 @@ func TestQEMUVhostUser(t *testing.T) {
 			}
 			prev = cur
 		}
-		if n := scrape(t, s.ns, metricsAddr).get(t, `tapgro_vhost_sessions_total`); n != 2 {
-			t.Errorf("tapgro_vhost_sessions_total = %v, want one per guest (2)", n)
+		if n := scrape(t, s.ns, metricsAddr).get(t, `tapgro_port_connects_total`); n != 2 {
+			t.Errorf("tapgro_port_connects_total = %v, want one per guest (2)", n)
 		}
 		s.tg.stop()
 		if bad := vhostLogProblems(s.tg.out.String()); len(bad) > 0 {

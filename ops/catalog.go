@@ -17,13 +17,11 @@ func (m *Metrics) addDatapath() {
 	} {
 		l := Labels{"direction": d.dir}
 		st := d.st
-		m.add("tapgro_frames_total", "Frames (or GSO packets, towards the TAP) delivered to the far side.", Counter, l, snapU(func(s *datapath.Snapshot) uint64 { return st(s).Frames }))
-		m.add("tapgro_bytes_total", "Ethernet bytes delivered to the far side.", Counter, l, snapU(func(s *datapath.Snapshot) uint64 { return st(s).Bytes }))
+		m.addFrames(d.dir, snapU(func(s *datapath.Snapshot) uint64 { return st(s).Frames }), snapU(func(s *datapath.Snapshot) uint64 { return st(s).Bytes }))
 		m.add("tapgro_read_frames_total", "Frames read from the near side.", Counter, l, snapU(func(s *datapath.Snapshot) uint64 { return st(s).Reads }))
 		m.add("tapgro_batches_total", "Read batches processed.", Counter, l, snapU(func(s *datapath.Snapshot) uint64 { return st(s).Batches }))
 		for r := datapath.Drop(0); r < datapath.NumDrops; r++ {
-			m.add("tapgro_dropped_total", "Frames dropped, by reason.", Counter,
-				Labels{"direction": d.dir, "reason": r.String()}, snapU(func(s *datapath.Snapshot) uint64 { return st(s).Drops[r] }))
+			m.addDropped(d.dir, r.String(), snapU(func(s *datapath.Snapshot) uint64 { return st(s).Drops[r] }))
 		}
 	}
 	m.add("tapgro_gso_segmented_total", "GSO frames from the TAP split in software for the port.", Counter, nil,
@@ -32,8 +30,7 @@ func (m *Metrics) addDatapath() {
 		snapU(func(s *datapath.Snapshot) uint64 { return s.TapToPort.CsumCompleted }))
 	m.add("tapgro_gro_gso_write_fallback_total", "GSO writes the kernel refused (EINVAL) and that were re-sent segmented.", Counter, nil,
 		snapU(func(s *datapath.Snapshot) uint64 { return s.PortToTap.GSOFallback }))
-	m.add("tapgro_port_connected", "1 while a peer is connected to the port.", Gauge, nil,
-		func(src *Source) float64 { s := src.Snap; return b2f(s.Connected) })
+	m.addConnected(func(src *Source) float64 { s := src.Snap; return b2f(s.Connected) })
 	for _, side := range []struct {
 		name string
 		c    func(*datapath.Snapshot) *datapath.Capture
@@ -41,11 +38,8 @@ func (m *Metrics) addDatapath() {
 		{"tap", func(s *datapath.Snapshot) *datapath.Capture { return &s.CaptureTap }},
 		{"port", func(s *datapath.Snapshot) *datapath.Capture { return &s.CapturePort }},
 	} {
-		l := Labels{"side": side.name}
 		get := side.c
-		m.add("tapgro_pcap_frames_total", "Frames written to the capture file, by side.", Counter, l,
-			snapU(func(s *datapath.Snapshot) uint64 { return get(s).Frames }))
-		m.add("tapgro_pcap_dropped_total", "Frames the capture could not write (file error, size cap without rotation), by side.", Counter, l,
+		m.addPcap(side.name, snapU(func(s *datapath.Snapshot) uint64 { return get(s).Frames }),
 			snapU(func(s *datapath.Snapshot) uint64 { return get(s).Dropped }))
 	}
 
@@ -132,9 +126,7 @@ func (m *Metrics) addDevice(eng Snapshotter) {
 		m.add("tapgro_port_errors_total", "Malformed input from the peer and refused sends, by reason (a bad_length ends that connection).", Counter,
 			Labels{"reason": r.reason}, u(r.v))
 	}
-	m.add("tapgro_port_connects_total", "Peers connected (or datagram sockets opened).", Counter, nil, u(ps.Connects.Load))
-	m.add("tapgro_port_disconnects_total", "Peer connections ended.", Counter, nil, u(ps.Disconnects.Load))
-	m.add("tapgro_port_rejects_total", "Extra clients turned away while one was served.", Counter, nil, u(ps.Rejects.Load))
+	m.addConnections(u(ps.Connects.Load), u(ps.Disconnects.Load), u(ps.Rejects.Load))
 	if ns := m.netmap; ns != nil {
 		m.add("tapgro_netmap_slots_total", "netmap ring slots used, by direction.", Counter, Labels{"direction": "rx"}, u(ns.RxSlots.Load))
 		m.add("tapgro_netmap_slots_total", "netmap ring slots used, by direction.", Counter, Labels{"direction": "tx"}, u(ns.TxSlots.Load))
@@ -195,36 +187,17 @@ func (m *Metrics) addRxPool() {
 }
 
 func (m *Metrics) addOffload() {
-	for _, o := range []struct {
-		name string
-		bit  vnethdr.Offloads
-	}{
-		{"csum", vnethdr.OffloadCSUM}, {"tso4", vnethdr.OffloadTSO4}, {"tso6", vnethdr.OffloadTSO6},
-		{"tso_ecn", vnethdr.OffloadTSOECN}, {"uso", vnethdr.OffloadUSO}, {"ufo", vnethdr.OffloadUFO},
-	} {
-		bit := o.bit
-		m.add("tapgro_offload_killed", "1 for an offload whose GSO writes the kernel refused (EINVAL, sticky): frames of that kind go to the TAP segmented.",
-			Gauge, Labels{"offload": o.name}, func(src *Source) float64 {
-				s := src.Snap
-				return b2f(s.OffloadsKilled&bit == bit)
-			})
-		for _, side := range []string{"tap", "port"} {
-			tap := side == "tap"
-			m.add("tapgro_offload_enabled", "1 if the negotiated offload is on: side=tap what the TAP hands tapgro (TUNSETOFFLOAD), side=port what the port accepts.",
-				Gauge, Labels{"side": side, "offload": o.name}, func(src *Source) float64 {
-					s := src.Snap
-					n := s.Negotiation
-					if n == nil {
-						return 0
-					}
-					set := n.Port.Accepts
-					if tap {
-						set = n.TapOffloads
-					}
-					return b2f(set&bit == bit)
-				})
+	negotiated := func(get func(n *datapath.Negotiation) vnethdr.Offloads) func(*Source) vnethdr.Offloads {
+		return func(src *Source) vnethdr.Offloads {
+			if n := src.Snap.Negotiation; n != nil {
+				return get(n)
+			}
+			return 0
 		}
 	}
+	m.addOffloadState(negotiated(func(n *datapath.Negotiation) vnethdr.Offloads { return n.TapOffloads }),
+		negotiated(func(n *datapath.Negotiation) vnethdr.Offloads { return n.Port.Accepts }),
+		func(src *Source) vnethdr.Offloads { return src.Snap.OffloadsKilled })
 	for _, d := range []struct {
 		name string
 		t2p  bool
@@ -246,10 +219,8 @@ func (m *Metrics) addOffload() {
 				})
 		}
 	}
-	m.add("tapgro_gso_passthrough_total", "GSO frames handed on whole (tap_to_port: to a vnet-hdr port; port_to_tap: from one to the TAP).",
-		Counter, Labels{"direction": "tap_to_port"}, snapU(func(s *datapath.Snapshot) uint64 { return s.TapToPort.GSOPassthrough }))
-	m.add("tapgro_gso_passthrough_total", "GSO frames handed on whole (tap_to_port: to a vnet-hdr port; port_to_tap: from one to the TAP).",
-		Counter, Labels{"direction": "port_to_tap"}, snapU(func(s *datapath.Snapshot) uint64 { return s.PortToTap.GSOPassthrough }))
+	m.addGSOPassthrough("tap_to_port", snapU(func(s *datapath.Snapshot) uint64 { return s.TapToPort.GSOPassthrough }))
+	m.addGSOPassthrough("port_to_tap", snapU(func(s *datapath.Snapshot) uint64 { return s.PortToTap.GSOPassthrough }))
 	m.add("tapgro_port_hello_failures_total", "vnet-hdr=on peers that failed the hello (QEMU, a plain tapgro, another protocol version); each connection was closed.",
 		Counter, nil, u(m.port.HelloFailures.Load))
 	m.add("tapgro_shm_connects_total", "vnet-hdr=on connections over AF_UNIX that set up shared-memory rings with their peer.",

@@ -13,6 +13,7 @@ import (
 	"tapgro/port"
 	"tapgro/vhostnet"
 	"tapgro/vhostuser"
+	"tapgro/vnethdr"
 )
 
 // The metric catalogue: every series tapgro exports, each a name, help text, labels and
@@ -105,10 +106,10 @@ func (m *Metrics) Collect(emit func(*Sample)) {
 
 // NewVhostMetrics is the catalogue for --netdev vhost-user: vhostnet's counters (vn's
 // Stats and its capture) and the vhost-user back-end's, with no engine behind
-// them; health adds the stall gauges (nil: none). Directions are named as the engine's:
-// port_to_tap is guest → TAP (vhostnet TX), tap_to_port TAP → guest (RX). Series the
-// engine also has (tapgro_gso_passthrough_total, tapgro_pcap_*, tapgro_stalled) keep
-// their names and meaning, so one dashboard reads both kinds of port.
+// them; health adds the stall gauges (nil: none). The families every port kind shares
+// (shared.go) come first, fed from vhostnet's counters: port_to_tap is guest → TAP
+// (vhostnet TX), tap_to_port TAP → guest (RX); a session is a connection. The rest is
+// vhost-user's own (tapgro_vhost_*).
 func NewVhostMetrics(vn VhostNet, health *HealthMonitor, version string) *Metrics {
 	m := &Metrics{}
 	st, bs := vn.Stats(), vn.BackendStats()
@@ -119,11 +120,27 @@ func NewVhostMetrics(vn VhostNet, health *HealthMonitor, version string) *Metric
 		{"port_to_tap", st.TXFrames.Load, st.TXBytes.Load, st.TXGSO.Load},
 		{"tap_to_port", st.RXFrames.Load, st.RXBytes.Load, st.RXGSO.Load},
 	} {
-		l := Labels{"direction": d.dir}
-		m.add("tapgro_vhost_frames_total", "vhost-user: frames moved between guest memory and the TAP (a GSO frame counts once).", Counter, l, u(d.frames))
-		m.add("tapgro_vhost_bytes_total", "vhost-user: Ethernet bytes moved, virtio-net header excluded.", Counter, l, u(d.bytes))
-		m.add("tapgro_gso_passthrough_total", "GSO frames handed on whole (tap_to_port: to a vnet-hdr port; port_to_tap: from one to the TAP).", Counter, l, u(d.gso))
+		m.addFrames(d.dir, u(d.frames), u(d.bytes))
+		m.addGSOPassthrough(d.dir, u(d.gso))
 	}
+	for r := 0; r < vhostnet.NumDrops; r++ {
+		m.addDropped(vhostnet.DropDir(r), vhostnet.DropName(r), u(st.Drops[r].Load))
+	}
+	m.addConnected(func(*Source) float64 { return b2f(vn.State().Connected) })
+	m.addConnections(u(bs.Sessions.Load), u(bs.Ended.Load), u(bs.Refused.Load))
+	c := vn.Capture().Stats()
+	m.addPcap("port", u(c.Frames.Load), u(c.Dropped.Load))
+	// side=tap: what TUNSETOFFLOAD set; side=port: what the guest acked it can receive
+	// (while a session has acked). vhost-user kills no offload: the TAP's write path
+	// takes what the guest sends, validated.
+	m.addOffloadState(func(*Source) vnethdr.Offloads { return vn.State().TapOffloads },
+		func(*Source) vnethdr.Offloads {
+			if s := vn.State(); s.AckedValid {
+				return vhostnet.RXOffloads(s.Acked)
+			}
+			return 0
+		},
+		func(*Source) vnethdr.Offloads { return 0 })
 	// Per queue pair: the TAP steers each flow to one queue (drivers/net/tun.c
 	// tun_automq_select_queue), so these show how the flows spread over the pairs.
 	for i := range st.Queues {
@@ -143,9 +160,6 @@ func NewVhostMetrics(vn VhostNet, health *HealthMonitor, version string) *Metric
 		m.add("tapgro_vhost_queue_attached", "vhost-user: 1 while the queue pair's TAP queue is attached (the guest enabled the pair).", Gauge,
 			Labels{"queue": ql}, func(*Source) float64 { return b2f(q.Attached.Load()) })
 	}
-	for r := 0; r < vhostnet.NumDrops; r++ {
-		m.add("tapgro_vhost_dropped_total", "vhost-user: frames dropped, by reason.", Counter, Labels{"reason": vhostnet.DropName(r)}, u(st.Drops[r].Load))
-	}
 	for r := vhostuser.Reason(0); r < vhostuser.NumReasons; r++ {
 		m.add("tapgro_vhost_rejected_total", "vhost-user: chains or rings the guest broke, by reason (each stops that ring until the device is reset; a fault also ends the session).",
 			Counter, Labels{"reason": r.String()}, u(bs.Rejected[r].Load))
@@ -154,12 +168,10 @@ func NewVhostMetrics(vn VhostNet, health *HealthMonitor, version string) *Metric
 	m.add("tapgro_vhost_rx_stalls_total", "vhost-user: times TAP → guest waited for the guest to post buffers.", Counter, nil, u(st.RXStalls.Load))
 	m.add("tapgro_vhost_tx_blocked_total", "vhost-user: times guest → TAP waited for the TAP to take a frame.", Counter, nil, u(st.TXBlocked.Load))
 	m.add("tapgro_vhost_tx_linearized_total", "vhost-user: guest frames of more segments than one writev takes, copied.", Counter, nil, u(st.Linearized.Load))
-	m.add("tapgro_vhost_sessions_total", "vhost-user: front-end sessions (QEMU connections) served.", Counter, nil, u(bs.Sessions.Load))
 	m.add("tapgro_vhost_kicks_total", "vhost-user: kick eventfd reads (the guest posted work).", Counter, nil, u(bs.Kicks.Load))
 	m.add("tapgro_vhost_calls_total", "vhost-user: call eventfd signals (interrupts to the guest).", Counter, nil, u(bs.Calls.Load))
 	m.add("tapgro_vhost_calls_deferred_total", "vhost-user: calls to the guest moderation held back (--rx-flush-delay); each was sent later, merged with the next, or found unneeded.", Counter, nil, u(bs.CallsDeferred.Load))
 	m.add("tapgro_vhost_calls_dropped_total", "vhost-user: calls the front-end's call eventfd refused (its counter full); the count already in it wakes the guest.", Counter, nil, u(bs.CallsDropped.Load))
-	m.add("tapgro_vhost_sessions_refused_total", "vhost-user: connections closed unserved because a session was running (one front-end per socket).", Counter, nil, u(bs.Refused.Load))
 	m.add("tapgro_vhost_messages_unknown_total", "vhost-user: front-end requests refused as unknown or not negotiated.", Counter, nil, u(bs.Unknown.Load))
 	m.add("tapgro_vhost_messages_failed_total", "vhost-user: front-end requests answered with a failure.", Counter, nil, u(bs.Failed.Load))
 	// GRO toward the TAP: the engine's series, same names and meaning, except the
@@ -173,11 +185,6 @@ func NewVhostMetrics(vn VhostNet, health *HealthMonitor, version string) *Metric
 	m.add("tapgro_vhost_rsc_packets_total", "vhost-user: packets the coalescer toward the guest handed to it (GSO packets and frames passed through).", Counter, nil, u(rsc.Packets.Load))
 	m.add("tapgro_vhost_rsc_coalesced_total", "vhost-user: TAP frames merged into an existing aggregate toward the guest.", Counter, nil, u(rsc.Coalesced.Load))
 	m.add("tapgro_vhost_rsc_gso_packets_total", "vhost-user: GSO packets (2 or more segments) the coalescer handed the guest.", Counter, nil, u(rsc.GSOOut.Load))
-	m.add("tapgro_port_connected", "1 while a peer is connected to the port.", Gauge, nil, func(*Source) float64 { return b2f(vn.State().Connected) })
-	c := vn.Capture().Stats()
-	l := Labels{"side": "port"}
-	m.add("tapgro_pcap_frames_total", "Frames written to the capture file, by side.", Counter, l, u(c.Frames.Load))
-	m.add("tapgro_pcap_dropped_total", "Frames the capture could not write (file error, size cap without rotation), by side.", Counter, l, u(c.Dropped.Load))
 	if health != nil {
 		m.addStalled(health)
 	}

@@ -49,13 +49,26 @@ const (
 	NumDrops
 )
 
-var dropNames = [NumDrops]string{"tx_bad_header", "tx_not_negotiated", "tx_runt", "tx_too_long",
-	"tx_tap", "tx_disabled", "rx_offload_violation", "rx_truncated", "rx_tap"}
+// dropNames are the reason labels of tapgro_dropped_total, whose direction label says
+// which way (DropDir): names the engine's drops share where the meaning is the same
+// (malformed: the peer's header or frame failed validation; tap_error: the TAP refused
+// the write or the read failed), vhost-user's own otherwise.
+var dropNames = [NumDrops]string{"malformed", "not_negotiated", "runt", "too_long",
+	"tap_error", "disabled", "offload_violation", "truncated", "tap_error"}
 
 // DropIsRX says whether drop reason r is of the TAP → guest direction.
 func DropIsRX(r int) bool { return r >= DropRXOffload }
 
-// DropName is the metric label of drop reason r.
+// DropDir is the direction label of drop reason r: port_to_tap (guest → TAP) or
+// tap_to_port (TAP → guest), as the engine names them.
+func DropDir(r int) string {
+	if DropIsRX(r) {
+		return "tap_to_port"
+	}
+	return "port_to_tap"
+}
+
+// DropName is the reason label of drop reason r (with DropDir, it names r uniquely).
 func DropName(r int) string {
 	if r >= 0 && r < NumDrops {
 		return dropNames[r]

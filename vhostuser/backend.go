@@ -42,6 +42,7 @@ type Stats struct {
 	// was sent later, merged with the calls that followed, or found unneeded.
 	CallsDeferred atomic.Uint64
 	Sessions      atomic.Uint64 // connections whose front-end sent at least one message
+	Ended         atomic.Uint64 // those sessions that have ended
 	// Refused counts connections closed unserved because a session was running (one
 	// front-end per socket; vhostnet.Net.Serve).
 	Refused atomic.Uint64
@@ -195,8 +196,11 @@ func (b *Backend) Serve(uc *net.UnixConn) error {
 		s.rings[i].onFault = s.abort
 		s.rings[i].logf = b.cfg.Logf
 	}
-	err = s.loop()
+	spoke, err := s.loop()
 	s.teardown()
+	if spoke {
+		s.stats.Ended.Add(1)
+	}
 	uc.Close()
 	if errors.Is(err, io.EOF) {
 		err = nil
@@ -224,22 +228,25 @@ func (s *Session) abort(err error) {
 	s.c.raw.Control(func(fd uintptr) { unix.Shutdown(int(fd), unix.SHUT_RDWR) })
 }
 
-func (s *Session) loop() error {
-	for first := true; ; first = false {
+// loop serves messages until the connection ends; spoke says whether the front-end sent
+// any (and so counted as a session).
+func (s *Session) loop() (spoke bool, err error) {
+	for {
 		m := &s.msg
 		if err := s.c.readMsg(m); err != nil {
-			return err
+			return spoke, err
 		}
-		if first {
+		if !spoke {
 			// A session is a front-end that spoke: a connection closed before its first
 			// message (a listening QEMU's backlog emptied as it exits) is not one.
 			s.stats.Sessions.Add(1)
+			spoke = true
 		}
 		s.stats.Messages[min(m.req, MaxRequest)].Add(1)
 		err := s.dispatch(m)
 		m.closeFds()
 		if err != nil {
-			return err
+			return spoke, err
 		}
 	}
 }
