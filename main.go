@@ -33,6 +33,7 @@ import (
 	"tapgro/procscale"
 	"tapgro/tapdev"
 	"tapgro/vhostnet"
+	"tapgro/virtio"
 )
 
 // version is set at build time with -ldflags "-X main.version=...".
@@ -362,7 +363,7 @@ func runVhostUser(ctx context.Context, o *options, log *logrus.Logger) error {
 	}
 	qemu, tcg := vhostUserQEMUArgs(spec)
 	fields := logrus.Fields{"tap": tap.Name(), "netdev": spec.String(), role: addr, "version": version,
-		"offered": vhostnet.FeatureString(vn.State().Offered)}
+		"offered": virtio.String(vn.State().Offered)}
 	if o.pcapPort != "" {
 		fields["pcap_port"] = o.pcapPort
 	}

@@ -17,6 +17,7 @@ import (
 
 	"tapgro/datapath"
 	"tapgro/vhostnet"
+	"tapgro/virtio"
 	"tapgro/vnethdr"
 )
 
@@ -604,7 +605,7 @@ func (s *CtlServer) describeOffloads(c vnethdr.Choice, set vnethdr.Offloads) str
 func (s *CtlServer) vhostStatus() *Status {
 	vs, st, bs := s.vn.State(), s.vn.Stats(), s.vn.BackendStats()
 	v := &VhostStatus{
-		Offered: vhostnet.FeatureNames(vs.Offered), HdrLen: vs.Acked.HdrLen,
+		Offered: virtio.Names(vs.Offered), HdrLen: vs.Acked.HdrLen,
 		TapOffloads: vs.TapOffloads.String(), GuestMTU: vs.GuestMTU,
 		Sessions: bs.Sessions.Load(), Kicks: bs.Kicks.Load(), Calls: bs.Calls.Load(),
 		RXStalls: st.RXStalls.Load(), GSOToTap: st.TXGSO.Load(), GSOToGuest: st.RXGSO.Load(),
@@ -616,7 +617,7 @@ func (s *CtlServer) vhostStatus() *Status {
 		}
 	}
 	if vs.AckedValid {
-		v.Acked = vhostnet.FeatureNames(vs.Acked.Bits)
+		v.Acked = virtio.Names(vs.Acked.Bits)
 	}
 	for r := range bs.Rejected {
 		v.Rejected += bs.Rejected[r].Load()

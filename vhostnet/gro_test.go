@@ -12,8 +12,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"tapgro/vhostuser"
 	"tapgro/vhostuser/vhostusertest"
+	"tapgro/virtio"
 	"tapgro/vnethdr"
 )
 
@@ -118,7 +118,7 @@ func TestGROToTAP(t *testing.T) {
 	for _, tc := range []struct {
 		name string
 		mask uint64
-	}{{"hdr12", 0}, {"hdr10", 1<<vhostuser.FeatureNetMrgRxbuf | 1<<vhostuser.FeatureVersion1}} {
+	}{{"hdr12", 0}, {"hdr10", 1<<virtio.NetMrgRxbuf | 1<<virtio.Version1}} {
 		for _, mode := range []string{"batch", "timer"} {
 			t.Run(tc.name+"/"+mode, func(t *testing.T) {
 				testGROToTAP(t, tc.mask, mode == "timer")

@@ -16,6 +16,7 @@ import (
 
 	"tapgro/vhostuser"
 	"tapgro/vhostuser/vhostusertest"
+	"tapgro/virtio"
 	"tapgro/vnethdr"
 )
 
@@ -26,7 +27,7 @@ import (
 // headers), and the race runs over 100,000 frames.
 func TestTXHeadersFromOurCopy(t *testing.T) {
 	const frames = 100_000
-	e := newEnv(t, vhostusertest.Options{AckMask: 1 << FeatureHostTSO6, Num: 256, TXSlot: 8192})
+	e := newEnv(t, vhostusertest.Options{AckMask: 1 << virtio.NetHostTSO6, Num: 256, TXSlot: 8192})
 	ps := e.vnetSocket()
 	f, h := tso4(e.mac, gMAC, 3000) // three segments of 1448
 	hl := e.s.HdrLen()
@@ -157,7 +158,7 @@ func TestTXPlainHdrLen(t *testing.T) {
 func TestRXSmallBuffers(t *testing.T) {
 	e := newEnv(t, vhostusertest.Options{})
 	rx := e.s.RX(0)
-	mrg := e.s.Has(vhostuser.FeatureNetMrgRxbuf)
+	mrg := e.s.Has(virtio.NetMrgRxbuf)
 	if !mrg {
 		t.Fatal("the double did not ack MRG_RXBUF")
 	}

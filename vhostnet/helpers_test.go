@@ -19,6 +19,7 @@ import (
 	"tapgro/tapdev"
 	"tapgro/vhostuser"
 	"tapgro/vhostuser/vhostusertest"
+	"tapgro/virtio"
 	"tapgro/vnethdr"
 )
 
@@ -172,7 +173,7 @@ func (e *env) waitTXDone() {
 func (e *env) recvGuest(want int, bufLen, pieces int, timeout time.Duration) [][]byte {
 	e.t.Helper()
 	rx := e.s.RX(0)
-	mrg := e.s.Has(vhostuser.FeatureNetMrgRxbuf)
+	mrg := e.s.Has(virtio.NetMrgRxbuf)
 	var out [][]byte
 	var other []string
 	deadline := time.Now().Add(timeout)

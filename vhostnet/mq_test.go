@@ -16,6 +16,7 @@ import (
 	"tapgro/tapdev"
 	"tapgro/vhostuser"
 	"tapgro/vhostuser/vhostusertest"
+	"tapgro/virtio"
 	"tapgro/vnethdr"
 )
 
@@ -176,7 +177,7 @@ func ports(from, n int) []uint16 {
 func TestMultiqueue(t *testing.T) {
 	const pairs = 2
 	e := newMQEnv(t, pairs)
-	if !e.s.Has(vhostuser.FeatureNetMQ) {
+	if !e.s.Has(virtio.NetMQ) {
 		t.Fatalf("MQ not offered/acked: offered %#x", e.s.Offered)
 	}
 	if a := e.n.State().Attached; !a[0] || !a[1] {

@@ -10,8 +10,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"tapgro/vhostuser"
 	"tapgro/vhostuser/vhostusertest"
+	"tapgro/virtio"
 	"tapgro/vnethdr"
 )
 
@@ -36,8 +36,8 @@ func TestRSCToGuest(t *testing.T) {
 		timer bool
 	}{
 		{"tso4", 0, true, false},
-		{"tso4-nomrg", 1 << vhostuser.FeatureNetMrgRxbuf, true, false},
-		{"tso6-only", 1 << FeatureGuestTSO4, false, false},
+		{"tso4-nomrg", 1 << virtio.NetMrgRxbuf, true, false},
+		{"tso6-only", 1 << virtio.NetGuestTSO4, false, false},
 		// Aggregates may be held across read batches (rsc.go); the output is the same.
 		{"tso4-timer", 0, true, true},
 	} {
@@ -50,7 +50,7 @@ func TestRSCToGuest(t *testing.T) {
 			if !e.n.rscMode {
 				t.Fatal("RSC mode is off")
 			}
-			testRSCToGuest(t, e, tc.merge, tc.mask&(1<<vhostuser.FeatureNetMrgRxbuf) == 0)
+			testRSCToGuest(t, e, tc.merge, tc.mask&(1<<virtio.NetMrgRxbuf) == 0)
 		})
 	}
 }

@@ -13,22 +13,8 @@ import (
 	"tapgro/pcapio"
 	"tapgro/tapdev"
 	"tapgro/vhostuser"
+	"tapgro/virtio"
 	"tapgro/vnethdr"
-)
-
-// virtio-net feature bits this package maps onto TAP offloads (virtio spec "Network
-// Device / Feature bits"; linux include/uapi/linux/virtio_net.h).
-const (
-	FeatureCsum      = 0  // VIRTIO_NET_F_CSUM: the driver may send NEEDS_CSUM
-	FeatureGuestCsum = 1  // VIRTIO_NET_F_GUEST_CSUM: the driver takes NEEDS_CSUM / DATA_VALID
-	FeatureMTU       = 3  // VIRTIO_NET_F_MTU: the device advises an MTU (NET_SET_MTU tells us)
-	FeatureGuestTSO4 = 7  // VIRTIO_NET_F_GUEST_TSO4
-	FeatureGuestTSO6 = 8  // VIRTIO_NET_F_GUEST_TSO6
-	FeatureGuestECN  = 9  // VIRTIO_NET_F_GUEST_ECN
-	FeatureHostTSO4  = 11 // VIRTIO_NET_F_HOST_TSO4
-	FeatureHostTSO6  = 12 // VIRTIO_NET_F_HOST_TSO6
-	FeatureHostECN   = 13 // VIRTIO_NET_F_HOST_ECN
-	FeatureHostUSO   = 56 // VIRTIO_NET_F_HOST_USO (unknown to QEMU 7.2; never offered)
 )
 
 // MaxFrame is the largest Ethernet frame a TAP hands over: 14 Ethernet + 4 VLAN + 40
@@ -311,19 +297,19 @@ func New(cfg Config) (*Net, error) {
 // either way (the TAP never produces it and ValidatePeer refuses it), no USO (QEMU 7.2
 // does not pass those bits).
 func Offer(probed vnethdr.Offloads) uint64 {
-	f := uint64(1)<<vhostuser.FeatureVersion1 | 1<<vhostuser.FeatureNetMrgRxbuf |
-		1<<vhostuser.FeatureEventIdx | 1<<vhostuser.FeatureIndirectDesc | 1<<FeatureMTU |
-		1<<FeatureCsum | 1<<FeatureHostTSO4 | 1<<FeatureHostTSO6 | 1<<FeatureHostECN
+	f := uint64(1)<<virtio.Version1 | 1<<virtio.NetMrgRxbuf |
+		1<<virtio.RingEventIdx | 1<<virtio.RingIndirectDesc | 1<<virtio.NetMTU |
+		1<<virtio.NetCsum | 1<<virtio.NetHostTSO4 | 1<<virtio.NetHostTSO6 | 1<<virtio.NetHostECN
 	if probed&vnethdr.OffloadCSUM != 0 {
-		f |= 1 << FeatureGuestCsum
+		f |= 1 << virtio.NetGuestCsum
 		if probed&vnethdr.OffloadTSO4 != 0 {
-			f |= 1 << FeatureGuestTSO4
+			f |= 1 << virtio.NetGuestTSO4
 		}
 		if probed&vnethdr.OffloadTSO6 != 0 {
-			f |= 1 << FeatureGuestTSO6
+			f |= 1 << virtio.NetGuestTSO6
 		}
 		if probed&vnethdr.OffloadTSOECN != 0 {
-			f |= 1 << FeatureGuestECN
+			f |= 1 << virtio.NetGuestECN
 		}
 	}
 	return f
@@ -335,17 +321,17 @@ func Offer(probed vnethdr.Offloads) uint64 {
 // NEEDS_CSUM or a GSO type it did not negotiate).
 func RXOffloads(f vhostuser.Features) vnethdr.Offloads {
 	var o vnethdr.Offloads
-	if !f.Has(FeatureGuestCsum) {
+	if !f.Has(virtio.NetGuestCsum) {
 		return 0 // every TSO bit needs CSUM (drivers/net/tun.c set_offload)
 	}
 	o |= vnethdr.OffloadCSUM
-	if f.Has(FeatureGuestTSO4) {
+	if f.Has(virtio.NetGuestTSO4) {
 		o |= vnethdr.OffloadTSO4
 	}
-	if f.Has(FeatureGuestTSO6) {
+	if f.Has(virtio.NetGuestTSO6) {
 		o |= vnethdr.OffloadTSO6
 	}
-	if f.Has(FeatureGuestECN) {
+	if f.Has(virtio.NetGuestECN) {
 		o |= vnethdr.OffloadTSOECN
 	}
 	return o
@@ -355,19 +341,19 @@ func RXOffloads(f vhostuser.Features) vnethdr.Offloads {
 // HOST_TSO4/TSO6/ECN/USO (virtio spec "Packet Transmission").
 func TXOffloads(f vhostuser.Features) vnethdr.Offloads {
 	var o vnethdr.Offloads
-	if f.Has(FeatureCsum) {
+	if f.Has(virtio.NetCsum) {
 		o |= vnethdr.OffloadCSUM
 	}
-	if f.Has(FeatureHostTSO4) {
+	if f.Has(virtio.NetHostTSO4) {
 		o |= vnethdr.OffloadTSO4
 	}
-	if f.Has(FeatureHostTSO6) {
+	if f.Has(virtio.NetHostTSO6) {
 		o |= vnethdr.OffloadTSO6
 	}
-	if f.Has(FeatureHostECN) {
+	if f.Has(virtio.NetHostECN) {
 		o |= vnethdr.OffloadTSOECN
 	}
-	if f.Has(FeatureHostUSO) {
+	if f.Has(virtio.NetHostUSO) {
 		o |= vnethdr.OffloadUSO
 	}
 	return o
@@ -427,8 +413,8 @@ func (n *Net) FeaturesAcked(f vhostuser.Features) {
 	n.acked.Store(f.Bits)
 	n.ackedOK.Store(true)
 	n.tapOffl.Store(uint64(eff))
-	n.guestCsm = f.Has(FeatureGuestCsum)
-	n.mrg = f.Has(vhostuser.FeatureNetMrgRxbuf)
+	n.guestCsm = f.Has(virtio.NetGuestCsum)
+	n.mrg = f.Has(virtio.NetMrgRxbuf)
 	// RSC (rsc.go) when the guest takes a TSO kind the TAP will not produce.
 	n.rscMode = n.gro && ((want&vnethdr.OffloadTSO4 != 0 && eff&vnethdr.OffloadTSO4 == 0) ||
 		(want&vnethdr.OffloadTSO6 != 0 && eff&vnethdr.OffloadTSO6 == 0))
@@ -437,7 +423,7 @@ func (n *Net) FeaturesAcked(f vhostuser.Features) {
 	if n.rscMode {
 		rsc = ", coalescing toward the guest"
 	}
-	n.infof("vhostnet: features %#x (%s): header %d bytes, TAP offloads %s%s", f.Bits, FeatureString(f.Bits), n.tapHdr, eff, rsc)
+	n.infof("vhostnet: features %#x (%s): header %d bytes, TAP offloads %s%s", f.Bits, virtio.String(f.Bits), n.tapHdr, eff, rsc)
 }
 
 // worker is one ring's goroutine; q is its pair (the TAP queue it uses).

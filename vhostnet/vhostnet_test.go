@@ -19,8 +19,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"tapgro/pcapio"
-	"tapgro/vhostuser"
 	"tapgro/vhostuser/vhostusertest"
+	"tapgro/virtio"
 	"tapgro/vnethdr"
 )
 
@@ -69,8 +69,8 @@ func TestRXSizes(t *testing.T) {
 	}{
 		{"mrg4k", 0, 4096, 1},
 		{"mrg1536x2", 0, 1536, 2},
-		{"big-nomrg", 1 << vhostuser.FeatureNetMrgRxbuf, 65536 + 200, 17},
-		{"legacy10", 1<<vhostuser.FeatureNetMrgRxbuf | 1<<vhostuser.FeatureVersion1, 65536 + 200, 17},
+		{"big-nomrg", 1 << virtio.NetMrgRxbuf, 65536 + 200, 17},
+		{"legacy10", 1<<virtio.NetMrgRxbuf | 1<<virtio.Version1, 65536 + 200, 17},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			e := newEnv(t, vhostusertest.Options{AckMask: tc.mask})
@@ -233,7 +233,7 @@ func TestGSOPassthrough(t *testing.T) {
 // TestHostileHeaders: malformed or unnegotiated headers are counted and never reach
 // the TAP; a good marker frame after each one does.
 func TestHostileHeaders(t *testing.T) {
-	e := newEnv(t, vhostusertest.Options{AckMask: 1 << FeatureHostTSO6})
+	e := newEnv(t, vhostusertest.Options{AckMask: 1 << virtio.NetHostTSO6})
 	f, good := tso4(e.mac, gMAC, 20000)
 	bad := func(mut func(h *vnethdr.Hdr, f []byte)) ([]byte, vnethdr.Hdr) {
 		ff := bytes.Clone(f)
@@ -335,8 +335,8 @@ func TestOffloadsFollowAcks(t *testing.T) {
 		want string
 	}{
 		{0, "csum,tso4,tso6,tso_ecn"},
-		{1 << FeatureGuestTSO6, "csum,tso4,tso_ecn"},
-		{1 << FeatureGuestCsum, "none"},
+		{1 << virtio.NetGuestTSO6, "csum,tso4,tso_ecn"},
+		{1 << virtio.NetGuestCsum, "none"},
 	} {
 		t.Run(fmt.Sprint(tc.mask), func(t *testing.T) {
 			e := newEnv(t, vhostusertest.Options{AckMask: tc.mask})
@@ -408,13 +408,13 @@ func TestServe(t *testing.T) {
 
 func TestFeatureNames(t *testing.T) {
 	f := Offer(vnethdr.OffloadCSUM | vnethdr.OffloadTSO4 | vnethdr.OffloadTSO6 | vnethdr.OffloadTSOECN)
-	got := FeatureString(f | 1<<45)
+	got := virtio.String(f | 1<<45)
 	want := "CSUM GUEST_CSUM MTU GUEST_TSO4 GUEST_TSO6 GUEST_ECN HOST_TSO4 HOST_TSO6 HOST_ECN MRG_RXBUF INDIRECT_DESC EVENT_IDX VERSION_1 bit(45)"
 	if got != want {
-		t.Errorf("FeatureString = %q\nwant            %q", got, want)
+		t.Errorf("virtio.String = %q\nwant            %q", got, want)
 	}
-	if FeatureString(0) != "none" {
-		t.Errorf("FeatureString(0) = %q", FeatureString(0))
+	if virtio.String(0) != "none" {
+		t.Errorf("virtio.String(0) = %q", virtio.String(0))
 	}
 }
 

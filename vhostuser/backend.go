@@ -12,20 +12,13 @@ import (
 	"sync/atomic"
 
 	"golang.org/x/sys/unix"
+
+	"tapgro/virtio"
 )
 
-// virtio feature bits the back-end itself looks at (virtio spec "Reserved Feature Bits",
-// "Network Device / Feature bits"; linux include/uapi/linux/virtio_net.h, virtio_ring.h).
-const (
-	FeatureNetMTU        = 3
-	FeatureNetMrgRxbuf   = 15
-	FeatureNetMQ         = 22
-	FeatureIndirectDesc  = 28
-	FeatureEventIdx      = 29
-	FeatureVersion1      = 32
-	featureLogAll        = 26 // VHOST_F_LOG_ALL: migration dirty logging, never offered
-	protocolFeaturesMask = uint64(1) << VhostUserFProtocolFeatures
-)
+// protocolFeaturesMask is feature bit 30, which in GET_FEATURES announces that
+// GET/SET_PROTOCOL_FEATURES exist (vhost-user.rst "Protocol features").
+const protocolFeaturesMask = uint64(1) << virtio.VhostUserProtocolFeatures
 
 // Stats are the back-end's counters, all atomic; one Stats may outlive many sessions.
 type Stats struct {
@@ -131,7 +124,7 @@ func NewBackend(cfg Config) (*Backend, error) {
 	}
 	cfg.Features |= protocolFeaturesMask
 	if cfg.QueuePairs > 1 {
-		cfg.Features |= 1 << FeatureNetMQ
+		cfg.Features |= 1 << virtio.NetMQ
 	}
 	b := &Backend{cfg: cfg, stats: cfg.Stats}
 	if b.stats == nil {
@@ -382,7 +375,7 @@ func (s *Session) handle(m *message, p []byte) (replied bool, err error) {
 func (s *Session) setFeatures(f uint64) {
 	s.features, s.featuresOK = f, true
 	s.hdrLen = 10
-	if f&(1<<FeatureVersion1|1<<FeatureNetMrgRxbuf) != 0 {
+	if f&(1<<virtio.Version1|1<<virtio.NetMrgRxbuf) != 0 {
 		s.hdrLen = 12
 	}
 	fe := s.feats()
@@ -399,9 +392,9 @@ func (s *Session) setFeatures(f uint64) {
 func (s *Session) feats() feats {
 	f := s.features
 	return feats{
-		eventIdx:   f&(1<<FeatureEventIdx) != 0,
-		indirect:   f&(1<<FeatureIndirectDesc) != 0,
-		mrg:        f&(1<<FeatureNetMrgRxbuf) != 0,
+		eventIdx:   f&(1<<virtio.RingEventIdx) != 0,
+		indirect:   f&(1<<virtio.RingIndirectDesc) != 0,
+		mrg:        f&(1<<virtio.NetMrgRxbuf) != 0,
 		protoAcked: f&protocolFeaturesMask != 0,
 		hdrLen:     s.hdrLen,
 	}

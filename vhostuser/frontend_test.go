@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"tapgro/virtio"
 )
 
 // This file is a front-end test double: it plays QEMU 7.2's side of the socket (message
@@ -25,8 +27,8 @@ const (
 	regAEnd  = 0xa0000
 	regBBase = 0xc0000
 
-	featsDefault = 1<<FeatureVersion1 | 1<<FeatureNetMrgRxbuf | 1<<0 | 1<<1 | 1<<11 | 1<<12 | 1<<13 |
-		1<<7 | 1<<8 | 1<<9 | 1<<FeatureNetMTU | 1<<FeatureEventIdx | 1<<FeatureIndirectDesc
+	featsDefault = 1<<virtio.Version1 | 1<<virtio.NetMrgRxbuf | 1<<0 | 1<<1 | 1<<11 | 1<<12 | 1<<13 |
+		1<<7 | 1<<8 | 1<<9 | 1<<virtio.NetMTU | 1<<virtio.RingEventIdx | 1<<virtio.RingIndirectDesc
 )
 
 // guest is guest RAM as the front-end sees it: one memfd, mapped once, with a region
@@ -475,7 +477,7 @@ func startSession(t testing.TB, o opts) *harness {
 	// Step 1, connect (vhost_user_backend_init, vhost_dev_init). Each pair repeats its
 	// feature queries; one-time requests come from pair 0 only.
 	offered := fe.get(ReqGetFeatures)
-	if offered&(1<<VhostUserFProtocolFeatures) == 0 {
+	if offered&(1<<virtio.VhostUserProtocolFeatures) == 0 {
 		t.Fatalf("GET_FEATURES %#x lacks bit 30", offered)
 	}
 	for pair := 0; pair < o.pairs; pair++ {
@@ -513,10 +515,10 @@ func startSession(t testing.TB, o opts) *harness {
 	// Step 3, DRIVER_OK (vhost_net_start).
 	ack := o.ack
 	if ack == 0 {
-		ack = offered &^ (1 << VhostUserFProtocolFeatures)
+		ack = offered &^ (1 << virtio.VhostUserProtocolFeatures)
 	}
 	ack &= offered
-	if ack&(1<<FeatureNetMTU) != 0 {
+	if ack&(1<<virtio.NetMTU) != 0 {
 		if r := fe.ack(ReqNetSetMTU, u64(1500)); r != 0 {
 			t.Fatalf("NET_SET_MTU ack %d", r)
 		}
@@ -526,7 +528,7 @@ func startSession(t testing.TB, o opts) *harness {
 			fe.send(ReqSetVringEnable, flagVersion, state(uint32(i), 1))
 		}
 	}
-	fe.send(ReqSetFeatures, flagVersion, u64(ack|1<<VhostUserFProtocolFeatures))
+	fe.send(ReqSetFeatures, flagVersion, u64(ack|1<<virtio.VhostUserProtocolFeatures))
 	// SET_MEM_TABLE: flags 0x9 always in 7.2, one fd per region (the same memfd).
 	fds := make([]int, len(h.g.regions))
 	for i := range fds {

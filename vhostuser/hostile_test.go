@@ -7,6 +7,8 @@ import (
 	"errors"
 	"math"
 	"testing"
+
+	"tapgro/virtio"
 )
 
 // Each case makes the guest break one rule; the chain must be rejected with that
@@ -94,7 +96,7 @@ func TestHostile(t *testing.T) {
 			d(r, 0, b, 8, descFWrite, 0)
 			r.publish(0)
 		}},
-		{name: "indirect-not-acked", ring: 1, ack: featsDefault &^ (1 << FeatureIndirectDesc),
+		{name: "indirect-not-acked", ring: 1, ack: featsDefault &^ (1 << virtio.RingIndirectDesc),
 			want: RejectIndirect, build: func(r *gring, b uint64) {
 				ta, t := ind(r, 1)
 				putDesc(t, b, 100, 0, 0)

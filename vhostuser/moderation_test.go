@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"testing"
 	"time"
+
+	"tapgro/virtio"
 )
 
 // modRing is an RX ring with receive buffers posted, for the call-moderation tests.
@@ -72,7 +74,7 @@ func TestCallModeration(t *testing.T) {
 	for _, ei := range []bool{true, false} {
 		ack := uint64(featsDefault)
 		if !ei {
-			ack &^= 1 << FeatureEventIdx
+			ack &^= 1 << virtio.RingEventIdx
 		}
 		t.Run(fmt.Sprintf("bulk-deferred/eventidx=%v", ei), func(t *testing.T) {
 			m := newModRing(t, ack)
@@ -164,7 +166,7 @@ func TestCallModeration(t *testing.T) {
 // TestPublishPerFrame checks Publish inside a batch: each frame is visible (and, with
 // the driver not suppressing, signalled) on its own, as the per-frame baseline needs.
 func TestPublishPerFrame(t *testing.T) {
-	m := newModRing(t, featsDefault&^(1<<FeatureEventIdx))
+	m := newModRing(t, featsDefault&^(1<<virtio.RingEventIdx))
 	calls := m.h.b.Stats().Calls.Load()
 	batch(t, m.v, func() {
 		for i := range 5 {

@@ -60,10 +60,6 @@ const (
 	ProtoNetMTU   = 4
 )
 
-// VhostUserFProtocolFeatures is virtio feature bit 30, which in GET_FEATURES announces
-// that GET/SET_PROTOCOL_FEATURES exist (vhost-user.rst "Protocol features").
-const VhostUserFProtocolFeatures = 30
-
 const (
 	hdrSize = 12
 	// maxPayload is sizeof(VhostUserPayload) in QEMU 7.2 on x86_64 (its largest member is

@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"tapgro/virtio"
 )
 
 func openFds(t *testing.T) int {
@@ -24,7 +26,7 @@ func openFds(t *testing.T) int {
 func TestStartupSequence(t *testing.T) {
 	stats := new(Stats)
 	h := startSession(t, opts{stats: stats})
-	if f := h.rec.getFeats(); len(f) != 1 || f[0].HdrLen != 12 || !f[0].Has(FeatureEventIdx) {
+	if f := h.rec.getFeats(); len(f) != 1 || f[0].HdrLen != 12 || !f[0].Has(virtio.RingEventIdx) {
 		t.Fatalf("features acked %+v", f)
 	}
 	if h.rec.getMTU() != 1500 {
@@ -114,7 +116,7 @@ func TestMultiqueue(t *testing.T) {
 	if p := h.fe.get(ReqGetProtocolFeatures); p&(1<<ProtoMQ) == 0 {
 		t.Fatalf("protocol %#x lacks MQ", p)
 	}
-	if f := h.fe.get(ReqGetFeatures); f&(1<<FeatureNetMQ) == 0 {
+	if f := h.fe.get(ReqGetFeatures); f&(1<<virtio.NetMQ) == 0 {
 		t.Fatalf("features %#x lack MQ", f)
 	}
 	for i := 2; i < 4; i++ {
@@ -146,7 +148,7 @@ func TestUnknownRequest(t *testing.T) {
 	h.fe.send(41, flagVersion, []byte{1, 2, 3})
 	h.fe.send(ReqSetLogBase, flagVersion, make([]byte, 16), efd) // LOG_SHMFD not offered
 	unix.Close(efd)
-	if f := h.fe.get(ReqGetFeatures); f&(1<<VhostUserFProtocolFeatures) == 0 {
+	if f := h.fe.get(ReqGetFeatures); f&(1<<virtio.VhostUserProtocolFeatures) == 0 {
 		t.Fatal("session broken after unknown requests")
 	}
 	if n := stats.Unknown.Load(); n != 3 {

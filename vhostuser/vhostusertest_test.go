@@ -10,6 +10,7 @@ import (
 
 	"tapgro/vhostuser"
 	"tapgro/vhostuser/vhostusertest"
+	"tapgro/virtio"
 )
 
 // echo is a Handler whose workers loop TX chains back into RX chains, copying: enough
@@ -35,13 +36,13 @@ func TestFrontendDouble(t *testing.T) {
 	}{
 		{"mrg", 0, false},
 		{"mrg-indirect", 0, true},
-		{"legacy10", 1<<vhostuser.FeatureVersion1 | 1<<vhostuser.FeatureNetMrgRxbuf, false},
+		{"legacy10", 1<<virtio.Version1 | 1<<virtio.NetMrgRxbuf, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			e := &echo{rx: make(chan *vhostuser.Vring, 1), tx: make(chan *vhostuser.Vring, 1)}
 			b, err := vhostuser.NewBackend(vhostuser.Config{
-				Features: 1<<vhostuser.FeatureVersion1 | 1<<vhostuser.FeatureNetMrgRxbuf |
-					1<<vhostuser.FeatureEventIdx | 1<<vhostuser.FeatureIndirectDesc,
+				Features: 1<<virtio.Version1 | 1<<virtio.NetMrgRxbuf |
+					1<<virtio.RingEventIdx | 1<<virtio.RingIndirectDesc,
 				QueuePairs: 1, Handler: e})
 			if err != nil {
 				t.Fatal(err)
@@ -49,7 +50,7 @@ func TestFrontendDouble(t *testing.T) {
 			s := vhostusertest.Start(t, b.Serve, vhostusertest.Options{AckMask: tc.mask})
 			rxv, txv := <-e.rx, <-e.tx
 			hl := s.HdrLen()
-			mrg := s.Has(vhostuser.FeatureNetMrgRxbuf)
+			mrg := s.Has(virtio.NetMrgRxbuf)
 			rx, tx := s.RX(0), s.TX(0)
 			rx.PostRX(64, 2048, 2)
 			// Frame: header, then 3000 bytes split inside the header and the frame.
@@ -119,7 +120,7 @@ func TestFrontendDouble(t *testing.T) {
 func TestWaitMore(t *testing.T) {
 	e := &echo{rx: make(chan *vhostuser.Vring, 1), tx: make(chan *vhostuser.Vring, 1)}
 	b, err := vhostuser.NewBackend(vhostuser.Config{
-		Features:   1<<vhostuser.FeatureVersion1 | 1<<vhostuser.FeatureNetMrgRxbuf | 1<<vhostuser.FeatureEventIdx,
+		Features:   1<<virtio.Version1 | 1<<virtio.NetMrgRxbuf | 1<<virtio.RingEventIdx,
 		QueuePairs: 1, Handler: e})
 	if err != nil {
 		t.Fatal(err)

@@ -10,6 +10,8 @@ import (
 	"math/rand/v2"
 	"testing"
 	"time"
+
+	"tapgro/virtio"
 )
 
 var frameSizes = []int{60, 61, 64, 100, 511, 1514, 1518, 4000, 9014, 16384, 32768, 65535, 65536}
@@ -60,7 +62,7 @@ func TestTXFrames(t *testing.T) {
 		t.Run(fmt.Sprintf("eventidx=%v", ei), func(t *testing.T) {
 			ack := uint64(featsDefault)
 			if !ei {
-				ack &^= 1 << FeatureEventIdx
+				ack &^= 1 << virtio.RingEventIdx
 			}
 			h := startSession(t, opts{ack: ack})
 			r, v := h.rings[1], h.vr[1]
@@ -163,17 +165,17 @@ func TestRXFrames(t *testing.T) {
 	}{
 		{"mrg-1536", featsDefault, 1536, 1, 200, true},
 		{"mrg-1536-split", featsDefault, 1536, 3, 80, true},
-		{"mrg-4096-noevidx", featsDefault &^ (1 << FeatureEventIdx), 4096, 2, 100, true},
+		{"mrg-4096-noevidx", featsDefault &^ (1 << virtio.RingEventIdx), 4096, 2, 100, true},
 		// Linux "big packets" without MRG_RXBUF: one chain takes a whole 64 KiB frame.
-		{"big", featsDefault &^ (1 << FeatureNetMrgRxbuf), 12 + 65550, 18, 6, false},
-		{"big-legacy-hdr", featsDefault &^ (1<<FeatureNetMrgRxbuf | 1<<FeatureVersion1), 10 + 65550, 18, 6, false},
+		{"big", featsDefault &^ (1 << virtio.NetMrgRxbuf), 12 + 65550, 18, 6, false},
+		{"big-legacy-hdr", featsDefault &^ (1<<virtio.NetMrgRxbuf | 1<<virtio.Version1), 10 + 65550, 18, 6, false},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			h := startSession(t, opts{ack: tc.ack})
 			r, v := h.rings[0], h.vr[0]
 			hl := v.HdrLen()
-			if want := 12; tc.ack&(1<<FeatureVersion1|1<<FeatureNetMrgRxbuf) == 0 {
+			if want := 12; tc.ack&(1<<virtio.Version1|1<<virtio.NetMrgRxbuf) == 0 {
 				want = 10
 				if hl != want {
 					t.Fatalf("hdrlen %d, want %d", hl, want)
@@ -300,7 +302,7 @@ func TestWrap(t *testing.T) {
 		t.Run(fmt.Sprintf("eventidx=%v", ei), func(t *testing.T) {
 			ack := uint64(featsDefault)
 			if !ei {
-				ack &^= 1 << FeatureEventIdx
+				ack &^= 1 << virtio.RingEventIdx
 			}
 			h := startSession(t, opts{ack: ack, num: 64})
 			r, v := h.rings[1], h.vr[1]
@@ -372,7 +374,7 @@ func TestWorkerKick(t *testing.T) {
 		t.Run(fmt.Sprintf("eventidx=%v", ei), func(t *testing.T) {
 			ack := uint64(featsDefault)
 			if !ei {
-				ack &^= 1 << FeatureEventIdx
+				ack &^= 1 << virtio.RingEventIdx
 			}
 			h := startSession(t, opts{ack: ack})
 			r, v := h.rings[1], h.vr[1]

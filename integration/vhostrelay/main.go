@@ -62,8 +62,8 @@ import (
 
 	"tapgro/tapdev"
 	"tapgro/vhostnet"
-	"tapgro/vhostuser"
 	"tapgro/vhostuser/vhostusertest"
+	"tapgro/virtio"
 	"tapgro/vnethdr"
 )
 
@@ -78,9 +78,9 @@ const slotSize = (hdrLen + vhostnet.MaxFrame + 4095) &^ 4095
 // ackWanted is what a Linux guest with GSO acks of what tapgro offers, minus the bits
 // the relay does not use (INDIRECT_DESC: our chains are one descriptor; ECN: our TAP's
 // offloads are CSUM|TSO4|TSO6).
-const ackWanted = 1<<vhostuser.FeatureVersion1 | 1<<vhostuser.FeatureNetMrgRxbuf | 1<<vhostuser.FeatureEventIdx |
-	1<<vhostnet.FeatureCsum | 1<<vhostnet.FeatureGuestCsum | 1<<vhostnet.FeatureHostTSO4 | 1<<vhostnet.FeatureHostTSO6 |
-	1<<vhostnet.FeatureGuestTSO4 | 1<<vhostnet.FeatureGuestTSO6
+const ackWanted = 1<<virtio.Version1 | 1<<virtio.NetMrgRxbuf | 1<<virtio.RingEventIdx |
+	1<<virtio.NetCsum | 1<<virtio.NetGuestCsum | 1<<virtio.NetHostTSO4 | 1<<virtio.NetHostTSO6 |
+	1<<virtio.NetGuestTSO4 | 1<<virtio.NetGuestTSO6
 
 func main() {
 	sock := flag.String("connect", "", "tapgro's vhost-user socket")
@@ -172,11 +172,11 @@ func run(sock, tapName, addr string, mtu, num, rxBuf int, wait time.Duration, ts
 		// A multiqueue guest acks MQ (virtio spec "Automatic receive steering in
 		// multiqueue mode"); with vhost-user the front-end enables the pairs with
 		// SET_VRING_ENABLE, which the double sends for every ring.
-		ack |= 1 << vhostuser.FeatureNetMQ
+		ack |= 1 << virtio.NetMQ
 	}
 	s := vhostusertest.Dial(progTB{}, sock, vhostusertest.Options{Ack: ack, Pairs: queues, Num: num, MemSize: mem, TXSlot: slotSize, RXSlot: slotSize,
 		ConnectWait: 5 * time.Second}) // the socket file appears at bind, before listen
-	for _, b := range []uint{vhostuser.FeatureVersion1, vhostuser.FeatureEventIdx} {
+	for _, b := range []uint{virtio.Version1, virtio.RingEventIdx} {
 		if !s.Has(b) {
 			return fmt.Errorf("tapgro did not offer virtio feature %d (offered %#x); the relay needs VERSION_1 and EVENT_IDX", b, s.Offered)
 		}
@@ -184,12 +184,12 @@ func run(sock, tapName, addr string, mtu, num, rxBuf int, wait time.Duration, ts
 	// What we hand tapgro it must accept from a guest: NEEDS_CSUM with CSUM, TCP GSO with
 	// HOST_TSO4/6 (virtio spec "Packet Transmission"). Our TAP produces only those.
 	var want vnethdr.Offloads
-	if s.Has(vhostnet.FeatureCsum) {
+	if s.Has(virtio.NetCsum) {
 		want |= vnethdr.OffloadCSUM
-		if tso && s.Has(vhostnet.FeatureHostTSO4) {
+		if tso && s.Has(virtio.NetHostTSO4) {
 			want |= vnethdr.OffloadTSO4
 		}
-		if tso && s.Has(vhostnet.FeatureHostTSO6) {
+		if tso && s.Has(virtio.NetHostTSO6) {
 			want |= vnethdr.OffloadTSO6
 		}
 	}
@@ -197,7 +197,7 @@ func run(sock, tapName, addr string, mtu, num, rxBuf int, wait time.Duration, ts
 	if err != nil {
 		return err
 	}
-	if queues > 1 && !s.Has(vhostuser.FeatureNetMQ) {
+	if queues > 1 && !s.Has(virtio.NetMQ) {
 		return fmt.Errorf("-queues %d: tapgro did not offer MQ (offered %#x)", queues, s.Offered)
 	}
 	fmt.Fprintf(os.Stderr, "vhostrelay: %s on %s: acked %#x of %#x, TAP offloads %s, %d queue pair(s), ring %d, RX buffers %d B\n",
@@ -207,7 +207,7 @@ func run(sock, tapName, addr string, mtu, num, rxBuf int, wait time.Duration, ts
 	rs := make([]*relay, queues)
 	errc := make(chan error, 2*queues+1)
 	for p := range rs {
-		r := &relay{s: s, tap: taps[p], pair: p, mrg: s.Has(vhostuser.FeatureNetMrgRxbuf)}
+		r := &relay{s: s, tap: taps[p], pair: p, mrg: s.Has(virtio.NetMrgRxbuf)}
 		rs[p] = r
 		go func() { errc <- r.guestRX(rxBuf) }()
 		go func() { errc <- r.guestTX() }()

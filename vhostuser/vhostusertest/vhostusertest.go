@@ -34,6 +34,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"tapgro/vhostuser"
+	"tapgro/virtio"
 )
 
 // TB is what the double needs from its caller: testing.TB's failure reporting and
@@ -781,7 +782,7 @@ func run(tb TB, fd int, done chan error, o Options) *Session {
 	// Step 1, connect (vhost_user_backend_init, vhost_dev_init).
 	offered := fe.Get(vhostuser.ReqGetFeatures)
 	s.Offered = offered
-	if offered&(1<<vhostuser.VhostUserFProtocolFeatures) == 0 {
+	if offered&(1<<virtio.VhostUserProtocolFeatures) == 0 {
 		tb.Fatalf("GET_FEATURES %#x lacks bit 30", offered)
 	}
 	var proto uint64
@@ -820,10 +821,10 @@ func run(tb TB, fd int, done chan error, o Options) *Session {
 	// Step 3, DRIVER_OK (vhost_net_start).
 	ack := o.Ack
 	if ack == 0 {
-		ack = offered &^ (1 << vhostuser.VhostUserFProtocolFeatures)
+		ack = offered &^ (1 << virtio.VhostUserProtocolFeatures)
 	}
 	ack &= offered &^ o.AckMask
-	if ack&(1<<vhostuser.FeatureNetMTU) != 0 && proto&(1<<vhostuser.ProtoNetMTU) != 0 {
+	if ack&(1<<virtio.NetMTU) != 0 && proto&(1<<vhostuser.ProtoNetMTU) != 0 {
 		if r := fe.Ack(vhostuser.ReqNetSetMTU, U64(o.MTU)); r != 0 {
 			tb.Fatalf("NET_SET_MTU ack %d", r)
 		}
@@ -833,7 +834,7 @@ func run(tb TB, fd int, done chan error, o Options) *Session {
 			fe.Send(vhostuser.ReqSetVringEnable, flagVersion, State(uint32(i), 1))
 		}
 	}
-	s.Acked = ack | 1<<vhostuser.VhostUserFProtocolFeatures
+	s.Acked = ack | 1<<virtio.VhostUserProtocolFeatures
 	fe.Send(vhostuser.ReqSetFeatures, flagVersion, U64(s.Acked))
 	// SET_MEM_TABLE: flags 0x9 always in 7.2, one fd per region (the same memfd).
 	fds := make([]int, len(s.G.Regions))
@@ -868,7 +869,7 @@ func (s *Session) Has(b uint) bool { return s.Acked&(1<<b) != 0 }
 
 // HdrLen is the virtio-net header length the acked features imply.
 func (s *Session) HdrLen() int {
-	if s.Has(vhostuser.FeatureVersion1) || s.Has(vhostuser.FeatureNetMrgRxbuf) {
+	if s.Has(virtio.Version1) || s.Has(virtio.NetMrgRxbuf) {
 		return 12
 	}
 	return 10
