@@ -41,13 +41,14 @@ const rscStash = 3
 
 // rxRSC is one RX worker's engine and buffers.
 type rxRSC struct {
-	n   *Net
-	q   *queuePair // the worker's pair: its TAP queue and counters
-	v   *vhostuser.Vring
-	c   *coalescer.Coalescer
-	buf []byte   // [12 headroom][frame]: the TAP reads into buf[12-hl:]
-	rd  [][]byte // TryReadv's one segment
-	iov [][]byte // ReserveRX's segments
+	n    *Net
+	q    *queuePair // the worker's pair: its TAP queue and counters
+	v    *vhostuser.Vring
+	c    *coalescer.Coalescer
+	buf  []byte         // [12 headroom][frame]: the TAP reads into buf[12-hl:]
+	rd   [][]byte       // TryReadv's one segment
+	iov  [][]byte       // the reservation's segments
+	resv *rxReservation // the worker's (rx.go)
 
 	stash     [rscStash][]byte // a FIFO of packets in the engine's 12-byte-header form
 	stashHead int
@@ -62,8 +63,8 @@ type rxRSC struct {
 	interval int64 // --rsc-interval, ns
 }
 
-func (n *Net) newRXRSC(v *vhostuser.Vring, iov [][]byte, q *queuePair) *rxRSC {
-	r := &rxRSC{n: n, q: q, v: v, buf: make([]byte, groHdrLen+MaxFrame+vnethdr.LenMrgRxbuf), rd: make([][]byte, 1), iov: iov}
+func (n *Net) newRXRSC(v *vhostuser.Vring, iov [][]byte, resv *rxReservation, q *queuePair) *rxRSC {
+	r := &rxRSC{n: n, q: q, v: v, buf: make([]byte, groHdrLen+MaxFrame+vnethdr.LenMrgRxbuf), rd: make([][]byte, 1), iov: iov, resv: resv}
 	for i := range r.stash {
 		r.stash[i] = make([]byte, 0, groHdrLen+MaxFrame)
 	}
@@ -246,7 +247,7 @@ func (r *rxRSC) put(pkt []byte) bool {
 	h.NumBuffers = 0
 	out := pkt[groHdrLen-hl:]
 	h.Encode(out, hl)
-	segs, capTotal, err := v.ReserveRX(len(out), r.iov)
+	segs, capTotal, err := r.resv.reserve(v, len(out), r.iov, n.mrg)
 	if err != nil {
 		if !errors.Is(err, vhostuser.ErrEmpty) {
 			r.broken = true
@@ -254,7 +255,7 @@ func (r *rxRSC) put(pkt []byte) bool {
 		return false
 	}
 	if capTotal < len(out) {
-		v.CommitRX(0)
+		r.resv.release(v)
 		n.stats.Drops[DropRXTruncated].Add(1)
 		return true
 	}
@@ -262,7 +263,7 @@ func (r *rxRSC) put(pkt []byte) bool {
 	if cw := n.capture.Writer(); cw != nil {
 		cw.WriteFrame(time.Now(), pkt[groHdrLen:])
 	}
-	used := v.CommitRX(len(out))
+	used := r.resv.commit(v, len(out), hl)
 	if n.perFrame {
 		v.Publish()
 	}

@@ -27,12 +27,13 @@ const (
 type rxState struct {
 	tap *tapdev.Device
 	q   *queuePair
-	// iov is ReserveRX's segments, which also go to readv, which takes MaxIov-1 of
+	// iov is the reservation's segments, which also go to readv, which takes MaxIov-1 of
 	// them (Readv keeps one for its truncation sink). A chain set needing more breaks
 	// the ring (RejectIovFull): only a guest posting tiny buffers could do that.
-	iov [][]byte
-	hdr [vnethdr.LenMrgRxbuf]byte
-	rsc *rxRSC // created when the guest first needs it (rsc.go)
+	iov  [][]byte
+	resv *rxReservation // the chains a frame goes into (reserve.go)
+	hdr  [vnethdr.LenMrgRxbuf]byte
+	rsc  *rxRSC // created when the guest first needs it (rsc.go)
 
 	// bounce holds one frame read from the TAP while the guest's posted buffers
 	// cannot cover the largest frame the TAP may hand over (need): the frame is read
@@ -49,7 +50,8 @@ func (n *Net) rxLoop(w *worker) {
 	defer close(w.done)
 	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true)) // guest memory may fault: Guard
 	v := w.v
-	st := &rxState{tap: w.q.tap, q: w.q, iov: make([][]byte, 0, tapdev.MaxIov-1), rd: make([][]byte, 1)}
+	st := &rxState{tap: w.q.tap, q: w.q, iov: make([][]byte, 0, tapdev.MaxIov-1), rd: make([][]byte, 1),
+		resv: newReservation(v.Num())}
 	defer v.Guard(&st.faulted)
 	for !w.stop.Load() {
 		if !v.Enabled() {
@@ -100,6 +102,7 @@ func (n *Net) rxBatch(v *vhostuser.Vring, st *rxState) int {
 	state := n.rxFrames(v, st, ringHL)
 	clear(st.iov[:cap(st.iov)]) // do not keep guest memory referenced past End
 	v.End()
+	st.resv.forget() // End handed back what was not committed
 	return state
 }
 
@@ -108,7 +111,7 @@ func (n *Net) rxFrames(v *vhostuser.Vring, st *rxState, ringHL int) int {
 		// Coalescing toward the guest; also while packets from it are pending after
 		// the mode ended, so that nothing is overtaken.
 		if rsc == nil {
-			st.rsc = n.newRXRSC(v, st.iov, st.q)
+			st.rsc = n.newRXRSC(v, st.iov, st.resv, st.q)
 		}
 		if state := st.rsc.batch(ringHL); state != rxGo || n.rscMode || st.rsc.pending() {
 			return state
@@ -122,7 +125,7 @@ func (n *Net) rxFrames(v *vhostuser.Vring, st *rxState, ringHL int) int {
 			}
 			continue
 		}
-		segs, _, err := v.ReserveRX(need, st.iov)
+		segs, _, err := st.resv.reserve(v, need, st.iov, n.mrg)
 		if err != nil {
 			if !errors.Is(err, vhostuser.ErrEmpty) {
 				return rxStop
@@ -143,7 +146,7 @@ func (n *Net) rxFrames(v *vhostuser.Vring, st *rxState, ringHL int) int {
 		}
 		k, err := st.tap.TryReadv(segs)
 		if err != nil {
-			v.CommitRX(0) // hands the chains back
+			st.resv.release(v)
 			if state := n.rxReadFailed(err); state != rxGo {
 				return state
 			}
@@ -170,13 +173,13 @@ func (n *Net) rxReadFailed(err error) int {
 // rxHeld moves the frame held in st.bounce into the ring, reserving exactly its length;
 // false if the ring has too few buffers still (the frame stays held).
 func (n *Net) rxHeld(v *vhostuser.Vring, st *rxState, ringHL int) bool {
-	segs, capTot, err := v.ReserveRX(st.held, st.iov)
+	segs, capTot, err := st.resv.reserve(v, st.held, st.iov, n.mrg)
 	if err != nil {
 		return false
 	}
 	if capTot < st.held {
 		// Without MRG_RXBUF a frame takes one chain, and this one is too short.
-		v.CommitRX(0)
+		st.resv.release(v)
 		n.stats.Drops[DropRXTruncated].Add(1)
 		st.held = 0
 		return true
@@ -192,14 +195,14 @@ func (n *Net) rxHeld(v *vhostuser.Vring, st *rxState, ringHL int) bool {
 func (n *Net) rxDeliver(v *vhostuser.Vring, st *rxState, segs [][]byte, k, ringHL int) {
 	gso, ok := n.rxCheck(segs, st.hdr[:], ringHL)
 	if !ok {
-		v.CommitRX(0)
+		st.resv.release(v)
 		n.stats.Drops[DropRXOffload].Add(1)
 		return
 	}
 	if cw := n.capture.Writer(); cw != nil {
 		cw.WriteFrameV(time.Now(), segs, ringHL, k-ringHL)
 	}
-	used := v.CommitRX(k)
+	used := st.resv.commit(v, k, ringHL)
 	if n.perFrame {
 		v.Publish()
 	}

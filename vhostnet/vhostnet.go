@@ -269,12 +269,15 @@ func New(cfg Config) (*Net, error) {
 	n.tapHdr = n.pairs[0].tap.VnetHdrLen()
 	n.resetQueues()
 	b, err := vhostuser.NewBackend(vhostuser.Config{
-		Features:   Offer(n.probed),
-		QueuePairs: len(n.pairs),
-		NetMTU:     true,
-		Handler:    n,
-		Stats:      cfg.BackendStats,
-		Logf:       n.logf,
+		Features:  n.offer(),
+		Rings:     2 * len(n.pairs),
+		QueueNum:  len(n.pairs), // QEMU net/vhost-user.c compares it with queues= (pairs)
+		Writable:  isRX,
+		HeaderLen: hdrLenFor,
+		NetMTU:    true,
+		Handler:   n,
+		Stats:     cfg.BackendStats,
+		Logf:      n.logf,
 	})
 	if err != nil {
 		return nil, err
@@ -311,6 +314,15 @@ func Offer(probed vnethdr.Offloads) uint64 {
 		if probed&vnethdr.OffloadTSOECN != 0 {
 			f |= 1 << virtio.NetGuestECN
 		}
+	}
+	return f
+}
+
+// offer is what this Net offers: Offer for its TAP, and MQ with more than one queue pair.
+func (n *Net) offer() uint64 {
+	f := Offer(n.probed)
+	if len(n.pairs) > 1 {
+		f |= 1 << virtio.NetMQ
 	}
 	return f
 }
@@ -451,7 +463,7 @@ func (n *Net) RingStarted(v *vhostuser.Vring) {
 	if q == nil {
 		return
 	}
-	if v.IsRX() {
+	if isRX(v.Index()) {
 		// Only toward the guest's receive path: a TX completion held back would hold
 		// back the guest's transmit queue once its ring is full.
 		v.SetCallModeration(n.callInterval)
@@ -463,7 +475,7 @@ func (n *Net) RingStarted(v *vhostuser.Vring) {
 	n.wmu.Lock()
 	n.workers[v] = w
 	n.wmu.Unlock()
-	if v.IsRX() {
+	if isRX(v.Index()) {
 		go n.rxLoop(w)
 	} else {
 		go n.txLoop(w)
@@ -484,13 +496,13 @@ func (n *Net) RingStopped(v *vhostuser.Vring) {
 	w.stop.Store(true)
 	past := time.Unix(1, 0)
 	tap := w.q.tap
-	if v.IsRX() {
+	if isRX(v.Index()) {
 		tap.SetReadDeadline(past)
 	} else {
 		tap.SetWriteDeadline(past)
 	}
 	<-w.done
-	if v.IsRX() {
+	if isRX(v.Index()) {
 		tap.SetReadDeadline(time.Time{})
 	} else {
 		tap.SetWriteDeadline(time.Time{})
@@ -506,7 +518,7 @@ func (n *Net) RingStopped(v *vhostuser.Vring) {
 // vhost_user_set_vring_enable); the TX ring's state needs no TAP change, since TX on a
 // disabled ring is discarded before the TAP.
 func (n *Net) VringEnabled(v *vhostuser.Vring, on bool) {
-	if q := n.pair(v); q != nil && v.IsRX() {
+	if q := n.pair(v); q != nil && isRX(v.Index()) {
 		n.setAttached(q, on)
 	}
 }
@@ -626,7 +638,7 @@ func (n *Net) State() State {
 		Connected:   n.active.Load() != nil,
 		Acked:       vhostuser.Features{Bits: n.acked.Load(), HdrLen: n.HdrLen()},
 		AckedValid:  n.ackedOK.Load(),
-		Offered:     Offer(n.probed),
+		Offered:     n.offer(),
 		TapOffloads: vnethdr.Offloads(n.tapOffl.Load()),
 		TapProbed:   n.probed,
 		GuestMTU:    int(n.guestMTU.Load()),

@@ -44,7 +44,7 @@ type Stats struct {
 // Features is what SET_FEATURES acked.
 type Features struct {
 	Bits   uint64 // as acked, bit 30 included
-	HdrLen int    // virtio-net header bytes on every chain: 12 or 10
+	HdrLen int    // the device's header on every chain for these acks (Config.HeaderLen)
 }
 
 // Has reports whether virtio feature bit b was acked.
@@ -87,13 +87,25 @@ func (NopHandler) SetMTU(int) error          { return nil }
 func (NopHandler) Unknown(uint32, int)       {}
 func (NopHandler) SessionEnded(error)        {}
 
-// Config says what a Backend offers.
+// Config says what a Backend offers: the device behind it decides everything that is
+// not the protocol's or the ring's (which rings carry what, the header every chain
+// starts with, the device's own feature bits).
 type Config struct {
-	// Features are the offered virtio feature bits (bit 30 and, with QueuePairs > 1,
-	// MQ are added). Only split rings: do not offer RING_PACKED or IOMMU_PLATFORM.
+	// Features are the offered virtio feature bits (bit 30 is added). Only split
+	// rings: do not offer RING_PACKED or IOMMU_PLATFORM.
 	Features uint64
-	// QueuePairs ≥ 1; > 1 offers PROTOCOL_F_MQ and answers GET_QUEUE_NUM.
-	QueuePairs int
+	// Rings is how many virtqueues a session has, 1..256 (SET_VRING_KICK/CALL/ERR
+	// carry an 8-bit index).
+	Rings int
+	// QueueNum is what GET_QUEUE_NUM answers; above 1 PROTOCOL_F_MQ is offered. The
+	// device decides its unit (QEMU's net client counts queue pairs, net/vhost-user.c).
+	QueueNum int
+	// Writable says whether the device writes ring i's chains (true: every descriptor
+	// must be device-writable) or reads them (every descriptor read-only). nil: reads.
+	Writable func(ring int) bool
+	// HeaderLen is the header every chain must hold, for the acked features (a
+	// shorter chain breaks the ring); nil: none.
+	HeaderLen func(acked uint64) int
 	// NetMTU offers PROTOCOL_F_NET_MTU (NET_SET_MTU → Handler.SetMTU).
 	NetMTU  bool
 	Handler Handler
@@ -104,7 +116,7 @@ type Config struct {
 	Logf func(format string, args ...any)
 }
 
-// Backend serves vhost-user-net sessions, one at a time per socket.
+// Backend serves vhost-user sessions, one at a time per socket.
 type Backend struct {
 	cfg   Config
 	stats *Stats
@@ -112,9 +124,15 @@ type Backend struct {
 
 // NewBackend checks cfg.
 func NewBackend(cfg Config) (*Backend, error) {
-	if cfg.QueuePairs < 1 || cfg.QueuePairs > 128 {
-		// 2·pairs rings must fit the 8-bit index of SET_VRING_KICK/CALL/ERR.
-		return nil, fmt.Errorf("vhostuser: %d queue pairs, want 1..128", cfg.QueuePairs)
+	if cfg.Rings < 1 || cfg.Rings > 256 {
+		return nil, fmt.Errorf("vhostuser: %d rings, want 1..256", cfg.Rings)
+	}
+	cfg.QueueNum = max(cfg.QueueNum, 1)
+	if cfg.Writable == nil {
+		cfg.Writable = func(int) bool { return false }
+	}
+	if cfg.HeaderLen == nil {
+		cfg.HeaderLen = func(uint64) int { return 0 }
 	}
 	if cfg.Handler == nil {
 		cfg.Handler = NopHandler{}
@@ -123,9 +141,6 @@ func NewBackend(cfg Config) (*Backend, error) {
 		cfg.Logf = func(string, ...any) {}
 	}
 	cfg.Features |= protocolFeaturesMask
-	if cfg.QueuePairs > 1 {
-		cfg.Features |= 1 << virtio.NetMQ
-	}
 	b := &Backend{cfg: cfg, stats: cfg.Stats}
 	if b.stats == nil {
 		b.stats = new(Stats)
@@ -141,7 +156,7 @@ func (b *Backend) Stats() *Stats { return b.stats }
 // one pair, NET_MTU if configured. Nothing that needs features not implemented here.
 func (b *Backend) protocolFeatures() uint64 {
 	p := uint64(1) << ProtoReplyAck
-	if b.cfg.QueuePairs > 1 {
+	if b.cfg.QueueNum > 1 {
 		p |= 1 << ProtoMQ
 	}
 	if b.cfg.NetMTU {
@@ -179,13 +194,13 @@ func (b *Backend) Serve(uc *net.UnixConn) error {
 		uc.Close()
 		return err
 	}
-	s := &Session{b: b, c: c, h: b.cfg.Handler, stats: b.stats, hdrLen: 10}
+	s := &Session{b: b, c: c, h: b.cfg.Handler, stats: b.stats, hdrLen: b.cfg.HeaderLen(0)}
 	for i := range s.msg.fds {
 		s.msg.fds[i] = -1
 	}
-	s.rings = make([]*Vring, 2*b.cfg.QueuePairs)
+	s.rings = make([]*Vring, b.cfg.Rings)
 	for i := range s.rings {
-		s.rings[i] = newVring(i, b.stats)
+		s.rings[i] = newVring(i, b.cfg.Writable(i), b.stats)
 		s.rings[i].onFault = s.abort
 		s.rings[i].logf = b.cfg.Logf
 	}
@@ -331,8 +346,7 @@ func (s *Session) handle(m *message, p []byte) (replied bool, err error) {
 		f, _ := decodeU64(p)
 		s.protocol = f & s.b.protocolFeatures()
 	case ReqGetQueueNum:
-		// Queue pairs, not rings (QEMU net/vhost-user.c compares it with queues=).
-		return true, s.c.replyU64(m.req, uint64(s.b.cfg.QueuePairs))
+		return true, s.c.replyU64(m.req, uint64(s.b.cfg.QueueNum))
 	case ReqSetMemTable:
 		return false, s.setMemTable(m, p)
 	case ReqSetVringNum, ReqSetVringBase, ReqSetVringEnable, ReqGetVringBase:
@@ -368,21 +382,16 @@ func (s *Session) handle(m *message, p []byte) (replied bool, err error) {
 	return false, nil
 }
 
-// setFeatures fixes the header length for the session: 12 bytes if VERSION_1 or
-// MRG_RXBUF, else the legacy 10 (virtio spec "Device Operation": the header is
-// virtio_net_hdr_v1 with VERSION_1; QEMU hw/net/virtio-net.c virtio_net_set_mrg_rx_bufs,
-// DPDK vhost_user_set_features vhost_hlen). HASH_REPORT (20 bytes) is never offered.
+// setFeatures fixes the session's ring features and the device's header length
+// (Config.HeaderLen) for the acks, on running rings too.
 func (s *Session) setFeatures(f uint64) {
 	s.features, s.featuresOK = f, true
-	s.hdrLen = 10
-	if f&(1<<virtio.Version1|1<<virtio.NetMrgRxbuf) != 0 {
-		s.hdrLen = 12
-	}
+	s.hdrLen = s.b.cfg.HeaderLen(f)
 	fe := s.feats()
 	for _, v := range s.rings {
 		v.mu.Lock()
 		if v.state == ringRunning {
-			v.eventIdx, v.indirectOK, v.mrg, v.hdrLen = fe.eventIdx, fe.indirect, fe.mrg, fe.hdrLen
+			v.eventIdx, v.indirectOK, v.hdrLen = fe.eventIdx, fe.indirect, fe.hdrLen
 		}
 		v.mu.Unlock()
 	}
@@ -394,7 +403,6 @@ func (s *Session) feats() feats {
 	return feats{
 		eventIdx:   f&(1<<virtio.RingEventIdx) != 0,
 		indirect:   f&(1<<virtio.RingIndirectDesc) != 0,
-		mrg:        f&(1<<virtio.NetMrgRxbuf) != 0,
 		protoAcked: f&protocolFeaturesMask != 0,
 		hdrLen:     s.hdrLen,
 	}

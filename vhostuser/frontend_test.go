@@ -438,7 +438,7 @@ func startSession(t testing.TB, o opts) *harness {
 	if rec == nil {
 		rec = newRecorder()
 	}
-	b, err := NewBackend(Config{Features: o.features, QueuePairs: o.pairs, NetMTU: true, Handler: rec, Stats: o.stats, Logf: o.logf})
+	b, err := NewBackend(netConfig(Config{Features: o.features, NetMTU: true, Handler: rec, Stats: o.stats, Logf: o.logf}, o.pairs))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -626,4 +626,22 @@ func (r *recorder) getMTU() int {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.mtu
+}
+
+// netConfig completes c as vhostnet configures its Backend for pairs queue pairs: two
+// rings a pair, the even ones (RX) written by the device, the 10- or 12-byte virtio-net
+// header on every chain, and MQ offered with more than one pair.
+func netConfig(c Config, pairs int) Config {
+	c.Rings, c.QueueNum = 2*pairs, pairs
+	c.Writable = func(i int) bool { return i%2 == 0 }
+	c.HeaderLen = func(acked uint64) int {
+		if acked&(1<<virtio.Version1|1<<virtio.NetMrgRxbuf) != 0 {
+			return 12
+		}
+		return 10
+	}
+	if pairs > 1 {
+		c.Features |= 1 << virtio.NetMQ
+	}
+	return c
 }

@@ -481,7 +481,7 @@ func TestKickStorm(t *testing.T) {
 // TestPollBackoff: a ring kicked by polling (no kick fd) sleeps 50 µs after work and
 // doubles that while it stays empty, up to pollMax.
 func TestPollBackoff(t *testing.T) {
-	v := newVring(1, new(Stats))
+	v := newVring(1, false, new(Stats))
 	want := pollMin
 	for range 12 {
 		if err := v.sleep(nil, true); err != nil {

@@ -3,6 +3,7 @@
 package vhostuser
 
 import (
+	"errors"
 	"fmt"
 	"testing"
 	"time"
@@ -34,13 +35,8 @@ func (m *modRing) deliver(frames, n int) bool {
 	m.t.Helper()
 	batch(m.t, m.v, func() {
 		for range frames {
-			segs, _, err := m.v.ReserveRX(n, m.iov)
-			if err != nil {
-				m.t.Fatalf("ReserveRX: %v", err)
-			}
-			CopyTo(segs, make([]byte, n))
-			if m.v.CommitRX(n) != 1 {
-				m.t.Fatal("CommitRX")
+			if err := fillRX(m.v, m.iov, make([]byte, n)); err != nil {
+				m.t.Fatalf("fillRX: %v", err)
 			}
 		}
 	})
@@ -170,12 +166,9 @@ func TestPublishPerFrame(t *testing.T) {
 	calls := m.h.b.Stats().Calls.Load()
 	batch(t, m.v, func() {
 		for i := range 5 {
-			segs, _, err := m.v.ReserveRX(100, m.iov)
-			if err != nil {
+			if err := fillRX(m.v, m.iov, make([]byte, 100)); err != nil {
 				t.Fatal(err)
 			}
-			CopyTo(segs, make([]byte, 100))
-			m.v.CommitRX(100)
 			m.v.Publish()
 			if u := m.r.reap(); len(u) != 1 {
 				t.Fatalf("frame %d: %d used entries visible after Publish", i, len(u))
@@ -201,15 +194,27 @@ func TestCallModerationRingDry(t *testing.T) {
 	// One buffer is left: the next batch uses it and finds the ring empty.
 	batch(t, m.v, func() {
 		for range 2 {
-			segs, _, err := m.v.ReserveRX(1500, m.iov)
-			if err == ErrEmpty {
+			if err := fillRX(m.v, m.iov, make([]byte, 1500)); err == ErrEmpty {
 				break
 			}
-			CopyTo(segs, make([]byte, 1500))
-			m.v.CommitRX(1500)
 		}
 	})
 	if !readEventfd(m.r.call) {
 		t.Fatal("the ring ran dry with a call owed and none was sent")
 	}
+}
+
+// fillRX is a device's receive path at its simplest: it pops one chain the device
+// writes, copies data into it and pushes it.
+func fillRX(v *Vring, iov [][]byte, data []byte) error {
+	c, err := v.Pop(iov)
+	if err != nil {
+		return err
+	}
+	if CopyTo(c.Iov, data) < len(data) {
+		v.Rewind(1)
+		return errors.New("chain shorter than the data")
+	}
+	v.Push(c.Head, uint32(len(data)))
+	return nil
 }

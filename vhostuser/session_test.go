@@ -120,7 +120,7 @@ func TestMultiqueue(t *testing.T) {
 		t.Fatalf("features %#x lack MQ", f)
 	}
 	for i := 2; i < 4; i++ {
-		if h.vr[i].IsRX() != (i == 2) {
+		if h.vr[i].Writable() != (i == 2) {
 			t.Fatalf("ring %d direction", i)
 		}
 	}

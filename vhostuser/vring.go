@@ -40,11 +40,11 @@ const (
 	RejectNextRange                 // next ≥ table size ("Desc next is %u")
 	RejectLoop                      // more descriptors than the table holds ("Looped descriptor")
 	RejectZeroLen                   // zero-length descriptor ("zero sized buffers are not allowed")
-	RejectDirection                 // writable descriptor on TX or read-only on RX ("Incorrect order for descriptors")
+	RejectDirection                 // writable descriptor on a ring the device reads, or read-only on one it writes
 	RejectAvailJump                 // more than num chains outstanding (QEMU "Guest moved used index", "Virtqueue size exceeded")
 	RejectAddress                   // buffer outside every region
 	RejectLenOverflow               // addr+len wraps, or chain longer than a used.len can say
-	RejectShortChain                // chain shorter than the virtio-net header
+	RejectShortChain                // chain shorter than the device's header (Config.HeaderLen)
 	RejectIndirect                  // indirect not negotiated, bad size, nested, or with NEXT
 	RejectIovFull                   // more segments than the caller's iovec slice holds
 	RejectRingAddr                  // ring parts unmapped, not in one region, or misaligned
@@ -103,21 +103,14 @@ const (
 	ringRunning
 )
 
-// reserved is one chain held by ReserveRX.
-type reserved struct {
-	head       uint16
-	segs, sege int // its segments in resvIov
-	cap        int
-}
-
-// Vring is one split virtqueue. The session goroutine configures it; one data-path
+// Vring is one virtqueue (split layout). The session goroutine configures it; one data-path
 // goroutine (the owner's worker, started from Handler.RingStarted) uses it between Begin
 // and End. All access to guest memory happens under mu, which is how SET_MEM_TABLE and
 // GET_VRING_BASE know nothing still reads a mapping or a ring they are changing.
 type Vring struct {
-	index int
-	rx    bool
-	stats *Stats
+	index    int
+	writable bool // the device writes this ring's chains (Config.Writable)
+	stats    *Stats
 
 	enabled atomic.Bool
 
@@ -137,7 +130,6 @@ type Vring struct {
 
 	mem                   *guestMem
 	eventIdx, indirectOK  bool
-	mrg                   bool
 	hdrLen                int
 	state                 ringState
 	broken                bool
@@ -178,34 +170,28 @@ type Vring struct {
 	callDeferred bool          // a call is owed and callTimer will send it
 	callTimer    *time.Timer
 
-	resv    []reserved
-	resvN   int
-	resvIov [][]byte
-
 	kickBuf [8]byte
 	one     [8]byte
 }
 
-func newVring(index int, stats *Stats) *Vring {
-	v := &Vring{index: index, rx: index%2 == 0, stats: stats, callFd: -1, errFd: -1,
+func newVring(index int, writable bool, stats *Stats) *Vring {
+	v := &Vring{index: index, writable: writable, stats: stats, callFd: -1, errFd: -1,
 		logf: func(string, ...any) {}}
 	binary.LittleEndian.PutUint64(v.one[:], 1)
 	return v
 }
 
-// Index is the vhost-user ring index: 2·pair for RX, 2·pair+1 for TX (virtio spec
-// "Device Types / Network Device / Virtqueues").
+// Index is the vhost-user ring index (SET_VRING_*'s index).
 func (v *Vring) Index() int { return v.index }
 
-// IsRX reports whether this is a receive queue (device-writable chains).
-func (v *Vring) IsRX() bool { return v.rx }
+// Writable reports whether the device writes this ring's chains (Config.Writable).
+func (v *Vring) Writable() bool { return v.writable }
 
-// Enabled reports SET_VRING_ENABLE's state for a started ring. A started but disabled
-// ring must not receive frames; TX chains are completed and their frames discarded
-// (vhost-user.rst "Ring states").
+// Enabled reports SET_VRING_ENABLE's state for a started ring (vhost-user.rst "Ring
+// states": a started but disabled ring must not be processed).
 func (v *Vring) Enabled() bool { return v.enabled.Load() }
 
-// HdrLen is the virtio-net header length negotiated for this start (10 or 12).
+// HdrLen is the device's header length for this start's features (Config.HeaderLen).
 func (v *Vring) HdrLen() int {
 	v.mu.Lock()
 	defer v.mu.Unlock()
@@ -221,25 +207,22 @@ func (v *Vring) Num() int {
 
 // feats is what the session passes a ring at start.
 type feats struct {
-	eventIdx, indirect, mrg, protoAcked bool
-	hdrLen                              int
+	eventIdx, indirect, protoAcked bool
+	hdrLen                         int
 }
 
 // startLocked translates the ring and resets the data-path state from SET_VRING_BASE.
 // It reports whether the ring is usable; a translation failure counts RejectRingAddr
 // and leaves the ring broken (stopped for the data path until restarted).
 func (v *Vring) startLocked(mem *guestMem, f feats) bool {
-	v.eventIdx, v.indirectOK, v.mrg, v.hdrLen = f.eventIdx, f.indirect, f.mrg, f.hdrLen
+	v.eventIdx, v.indirectOK, v.hdrLen = f.eventIdx, f.indirect, f.hdrLen
 	v.mem = mem
 	v.state = ringRunning
 	v.broken = false
 	v.lastAvail, v.availCache, v.usedIdx, v.pubIdx = v.base, v.base, v.base, v.base
-	v.pending, v.resvN, v.usedFlags = 0, 0, 0
+	v.pending, v.usedFlags = 0, 0
 	v.signalledValid = false // first call after a (re)start is unconditional
 	v.sinceCall, v.callDeferred = 0, false
-	if cap(v.resv) < int(v.num) {
-		v.resv = make([]reserved, v.num)
-	}
 	v.enabled.Store(!f.protoAcked || v.enableReq)
 	if !v.translateLocked() {
 		v.failLocked(RejectRingAddr)
@@ -374,7 +357,6 @@ func (v *Vring) End() {
 	}
 	if !v.broken {
 		v.rewindLocked(v.pending)
-		v.resvN = 0
 		v.publishLocked()
 		if v.dry && v.callDeferred {
 			// The driver is out of buffers and posts more only after processing
@@ -477,7 +459,7 @@ func (v *Vring) walk(head uint16, iov [][]byte) (Chain, Reason, bool) {
 		if ln == 0 {
 			return Chain{}, RejectZeroLen, false
 		}
-		if (flags&descFWrite != 0) != v.rx {
+		if (flags&descFWrite != 0) != v.writable {
 			return Chain{}, RejectDirection, false
 		}
 		if addr+uint64(ln) < addr {
@@ -780,95 +762,6 @@ func (v *Vring) sleep(f *os.File, poll bool) error {
 	v.failLocked(RejectKick)
 	v.logf("vhost-user: ring %d: %d kicks in a row found no work (last read: %v); ring stopped", v.index, kickStorm, err)
 	return ErrBroken
-}
-
-// ReserveRX pops receive chains until their capacity covers need bytes (header
-// included) and returns their segments, in order, from iov. Without MRG_RXBUF it takes
-// exactly one chain, whatever its size (the caller checks the capacity it got). With
-// MRG_RXBUF it is all or nothing: if the ring runs out first, everything is handed
-// back and ErrEmpty returned (DPDK reserve_avail_buf_split, passt vu_collect).
-func (v *Vring) ReserveRX(need int, iov [][]byte) ([][]byte, int, error) {
-	if !v.rx {
-		return nil, 0, ErrBroken
-	}
-	v.rewindLocked(v.resvN) // an uncommitted earlier reservation goes back first
-	v.resvN = 0
-	k, capTotal := 0, 0
-	for {
-		c, err := v.Pop(iov[k:k:cap(iov)])
-		if err != nil {
-			if err == ErrEmpty {
-				v.rewindLocked(v.resvN)
-				v.resvN = 0
-			}
-			return nil, 0, err
-		}
-		v.resv[v.resvN] = reserved{c.Head, k, k + len(c.Iov), c.Len}
-		v.resvN++
-		k += len(c.Iov)
-		capTotal += c.Len
-		if capTotal >= need || !v.mrg || v.resvN == len(v.resv) {
-			break
-		}
-	}
-	v.resvIov = iov[:k]
-	return iov[:k], capTotal, nil
-}
-
-// CommitRX completes a reservation after n bytes (virtio-net header + frame) were
-// written into its segments from the start: chains are filled in order, num_buffers
-// (header offset 10, 12-byte headers only) is written into the first chain, one used
-// entry per chain is pushed, and the chains not needed are handed back. It returns the
-// number of chains used; End publishes them with one used->idx store.
-func (v *Vring) CommitRX(n int) int {
-	if !v.inBatch || v.broken || v.resvN == 0 {
-		return 0
-	}
-	if n < v.hdrLen || n == 0 {
-		v.rewindLocked(v.resvN)
-		v.resvN = 0
-		return 0
-	}
-	used := 0
-	for rem := n; rem > 0 && used < v.resvN; used++ {
-		rem -= v.resv[used].cap
-	}
-	if v.hdrLen >= 12 {
-		// virtio spec "Processing of Incoming Packets": num_buffers is the number of
-		// descriptor chains the packet occupies; 1 without MRG_RXBUF. Written always:
-		// a TAP leaves bytes 10–11 undefined.
-		r := v.resv[0]
-		var nb [2]byte
-		binary.LittleEndian.PutUint16(nb[:], uint16(used))
-		putAt(v.resvIov[r.segs:r.sege], 10, nb[:])
-	}
-	// Pushes consume the oldest pending chains; the unused reservations are the newest
-	// pops, which is what rewind hands back.
-	rem := n
-	for i := 0; i < used; i++ {
-		w := min(rem, v.resv[i].cap)
-		v.Push(v.resv[i].head, uint32(w))
-		rem -= w
-	}
-	v.rewindLocked(v.resvN - used)
-	v.resvN = 0
-	return used
-}
-
-// putAt copies b into the concatenation of segs at byte offset off.
-func putAt(segs [][]byte, off int, b []byte) {
-	for _, s := range segs {
-		if len(b) == 0 {
-			return
-		}
-		if off >= len(s) {
-			off -= len(s)
-			continue
-		}
-		c := copy(s[off:], b)
-		b = b[c:]
-		off = 0
-	}
 }
 
 // CopyFrom copies the concatenation of iov, skipping the first skip bytes, into dst and

@@ -4,7 +4,6 @@ package vhostuser
 
 import (
 	"bytes"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -66,8 +65,8 @@ func TestTXFrames(t *testing.T) {
 			}
 			h := startSession(t, opts{ack: ack})
 			r, v := h.rings[1], h.vr[1]
-			if v.IsRX() || v.HdrLen() != 12 {
-				t.Fatalf("ring 1: rx=%v hdrlen=%d", v.IsRX(), v.HdrLen())
+			if v.Writable() || v.HdrLen() != 12 {
+				t.Fatalf("ring 1: writable=%v hdrlen=%d", v.Writable(), v.HdrLen())
 			}
 			buf := h.g.alloc(12+65536, 4096)
 			iov := make([][]byte, 0, 1024)
@@ -154,146 +153,8 @@ func (r *gring) readChain(segs []seg, n int) []byte {
 	return out
 }
 
-func TestRXFrames(t *testing.T) {
-	cases := []struct {
-		name      string
-		ack       uint64
-		bufSize   int
-		pieceMax  int
-		count     int
-		mergeable bool
-	}{
-		{"mrg-1536", featsDefault, 1536, 1, 200, true},
-		{"mrg-1536-split", featsDefault, 1536, 3, 80, true},
-		{"mrg-4096-noevidx", featsDefault &^ (1 << virtio.RingEventIdx), 4096, 2, 100, true},
-		// Linux "big packets" without MRG_RXBUF: one chain takes a whole 64 KiB frame.
-		{"big", featsDefault &^ (1 << virtio.NetMrgRxbuf), 12 + 65550, 18, 6, false},
-		{"big-legacy-hdr", featsDefault &^ (1<<virtio.NetMrgRxbuf | 1<<virtio.Version1), 10 + 65550, 18, 6, false},
-	}
-	for _, tc := range cases {
-		t.Run(tc.name, func(t *testing.T) {
-			h := startSession(t, opts{ack: tc.ack})
-			r, v := h.rings[0], h.vr[0]
-			hl := v.HdrLen()
-			if want := 12; tc.ack&(1<<virtio.Version1|1<<virtio.NetMrgRxbuf) == 0 {
-				want = 10
-				if hl != want {
-					t.Fatalf("hdrlen %d, want %d", hl, want)
-				}
-			} else if hl != want {
-				t.Fatalf("hdrlen %d, want %d", hl, want)
-			}
-			if f := h.rec.getFeats(); len(f) != 1 || f[0].HdrLen != hl {
-				t.Fatalf("FeaturesAcked %+v", f)
-			}
-			bufs := map[uint16][]seg{}
-			rxPost(r, tc.count, tc.bufSize, tc.pieceMax, bufs)
-			iov := make([][]byte, 0, 2048)
-			frame := make([]byte, hl+65536)
-			for i, n := range frameSizes {
-				if n+hl > tc.bufSize && !tc.mergeable {
-					continue
-				}
-				fill(frame[:hl+n], i)
-				for j := 0; j < hl; j++ {
-					frame[j] = 0 // a TAP header; num_buffers filled by CommitRX
-				}
-				frame[0] = 1
-				var k int
-				batch(t, v, func() {
-					segs, capTot, err := v.ReserveRX(hl+n, iov)
-					if err != nil {
-						t.Fatalf("%d: ReserveRX: %v", n, err)
-					}
-					if capTot < hl+n {
-						t.Fatalf("%d: reserved %d bytes", n, capTot)
-					}
-					if w := CopyTo(segs, frame[:hl+n]); w != hl+n {
-						t.Fatalf("%d: copied %d", n, w)
-					}
-					k = v.CommitRX(hl + n)
-				})
-				used := r.reap()
-				if len(used) != k || k == 0 {
-					t.Fatalf("%d: %d used entries, CommitRX said %d", n, len(used), k)
-				}
-				var got []byte
-				for _, u := range used {
-					got = append(got, r.readChain(bufs[u.id], int(u.len))...)
-				}
-				if len(got) != hl+n {
-					t.Fatalf("%d: received %d bytes", n, len(got))
-				}
-				if hl == 12 {
-					if nb := binary.LittleEndian.Uint16(got[10:]); int(nb) != k {
-						t.Fatalf("%d: num_buffers %d, chains %d", n, nb, k)
-					}
-				}
-				if !bytes.Equal(got[hl:], frame[hl:hl+n]) || got[0] != 1 {
-					t.Fatalf("%d: frame differs", n)
-				}
-				for j, u := range used[:len(used)-1] {
-					if int(u.len) != sumSegs(bufs[u.id]) {
-						t.Fatalf("%d: chain %d not filled (%d)", n, j, u.len)
-					}
-				}
-				// Repost what was consumed.
-				var heads []uint16
-				for _, u := range used {
-					nh := r.addChain(bufs[u.id])
-					bufs[nh] = bufs[u.id]
-					heads = append(heads, nh)
-				}
-				r.publish(heads...)
-			}
-			// Not enough buffers for a mergeable frame: all or nothing, nothing lost.
-			if tc.mergeable {
-				h.stop()
-				return
-			}
-		})
-	}
-}
-
-func sumSegs(s []seg) int {
-	n := 0
-	for _, x := range s {
-		n += x.n
-	}
-	return n
-}
-
-func TestRXShortage(t *testing.T) {
-	h := startSession(t, opts{})
-	r, v := h.rings[0], h.vr[0]
-	bufs := map[uint16][]seg{}
-	rxPost(r, 3, 1536, 1, bufs)
-	iov := make([][]byte, 0, 64)
-	batch(t, v, func() {
-		if _, _, err := v.ReserveRX(12+9000, iov); err != ErrEmpty {
-			t.Fatalf("ReserveRX: %v", err)
-		}
-		// The three chains were handed back: a small frame takes the first.
-		segs, _, err := v.ReserveRX(12+60, iov)
-		if err != nil {
-			t.Fatal(err)
-		}
-		CopyTo(segs, make([]byte, 72))
-		if k := v.CommitRX(72); k != 1 {
-			t.Fatalf("CommitRX %d", k)
-		}
-		// An unused reservation is handed back at End.
-		if _, _, err := v.ReserveRX(12+60, iov); err != nil {
-			t.Fatal(err)
-		}
-	})
-	if u := r.reap(); len(u) != 1 || u[0].len != 72 {
-		t.Fatalf("used %v", u)
-	}
-	if b := h.stop(); b[0] != 1 {
-		t.Fatalf("RX base %d, want 1 (rewound chains are not consumed)", b[0])
-	}
-}
+// Receiving into several chains per frame (MRG_RXBUF, num_buffers) is the net
+// device's, and tested with it (vhostnet TestReservation, TestReservationShortage).
 
 // TestWrap pushes more than 65536 chains through a ring so the free-running 16-bit
 // indices wrap, with and without EVENT_IDX, and checks the call rules.
