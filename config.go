@@ -427,7 +427,7 @@ func parsePcapFlags(o *options, maxBytes string) error {
 // it waits (vhostnet/gro.go, endBatch), so its timer only lets aggregates span TX
 // batches while the guest keeps sending; a socket port's timer holds across reads
 // even when nothing more arrives, which costs a lone datagram the whole interval at
-// each coalescing hop (README, "Flush policy", has both measured).
+// each coalescing hop (docs/offloads.md, "Flush policy", has both measured).
 func (o *options) timerFlush(vhostUser bool) bool {
 	if o.groFlush == "auto" {
 		return vhostUser

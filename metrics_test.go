@@ -25,7 +25,7 @@ func (e *stubEndpoint) Close() error                            { return nil }
 func (e *stubEndpoint) Addr() string                            { return "stub" }
 func (e *stubEndpoint) Stats() *port.Stats                      { return &e.st }
 
-// Every metric tapgro exports must be documented in the README, one line each, and the
+// Every metric tapgro exports must be documented in docs/metrics.md, one line each, and the
 // collector must be valid for Prometheus (consistent label sets, no duplicates).
 func TestMetricsDocumented(t *testing.T) {
 	e := datapathtest.NewStub()
@@ -39,13 +39,13 @@ func TestMetricsDocumented(t *testing.T) {
 	if err != nil {
 		t.Fatalf("gather: %v", err)
 	}
-	readme, err := os.ReadFile("README.md")
+	readme, err := os.ReadFile("docs/metrics.md")
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, f := range fams {
 		if !strings.Contains(string(readme), "`"+f.GetName()+"`") {
-			t.Errorf("metric %s is not documented in README.md", f.GetName())
+			t.Errorf("metric %s is not documented in docs/metrics.md", f.GetName())
 		}
 		if f.GetName() == "tapgro_frames_total" {
 			found := false
@@ -64,7 +64,7 @@ func TestMetricsDocumented(t *testing.T) {
 }
 
 // The vhost-user catalogue obeys the same rules: valid for Prometheus, every series in
-// the README, and it reads vhostnet's counters.
+// docs/metrics.md, and it reads vhostnet's counters.
 func TestVhostMetricsDocumented(t *testing.T) {
 	vn := &fakeVhost{st: &vhostnet.Stats{Queues: make([]vhostnet.QueueStats, 2)}, bs: new(vhostuser.Stats)}
 	vn.st.Queues[1].RXFrames.Store(5)
@@ -82,14 +82,14 @@ func TestVhostMetricsDocumented(t *testing.T) {
 	if err != nil {
 		t.Fatalf("gather: %v", err)
 	}
-	readme, err := os.ReadFile("README.md")
+	readme, err := os.ReadFile("docs/metrics.md")
 	if err != nil {
 		t.Fatal(err)
 	}
 	got := map[string]float64{}
 	for _, f := range fams {
 		if !strings.Contains(string(readme), "`"+f.GetName()+"`") {
-			t.Errorf("metric %s is not documented in README.md", f.GetName())
+			t.Errorf("metric %s is not documented in docs/metrics.md", f.GetName())
 		}
 		for _, m := range f.GetMetric() {
 			key := f.GetName()

@@ -177,7 +177,7 @@ func NewVhostMetrics(vn VhostNet, health *HealthMonitor, version string) *Metric
 	// GRO toward the TAP: the engine's series, same names and meaning, except the
 	// segments-per-packet histogram (segments_total / packets_total gives the mean;
 	// integration's TestQEMUVhostUser checks every scraped name, histogram suffixes
-	// included, against the README). RSC toward the guest has its own (the engine's
+	// included, against docs/metrics.md). RSC toward the guest has its own (the engine's
 	// are port → TAP only).
 	m.addGRO(func(*Source) *coalescer.Stats { return &st.GRO }, false)
 	rsc := &st.RSC

@@ -166,7 +166,7 @@ func TestHealthMetricsDocumented(t *testing.T) {
 	h := NewHealthMonitor(e, time.Second)
 	c := &Metrics{eng: e}
 	c.addHealth(h)
-	readme, err := os.ReadFile("../README.md")
+	readme, err := os.ReadFile("../docs/metrics.md")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -174,7 +174,7 @@ func TestHealthMetricsDocumented(t *testing.T) {
 	c.Collect(func(s *Sample) {
 		names[s.Name] = true
 		if !strings.Contains(string(readme), "`"+s.Name+"`") {
-			t.Errorf("metric %s is not documented in README.md", s.Name)
+			t.Errorf("metric %s is not documented in docs/metrics.md", s.Name)
 		}
 		if s.Name == "tapgro_port_peer_info" && (len(s.LabelValues) != 1 || s.LabelValues[0] != e.Snap.Peer) {
 			t.Errorf("peer labels %q", s.LabelValues)

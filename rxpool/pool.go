@@ -9,7 +9,7 @@ import (
 )
 
 // Defaults. The buffer size and pool size were chosen with BenchmarkTapToPort and the
-// integration benchmark (README, "Receive pool"): a 1514-byte MTU frame fits one 2048-byte
+// integration benchmark (docs/receive-pool.md): a 1514-byte MTU frame fits one 2048-byte
 // buffer (virtio-net's own mergeable buffers are of this order), and 2048 buffers (4 MiB)
 // hold a whole 64-read TAP batch of 64 KB TSO frames split at MTU 1500 only in part, but
 // every pool of 512 frames or more fills writev's 512-record limit, so a larger pool buys

@@ -1,7 +1,8 @@
 // Package main is the benchtool command. It measures tapgro beside the kernel's own path and beside a naive relay,
-// in one run and one topology family, and writes BENCHMARKS.md plus a bar chart.
+// in one run and one topology family, and writes docs/benchmarks/BENCHMARKS.md plus a bar chart.
+// Run it from the repository's root, where the default paths point.
 //
-//	go run ./integration/benchtool [-t 5] [-r 3] [-mtu 1500] [-out BENCHMARKS.md] [-png BENCHMARKS.png]
+//	go run ./integration/benchtool [-t 5] [-r 3] [-mtu 1500] [-out docs/benchmarks/BENCHMARKS.md] [-png docs/benchmarks/BENCHMARKS.png]
 //
 // Topology (root; two network namespaces it creates and deletes):
 //
@@ -162,8 +163,8 @@ func main() {
 	flag.IntVar(&b.secs, "t", 5, "seconds per iperf3 run")
 	flag.IntVar(&b.reps, "r", 3, "runs per row")
 	flag.IntVar(&b.mtu, "mtu", 1500, "MTU on every link")
-	out := flag.String("out", "BENCHMARKS.md", "markdown report")
-	png := flag.String("png", "BENCHMARKS.png", "bar chart (TCP bulk medians)")
+	out := flag.String("out", "docs/benchmarks/BENCHMARKS.md", "markdown report")
+	png := flag.String("png", "docs/benchmarks/BENCHMARKS.png", "bar chart (TCP bulk medians)")
 	only := flag.String("cases", "", "comma-separated case numbers to run (default all; none: only the QEMU rows)")
 	onlyTests := flag.String("tests", "", "comma-separated test numbers to run: 0 TCP 1 stream, 1 TCP 4 streams, 2 UDP 64 B, 3 ping RTT, 4 UDP 1-byte RTT (default all)")
 	withQEMU := flag.Bool("qemu", true, "add TCP rows for a real QEMU guest under TCG (needs qemu-system-x86_64)")
