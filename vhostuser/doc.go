@@ -1,8 +1,13 @@
-// Package vhostuser is a vhost-user-net back-end: QEMU (the front-end, -netdev
-// vhost-user) hands tapgro the guest's memory and virtqueues over a UNIX socket, and
-// tapgro moves frames between those rings and the TAP without QEMU in the data path.
-// The protocol is QEMU docs/interop/vhost-user.rst as shipped with QEMU 7.2; the rings
-// are the virtio 1.x split virtqueue (virtio spec "Split Virtqueues").
+// Package vhostuser is a vhost-user back-end core: QEMU (the front-end) hands the
+// back-end the guest's memory and virtqueues over a UNIX socket, and the device behind
+// it (vhostnet, for tapgro's network device) moves data through those rings without
+// QEMU in the data path. The protocol is QEMU docs/interop/vhost-user.rst as shipped
+// with QEMU 7.2; the rings are the virtio 1.x split virtqueue (virtio spec "Split
+// Virtqueues"). The package knows no device: which rings the device writes, the header
+// every chain starts with and the device's feature bits come from Config (Writable,
+// HeaderLen, Features), and what a chain means is the device's business — vhostnet
+// reserves receive chains for a frame and fills in its header, as passt's vu_common.c
+// does beside its device-agnostic virtio.c.
 //
 // # Layers
 //
@@ -18,7 +23,7 @@
 // in step); a request that is well formed but cannot be honoured (an mmap failure, a bad
 // ring size) is answered with a non-zero REPLY_ACK and the session goes on; an unknown
 // request is drained, counted, reported and, if it asked, answered with 1. The owner hears
-// of it through Handler: FeaturesAcked (with the 10- or 12-byte header length),
+// of it through Handler: FeaturesAcked (with the header length Config.HeaderLen gives),
 // RingStarted, RingStopped, VringEnabled (every SET_VRING_ENABLE, running ring or not),
 // SetMTU, Unknown, SessionEnded.
 //
@@ -27,15 +32,22 @@
 // fstat (a mapping past a file's end faults at the first touch); a memfd that is not
 // sealed against shrinking is reported. The region is mmapped once from fd offset 0
 // (mmap offsets must be page-aligned, mmap_offset need not be), left out of core dumps
-// (MADV_DONTDUMP), and its fd closed. Ring addresses are front-end virtual addresses, descriptor addresses are
-// guest-physical; both are translated by range checks that cannot overflow, into slices
-// of the mapping, so ordinary Go bounds checks guard every later access. A buffer that
+// (MADV_DONTDUMP), and its fd closed. Ring addresses are front-end virtual addresses,
+// descriptor addresses are guest-physical; both are translated by range checks that
+// cannot overflow, into slices of the mapping, so ordinary Go bounds checks guard every
+// later access. A buffer that
 // crosses two regions becomes two slices. mem_unsafe.go is the only file that uses
 // package unsafe (32-bit atomics on ring words, 16-bit event words, alignment) or mmap.
 //
-// vring.go is the split virtqueue. The descriptor table, avail ring and used ring are
-// each translated for their full size, event words included. A ring runs from
-// SET_VRING_KICK to GET_VRING_BASE (vhost-user.rst "Ring states").
+// The virtqueue: vring.go is its state and life cycle (configuration from SET_VRING_*,
+// start, translation, violations, stop); batch.go the worker's batch, Pop with every
+// descriptor checked, Push and Rewind; notify.go publishing and calls, with
+// moderation; wait.go sleeping for kicks. The descriptor table, avail ring and used ring
+// are each translated for their full size, event words included. A ring runs from
+// SET_VRING_KICK to GET_VRING_BASE (vhost-user.rst "Ring states"). Only the split layout
+// exists; a packed one (VIRTIO_F_RING_PACKED) would be a second batch.go / notify.go
+// pair behind the same Vring methods, and the device would not change: it sees chains
+// (Pop), used entries (Push) and hand-backs (Rewind), never ring indices.
 //
 // # Concurrency and unmapping
 //
@@ -45,7 +57,7 @@
 // re-translate, unlock; then unmap the old table. No batch can straddle the swap, and
 // nothing can touch a mapping after munmap. The price is that the control plane waits
 // for a batch to end, so batches must not block (wait for the TAP to be readable before
-// Begin, not inside a batch). iovecs returned by Pop/ReserveRX are valid only until End.
+// Begin, not inside a batch). iovecs returned by Pop are valid only until End.
 //
 // # Ordering
 //
@@ -98,8 +110,9 @@
 // a driver that consumed everything by polling meanwhile has moved used_event past the
 // published index, and needs none. A batch that found the avail ring empty sends an
 // owed call at once (the driver posts buffers only after processing), and a ring stop
-// sends it before the front-end takes over. Calls in the middle of a frame's chains are
-// impossible: calls follow publishes, and those follow CommitRX.
+// sends it before the front-end takes over. A device whose unit spans several chains
+// (a frame over mergeable buffers) must not Publish between them: End and Publish are
+// the only publishes.
 //
 // # Hostile guests
 //
@@ -107,18 +120,10 @@
 // table-size descriptors (loop), no zero-length or wrongly directed descriptors,
 // indirect tables only when negotiated, on the head, len%16 == 0, len/16 ≤ num, never
 // nested, never with NEXT; every address must be inside a region; lengths must not
-// overflow; the chain must hold the virtio-net header; avail->idx may not run more than
+// overflow; the chain must hold the device's header; avail->idx may not run more than
 // num ahead of the used index last published (which also bounds what the back-end
 // holds in flight to the ring size). A violation is counted by Reason in
 // Stats.Rejected, written to the err eventfd, and stops the ring until the front-end
 // restarts it (QEMU virtio_error behaves alike). Nothing panics and nothing outside the
 // mapped regions is touched.
-//
-// # Receive
-//
-// ReserveRX pops chains until their capacity covers the frame (one chain without
-// MRG_RXBUF), the caller writes header+frame into the returned segments, and CommitRX
-// writes num_buffers into the first header, pushes one used entry per chain used and
-// hands the rest back (passt vu_collect/vu_flush/vu_queue_rewind, DPDK
-// reserve_avail_buf_split).
 package vhostuser

@@ -1,0 +1,145 @@
+//go:build linux
+
+package vhostuser
+
+import (
+	"runtime/debug"
+	"time"
+)
+
+// Telling the driver: publishing used->idx, deciding whether the driver asked for a
+// call (EVENT_IDX or VRING_AVAIL_F_NO_INTERRUPT), sending it, and moderating calls
+// under load (SetCallModeration).
+
+// publishLocked stores used->idx once for everything pushed since the last publish and
+// sends at most one call, or owes it to the moderation timer.
+func (v *Vring) publishLocked() {
+	if v.usedIdx == v.pubIdx {
+		return
+	}
+	// The used entries (plain stores) precede this seq-cst store, which is the write
+	// barrier before used->idx (QEMU virtqueue_split_flush: smp_wmb, then idx).
+	store32(v.used, 0, uint32(v.usedIdx)<<16|uint32(v.usedFlags))
+	v.pubIdx = v.usedIdx
+	if v.callFd < 0 {
+		return
+	}
+	if !v.needCallLocked() {
+		// The driver polls, or asked for an event further on: what it will see
+		// without a call needs none, and a call owed is no longer (the driver moved
+		// its event index past everything published, so it is processing).
+		v.signalled, v.signalledValid = v.pubIdx, true
+		v.callDeferred = false
+		return
+	}
+	if v.modEvery > 0 && v.sinceCall >= moderateBytes {
+		// Under load: at most one call per modEvery. The call is owed, not lost:
+		// the timer sends it when the interval is up, unless by then the driver has
+		// consumed everything without one (deferredCall asks again).
+		if wait := v.modEvery - time.Since(v.lastCall); wait > 0 {
+			if !v.callDeferred {
+				v.callDeferred = true
+				v.stats.CallsDeferred.Add(1)
+				v.callTimer.Reset(wait)
+			}
+			return
+		}
+	}
+	v.callLocked()
+}
+
+// needCallLocked reports whether the driver asked to be told about the used entries
+// published up to pubIdx since the last call or decision (v.signalled).
+func (v *Vring) needCallLocked() bool {
+	// This seq-cst load after the used->idx store is the full barrier before reading
+	// the driver's suppression hints (QEMU virtio_split_should_notify: smp_mb).
+	aw := load32(v.avail, 0)
+	if !v.eventIdx {
+		return uint16(aw)&availFNoInterrupt == 0
+	}
+	// QEMU virtio_split_should_notify / DPDK vhost_vring_call_split: the first call
+	// after a start is unconditional, then vring_need_event decides from the used idx
+	// at the previous decision (QEMU's signalled_used). A deferred call keeps that
+	// index, so the question covers every entry published since.
+	return !v.signalledValid || vringNeedEvent(load16(v.avail, v.usedEventOff), v.pubIdx, v.signalled)
+}
+
+// callLocked signals the call eventfd for everything published.
+func (v *Vring) callLocked() {
+	v.signalled, v.signalledValid = v.pubIdx, true
+	v.callDeferred, v.sinceCall = false, 0
+	if v.modEvery > 0 {
+		v.lastCall = time.Now()
+	}
+	if v.signal(v.callFd) {
+		v.stats.Calls.Add(1)
+	} else {
+		v.stats.CallsDropped.Add(1)
+	}
+}
+
+// deferredCall is the moderation timer: it sends the owed call if the driver still
+// wants it. It reads the avail ring on the timer's goroutine, so it recovers a fault
+// there itself (fault.go).
+func (v *Vring) deferredCall() {
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	defer v.recoverLocked()
+	if !v.callDeferred {
+		return
+	}
+	if v.state != ringRunning || v.broken || v.callFd < 0 || v.used == nil {
+		v.callDeferred = false
+		return
+	}
+	if wait := v.modEvery - time.Since(v.lastCall); wait > 0 {
+		v.callTimer.Reset(wait) // a Reset raced with an earlier expiry
+		return
+	}
+	if v.needCallLocked() {
+		v.callLocked()
+		return
+	}
+	v.signalled, v.callDeferred = v.pubIdx, false
+}
+
+// moderateBytes is what, pushed since the last call, counts as load for call
+// moderation. Below it (a 1-byte request and its answer, a few ACKs) every call goes
+// out at once: latency matters there and a call per frame costs the guest little. It
+// is the split adaptive NIC interrupt moderation makes between low-latency and bulk
+// traffic from bytes per interval (linux drivers/net/ethernet/intel/igb/igb_main.c
+// igb_update_itr).
+const moderateBytes = 16 << 10
+
+// SetCallModeration bounds the calls this ring sends under load to one per d (0: a
+// call whenever the driver asks, at most one per batch). Load is moderateBytes or more
+// pushed since the last call; a call due sooner is owed to a timer, which drops it if
+// the driver has meanwhile consumed everything published (EVENT_IDX: its used_event
+// moved past; otherwise VRING_AVAIL_F_NO_INTERRUPT). The driver's own suppression
+// always applies on top. Calls before the ring's workers start.
+func (v *Vring) SetCallModeration(d time.Duration) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	v.modEvery = max(d, 0)
+	if v.modEvery > 0 && v.callTimer == nil {
+		v.callTimer = time.AfterFunc(time.Hour, v.deferredCall)
+		v.callTimer.Stop()
+	}
+}
+
+// Publish makes what was pushed so far visible to the driver and signals it, as End
+// would, in the middle of a batch. Per-frame publishing is the baseline moderation is
+// measured against; a device whose unit spans several chains calls it after the last
+// of them, never between (the driver takes them as one).
+func (v *Vring) Publish() {
+	if v.inBatch && !v.broken {
+		v.publishLocked()
+	}
+}
+
+// vringNeedEvent is vring_need_event from linux include/uapi/linux/virtio_ring.h: should
+// moving the index from old to newIdx notify a peer waiting for event_idx?
+func vringNeedEvent(eventIdx, newIdx, old uint16) bool {
+	return newIdx-eventIdx-1 < newIdx-old
+}
