@@ -281,6 +281,13 @@ func TestWorkerFault(t *testing.T) {
 	}
 	tx.Publish(head)
 	tx.KickNow()
+	// The worker faults and ends the session; closing before it does would end the
+	// session cleanly instead.
+	for deadline := time.Now().Add(5 * time.Second); e.n.BackendStats().Rejected[vhostuser.RejectFault].Load() == 0; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("no fault counted")
+		}
+	}
 	err := e.s.Close()
 	var fe *vhostuser.FaultError
 	if !errors.As(err, &fe) || fe.Ring != 1 {
