@@ -155,13 +155,16 @@ type portRef struct {
 	hdrLen  int              // vnet header in front of every frame to and from the port
 	accepts vnethdr.Offloads // what the port may be handed whole
 	shm     port.ShmSender   // set when large frames may go through a shared-memory ring
+	// With shm: the smallest frame sent through the ring and the length of the
+	// descriptor sent instead (ShmSender.ShmMinFrame, ShmDescLen).
+	shmMin, shmDesc int
 }
 
 func newPortRef(p port.Port) *portRef {
 	r := &portRef{p: p, hdrLen: p.VnetHdrLen()}
 	r.accepts = portAccepts(r.hdrLen, p.Accepts())
 	if s, ok := p.(port.ShmSender); ok && s.ShmActive() {
-		r.shm = s
+		r.shm, r.shmMin, r.shmDesc = s, s.ShmMinFrame(), s.ShmDescLen()
 	}
 	return r
 }

@@ -97,8 +97,8 @@ type portToTap struct {
 	next int
 	tags []int
 
-	// A port that lends frames in place (from its peer's shared-memory ring, or its own
-	// read buffer; sockport/shm.go): lent[i] is set for such a frame, and cur[i] is the
+	// A port that lends frames in place (port.Lender: from its peer's shared-memory
+	// ring, or its own read buffer): lent[i] is set for such a frame, and cur[i] is the
 	// buffer frame i of the batch is in, laid out like bufs[i] (frame at head), whichever
 	// it came in.
 	lender port.Lender

@@ -7,7 +7,6 @@ import (
 
 	"tapgro/port"
 	"tapgro/rxpool"
-	"tapgro/sockport"
 	"tapgro/vnethdr"
 )
 
@@ -51,7 +50,7 @@ type tapToPort struct {
 	bufs  [][]byte // the pipeline's own read buffers
 	sizes []int
 
-	// With a shared-memory port (sockport/shm.go) the TAP is read straight into free
+	// With a shared-memory port (port.ShmSender) the TAP is read straight into free
 	// slots of the port's ring: rd is this batch's read buffers, slots first, then bufs;
 	// frame i < nShm is in slot i that shmRef's TxSlots handed out.
 	cur    [][]byte // what the current batch was read into: bufs or rd
@@ -172,7 +171,7 @@ func (p *tapToPort) process(n int) {
 			if p.hdr.IsGSO() {
 				st.GSOPassthrough.Add(1)
 			}
-			if i < p.nShm && p.ref == p.shmRef && len(frame) >= sockport.ShmMinFrame {
+			if i < p.nShm && p.ref == p.shmRef && len(frame) >= p.shmRef.shmMin {
 				p.stageShm(len(frame), i)
 			} else {
 				p.stage(frame)
@@ -234,9 +233,10 @@ func (p *tapToPort) stage(frame []byte) {
 }
 
 // stageShm stages, instead of the frame of n bytes read into the batch's ring slot i,
-// the descriptor record that names it (sockport/shm.go): the frame itself is not copied.
+// the descriptor record that names it (ShmSender.PutShmDesc): the frame itself is not
+// copied. Frames shorter than the port's ShmMinFrame are staged inline instead.
 func (p *tapToPort) stageShm(n int, i int) {
-	head, ok := p.reserveVec(p.hl+sockport.ShmDescLen, 0)
+	head, ok := p.reserveVec(p.hl+p.shmRef.shmDesc, 0)
 	if !ok {
 		return
 	}

@@ -23,7 +23,8 @@
 //   - Lender: received frames lent in place from the transport's own buffer instead of
 //     copied out;
 //   - ShmSender: frames sent through a shared-memory ring the receiver maps, so only a
-//     descriptor crosses the socket.
+//     descriptor crosses the socket. The ring's layout stays the transport's: the port
+//     itself reports the two sizes the engine stages by (ShmMinFrame, ShmDescLen).
 //
 // Backend is QEMU's generic backend offload model reduced to what the engine calls:
 // what a side carries (VnetHdrLen), what it may be handed (Accepts), what it may deliver
