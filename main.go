@@ -173,7 +173,7 @@ func run(ctx context.Context, o *options, log *logrus.Logger) error {
 		Offload:     o.offload,
 		// What the TAP may hand us, for the port the spec describes; the engine
 		// negotiates again with every peer that connects.
-		Port: datapath.CapsOfSpec(o.netdev),
+		Port: o.netdev.PortCaps(),
 		// Capture files are opened before the privilege drop.
 		PcapTap: o.pcapTap, PcapPort: o.pcapPort, Pcap: o.pcap,
 	}

@@ -28,9 +28,9 @@ type Config struct {
 	RX          rxpool.Config // the TAP→port receive pool (--rx-* flags)
 
 	// Offload is the operator's choice of the TAP's read offloads (--offload) and Port
-	// what the configured port will take before any peer connects (CapsOfSpec).
+	// what the configured port will take before any peer connects (netdev.Spec.PortCaps).
 	Offload vnethdr.Choice
-	Port    PortCaps
+	Port    port.Caps
 
 	// Capture: the starting files for each side ("" is off) and the writers' limits.
 	PcapTap, PcapPort string

@@ -4,9 +4,7 @@ import (
 	"fmt"
 	"strings"
 
-	"tapgro/netdev"
 	"tapgro/port"
-	"tapgro/sockport"
 	"tapgro/tapdev"
 	"tapgro/vnethdr"
 )
@@ -33,38 +31,15 @@ var _ port.Backend = (*tapdev.Device)(nil)
 const AutoOffloads = vnethdr.OffloadCSUM | vnethdr.OffloadTSO4 | vnethdr.OffloadTSO6 |
 	vnethdr.OffloadTSOECN | vnethdr.OffloadUSO
 
-// portCaps is the port side's VnetBackend, reduced to what negotiation needs.
-type PortCaps struct {
-	State   string           // VnetBackend.State, e.g. "stream(vnet-hdr 12, accepts csum,tso4)"
-	HdrLen  int              // vnet header length of each frame; 0 = plain frames
-	Accepts vnethdr.Offloads // what the port may be handed
-	Emits   vnethdr.Offloads // what the port may hand us
-}
-
-// capsOf reads a connected port's capabilities.
-func capsOf(p port.Port) PortCaps {
+// capsOf reads a connected port's capabilities. What it may hand us is learnt by
+// asking for everything tapgro can take (SetOffloads), as virtio-net asks its peer.
+func capsOf(p port.Port) port.Caps {
 	be := port.BackendOf(p)
-	c := PortCaps{State: be.State(), HdrLen: be.VnetHdrLen(), Accepts: be.Accepts()}
+	c := port.Caps{State: be.State(), HdrLen: be.VnetHdrLen(), Accepts: be.Accepts()}
 	if c.HdrLen > 0 {
 		c.Emits, _ = be.SetOffloads(AutoOffloads | vnethdr.OffloadUFO)
 	}
 	return c
-}
-
-// capsOfSpec is what a spec's ports will be able to do, before any peer connected.
-func CapsOfSpec(s netdev.Spec) PortCaps {
-	kind := s.Backend.String()
-	switch {
-	case s.Backend == netdev.BackendStream && s.VnetHdr:
-		a := sockport.VnetStreamAccepts
-		return PortCaps{State: fmt.Sprintf("%s(vnet-hdr %d, accepts %s; until the peer's hello)", kind, sockport.VnetStreamHdrLen, a),
-			HdrLen: sockport.VnetStreamHdrLen, Accepts: a, Emits: a}
-	case s.Backend == netdev.BackendNetmap && s.HdrLen > 0:
-		// What NetmapPort.Accepts reports for a VALE port with a header.
-		a := vnethdr.OffloadCSUM | vnethdr.OffloadTSO4 | vnethdr.OffloadTSO6 | vnethdr.OffloadTSOECN | vnethdr.OffloadUFO
-		return PortCaps{State: fmt.Sprintf("%s(vnet-hdr %d, accepts %s)", kind, s.HdrLen, a), HdrLen: s.HdrLen, Accepts: a, Emits: a}
-	}
-	return PortCaps{State: kind + "(plain)"}
 }
 
 // negInput is everything negotiation depends on.
@@ -73,7 +48,7 @@ type negInput struct {
 	TapHdrLen int              // the TAP's vnet header length (10 or 12)
 	TapWrite  vnethdr.Offloads // what the TAP takes on write (tapdev Accepts), minus offloads a kernel refused
 	Choice    vnethdr.Choice   // --offload (or `tapgro ctl offload`)
-	Port      PortCaps
+	Port      port.Caps
 	GRO       bool // --gro, and not killed by a refused GSO write
 	UDPGRO    bool // --udp-gro
 }
@@ -125,7 +100,7 @@ func (s Step) String() string {
 type Negotiation struct {
 	TapOffloads vnethdr.Offloads // the TUNSETOFFLOAD mask to set
 	TapWrite    vnethdr.Offloads // what frames to the TAP may carry
-	Port        PortCaps
+	Port        port.Caps
 	T2P, P2T    Step
 }
 

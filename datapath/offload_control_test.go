@@ -4,6 +4,7 @@ import (
 	"testing"
 	"time"
 
+	"tapgro/port"
 	"tapgro/port/porttest"
 	"tapgro/tapdev/taptest"
 	"tapgro/vnethdr"
@@ -13,7 +14,7 @@ func TestRenegotiateOnConnectAndToggles(t *testing.T) {
 	tap := taptest.New(true)
 	b := testBridge(tap, true)
 	in := negInput{TapProbed: oCSUM | oTSO4 | oTSO6 | oECN | oUSO, TapHdrLen: 10, TapWrite: b.cfg.tapAccepts,
-		Choice: vnethdr.Choice{Auto: true}, Port: PortCaps{State: "stream(plain)"}, GRO: true, UDPGRO: true}
+		Choice: vnethdr.Choice{Auto: true}, Port: port.Caps{State: "stream(plain)"}, GRO: true, UDPGRO: true}
 	n0 := negotiate(in)
 	var lines []string
 	b.initNegotiation(in, n0, func(n *Negotiation) { lines = append(lines, n.String()) })

@@ -21,7 +21,7 @@ func TestTogglesMidStream(t *testing.T) {
 	tap := taptest.New(true)
 	b := testBridge(tap, true)
 	in := negInput{TapProbed: oCSUM | oTSO4 | oTSO6 | oECN | oUSO, TapHdrLen: 10, TapWrite: b.cfg.tapAccepts,
-		Choice: vnethdr.Choice{Auto: true}, Port: PortCaps{State: "stream(plain)"}, GRO: true, UDPGRO: true}
+		Choice: vnethdr.Choice{Auto: true}, Port: port.Caps{State: "stream(plain)"}, GRO: true, UDPGRO: true}
 	b.initNegotiation(in, negotiate(in), nil)
 	b.cfg.timerFlush = true // aggregates held across reads: a toggle has something to flush
 	b.cfg.rscInterval = 200 * time.Microsecond
