@@ -5,7 +5,7 @@ import (
 	"time"
 
 	"tapgro/port"
-	"tapgro/port/porttest"
+	"tapgro/sockport/sockporttest"
 	"tapgro/tapdev/taptest"
 	"tapgro/vnethdr"
 )
@@ -20,7 +20,7 @@ func TestRenegotiateOnConnectAndToggles(t *testing.T) {
 	b.initNegotiation(in, n0, func(n *Negotiation) { lines = append(lines, n.String()) })
 
 	// A vnet-hdr=on peer connects: the steps change, the TAP mask need not.
-	near, _ := porttest.VnetPair(t, false)
+	near, _ := sockporttest.VnetPair(t, false)
 	n, err := b.portConnected(near)
 	if err != nil {
 		t.Fatal(err)
@@ -68,7 +68,7 @@ func TestSetGROMidStream(t *testing.T) {
 	b := testBridge(tap, true)
 	b.cfg.timerFlush = true // hold aggregates across reads, so a toggle has something to flush
 	b.cfg.rscInterval = time.Hour
-	near, far := porttest.StreamPair(t)
+	near, far := sockporttest.StreamPair(t)
 	done := make(chan error, 1)
 	go func() { done <- b.runPortToTap(near) }()
 	seq, id := uint32(1), uint16(1)

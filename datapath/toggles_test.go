@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"tapgro/port"
-	"tapgro/port/porttest"
+	"tapgro/sockport/sockporttest"
 	"tapgro/tapdev/taptest"
 	"tapgro/vnethdr"
 )
@@ -25,7 +25,7 @@ func TestTogglesMidStream(t *testing.T) {
 	b.initNegotiation(in, negotiate(in), nil)
 	b.cfg.timerFlush = true // aggregates held across reads: a toggle has something to flush
 	b.cfg.rscInterval = 200 * time.Microsecond
-	near, far := porttest.StreamPair(t)
+	near, far := sockporttest.StreamPair(t)
 	b.port.Store(newPortRef(near))
 	p2tDone := make(chan error, 1)
 	go func() { p2tDone <- b.runPortToTap(near) }()

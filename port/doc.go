@@ -32,4 +32,8 @@
 // has_vnet_hdr/set_offload callbacks (include/net/net.h), through which virtio-net asks
 // its peer what it can take; tapgro's engine plays virtio-net's part between the TAP and
 // the port. BackendOf gives every Port one, so negotiation has a single shape.
+//
+// The contract is held by tests, not only stated: package port/porttest checks a
+// connected pair of any transport's ports against it (Port and each optional
+// capability the pair has), and every transport's own tests run it over their ports.
 package port
