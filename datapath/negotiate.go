@@ -11,11 +11,12 @@ import (
 
 // Offload negotiation: tapgro's core plays the part virtio-net plays in QEMU
 // (hw/net/virtio-net.c virtio_net_get_features and virtio_net_apply_guest_offloads ask
-// the peer through NetClientInfo's offload callbacks). It asks each side what it can carry and accept and decides what the TAP may hand
-// us (TUNSETOFFLOAD) and, per direction, which software steps run. negotiate is a pure
-// function of its inputs so every combination is table-tested; run() calls it at start
-// and the supervisor again on every (re)connect, because the peer's capabilities change
-// with the peer.
+// the peer through NetClientInfo's offload callbacks). It asks each side what it can
+// carry and accept and decides what the TAP may hand us (TUNSETOFFLOAD) and, per
+// direction, which software steps run. negotiate is a pure function of its inputs so
+// every combination is table-tested; New calls it at start and the supervisor again on
+// every (re)connect (portConnected), because the peer's capabilities change with the
+// peer.
 //
 // The datapath does not depend on the steps for correctness: it decides per frame
 // (tapToPort.process, portToTap.run, tapWriter.write) whether the far side accepts that
@@ -53,23 +54,23 @@ type negInput struct {
 	UDPGRO    bool // --udp-gro
 }
 
-// step is one piece of software work (or its absence) in one direction.
+// Step is one piece of software work (or its absence) in one direction.
 type Step uint16
 
 const (
-	// stepPassthrough: frames with a GSO or partial-checksum header go on whole, with
+	// StepPassthrough: frames with a GSO or partial-checksum header go on whole, with
 	// their header (the far side accepts them).
 	StepPassthrough Step = 1 << iota
-	// stepSplit: GSO frames of some kind the far side cannot take are segmented in
+	// StepSplit: GSO frames of some kind the far side cannot take are segmented in
 	// software (vnethdr.Split; CWR only on the first segment, so ECN is handled).
 	StepSplit
-	// stepCsum: partial checksums the far side cannot take are completed in software.
+	// StepCsum: partial checksums the far side cannot take are completed in software.
 	StepCsum
-	// stepHdrConvert: the header is rewritten between 10 and 12 bytes (num_buffers 0).
+	// StepHdrConvert: the header is rewritten between 10 and 12 bytes (num_buffers 0).
 	StepHdrConvert
-	// stepGRO: plain TCP segments are coalesced into GSO packets (port→TAP only).
+	// StepGRO: plain TCP segments are coalesced into GSO packets (port→TAP only).
 	StepGRO
-	// stepUDPGRO: plain UDP datagrams are coalesced into UDP_L4 GSO packets.
+	// StepUDPGRO: plain UDP datagrams are coalesced into UDP_L4 GSO packets.
 	StepUDPGRO
 )
 
@@ -96,7 +97,7 @@ func (s Step) String() string {
 	return strings.Join(parts, "+")
 }
 
-// negotiation is the outcome.
+// Negotiation is the outcome.
 type Negotiation struct {
 	TapOffloads vnethdr.Offloads // the TUNSETOFFLOAD mask to set
 	TapWrite    vnethdr.Offloads // what frames to the TAP may carry

@@ -123,10 +123,10 @@ type Spec struct {
 	// VnetHdr asks for a virtio_net_hdr in front of each frame on a stream link
 	// (tapgro-to-tapgro only; QEMU's stream backend never carries one: net/stream.c has no
 	// has_vnet_hdr). It makes the endpoint run the hello and hand out vnet-hdr StreamPorts
-	// (vnetstream.go).
+	// (sockport/vnetstream.go).
 	VnetHdr bool
 	// NoShm (shm=off) keeps a vnet-hdr=on stream over AF_UNIX from setting up
-	// shared-memory rings with its peer (shm.go): every frame then crosses the socket.
+	// shared-memory rings with its peer (sockport/shm.go): every frame then crosses the socket.
 	NoShm bool
 	// IfName is the netmap port (netmap:eth0, vale0:1, a pipe) and HdrLen its
 	// virtio_net_hdr length (0, 10 or 12; non-zero only on VALE ports, the only ones

@@ -30,7 +30,7 @@ func (s Spec) QEMUOption(id string) string {
 		return "netmap,id=" + esc(id) + ",ifname=" + esc(ifn)
 	}
 	if s.Local.Type == AddrFD || s.Remote.Type == AddrFD {
-		// Only the endpoint knows what an inherited socket is bound to (Endpoint.Spec).
+		// Only the endpoint knows what an inherited socket is bound to (SpecOf).
 		return ""
 	}
 	m := s

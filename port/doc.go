@@ -31,7 +31,9 @@
 // (SetOffloads) and one line for logs (State). In QEMU these are NetClientInfo's
 // has_vnet_hdr/set_offload callbacks (include/net/net.h), through which virtio-net asks
 // its peer what it can take; tapgro's engine plays virtio-net's part between the TAP and
-// the port. BackendOf gives every Port one, so negotiation has a single shape.
+// the port. BackendOf gives every Port one, so negotiation has a single shape, and Caps
+// is its summary as negotiation records it (taken from a spec, netdev.Spec.PortCaps,
+// before any peer has connected).
 //
 // The contract is held by tests, not only stated: package port/porttest checks a
 // connected pair of any transport's ports against it (Port and each optional
