@@ -174,7 +174,7 @@ func run(ctx context.Context, o *options, log *logrus.Logger) error {
 		Offload:     o.offload,
 		// What the TAP may hand us, for the port the spec describes; the engine
 		// negotiates again with every peer that connects.
-		Port: datapath.CapsOfSpec(o.netdev),
+		Port: o.netdev.PortCaps(),
 		// Capture files are opened before the privilege drop.
 		PcapTap: o.pcapTap, PcapPort: o.pcapPort, Pcap: o.pcap,
 	}
@@ -275,7 +275,7 @@ func run(ctx context.Context, o *options, log *logrus.Logger) error {
 	}
 	log.WithFields(fields).Info("tapgro ready; " + qemuHint(spec))
 
-	err = eng.Serve(ctx, endpointAdapter{ep})
+	err = eng.Serve(ctx, ep)
 	if errors.Is(err, netdev.ErrInheritedClosed) {
 		// fd=N: the supervisor owns the connection; without it there is nothing to
 		// serve, and a clean exit tells the supervisor so.
@@ -430,12 +430,6 @@ func vhostUserQEMUArgs(spec netdev.Spec) (kvm, tcg string) {
 		" -chardev " + chardev + " -netdev " + nd + " -device " + spec.QEMUVhostUserDevice("n0")
 	return base, base + ",vectors=0"
 }
-
-// endpointAdapter gives the engine a netdev.Endpoint as the port contract's Endpoint.
-type endpointAdapter struct{ ep netdev.Endpoint }
-
-func (a endpointAdapter) Next(ctx context.Context) (port.Port, error) { return a.ep.Next(ctx) }
-func (a endpointAdapter) Addr() string                                { return a.ep.Addr() }
 
 // qemuHint is the passt-style line that tells the user what to give QEMU.
 func qemuHint(spec netdev.Spec) string {

@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"tapgro/port/porttest"
+	"tapgro/sockport/sockporttest"
 	"tapgro/tapdev/taptest"
 )
 
@@ -24,7 +24,7 @@ func cpuNow() time.Duration {
 func benchTapToPortFrames(b *testing.B, pkt []byte, perBatch int) {
 	tap := taptest.New(false)
 	br := testBridge(tap, true)
-	near, far := porttest.StreamPair(b)
+	near, far := sockporttest.StreamPair(b)
 	br.port.Store(newPortRef(near))
 	go drain(far, nil)
 	p := newTapToPort(br)

@@ -7,18 +7,18 @@ import (
 	"time"
 
 	"tapgro/port"
-	"tapgro/port/porttest"
 	"tapgro/rxpool"
 	"tapgro/sockport"
+	"tapgro/sockport/sockporttest"
 	"tapgro/tapdev/taptest"
 )
 
-// statPair is porttest.StreamPair with counters on the near end, so tests can count
+// statPair is sockporttest.StreamPair with counters on the near end, so tests can count
 // writev calls.
 func statPair(t testing.TB) (near, far *sockport.StreamPort, st *port.Stats) {
 	t.Helper()
 	st = new(port.Stats)
-	near, far = porttest.StreamPairStats(t, st, nil)
+	near, far = sockporttest.StreamPairStats(t, st, nil)
 	return near, far, st
 }
 

@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"tapgro/port"
-	"tapgro/port/porttest"
+	"tapgro/sockport/sockporttest"
 	"tapgro/tapdev/taptest"
 )
 
@@ -45,7 +45,7 @@ func TestShmBridgeEndToEnd(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			tapA, tapB := taptest.New(false), taptest.New(true)
 			a, b := testBridge(tapA, false), testBridge(tapB, false)
-			near, far := porttest.VnetPair(t, true)
+			near, far := sockporttest.VnetPair(t, true)
 			a.port.Store(newPortRef(near))
 			// The port-side capture records the frames descriptors name, not descriptors.
 			portFile := filepath.Join(t.TempDir(), "port.pcap")

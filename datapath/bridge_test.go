@@ -10,7 +10,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"tapgro/port"
-	"tapgro/port/porttest"
+	"tapgro/sockport/sockporttest"
 	"tapgro/tapdev/taptest"
 	"tapgro/vnethdr"
 )
@@ -76,7 +76,7 @@ func testBridge(tap tapIO, gro bool) *bridge {
 func TestTapToPortSegments(t *testing.T) {
 	tap := taptest.New(true)
 	b := testBridge(tap, true)
-	near, far := porttest.StreamPair(t)
+	near, far := sockporttest.StreamPair(t)
 	b.port.Store(&portRef{p: near})
 	done := make(chan error, 1)
 	go func() { done <- b.runTapToPort() }()
@@ -135,7 +135,7 @@ func TestPortToTapCoalesces(t *testing.T) {
 			tap := taptest.New(true)
 			b := testBridge(tap, true)
 			b.cfg.timerFlush = timer
-			near, far := porttest.StreamPair(t)
+			near, far := sockporttest.StreamPair(t)
 			var segs [][]byte
 			for i := 0; i < 40; i++ {
 				segs = append(segs, tcp4(1+uint32(i*1448), 100+uint16(i), pattern(1448)))
@@ -185,7 +185,7 @@ func TestPortToTapCoalesces(t *testing.T) {
 func BenchmarkTapToPort(b *testing.B) {
 	tap := taptest.New(false)
 	br := testBridge(tap, true)
-	near, far := porttest.StreamPair(b)
+	near, far := sockporttest.StreamPair(b)
 	benchTapToPort(b, br, near, far)
 	frames := float64(br.t2p.Frames.Load())
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/frames, "ns/frame")
@@ -216,7 +216,7 @@ func benchTapToPort(b *testing.B, br *bridge, near, far port.Port) {
 func BenchmarkPortToTap(b *testing.B) {
 	tap := taptest.New(false)
 	br := testBridge(tap, true)
-	near, far := porttest.StreamPair(b)
+	near, far := sockporttest.StreamPair(b)
 	var segs [][]byte
 	for i := 0; i < 44; i++ {
 		segs = append(segs, tcp4(1+uint32(i*1448), uint16(i), pattern(1448)))
@@ -255,7 +255,7 @@ func BenchmarkPortToTap(b *testing.B) {
 func TestPeerGoneKeepsWhatItSent(t *testing.T) {
 	tap := taptest.New(true)
 	b := testBridge(tap, false)
-	near, far := porttest.StreamPair(t)
+	near, far := sockporttest.StreamPair(t)
 	ref := newPortRef(near)
 	b.port.Store(ref)
 	var sent [][]byte

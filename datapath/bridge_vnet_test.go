@@ -14,8 +14,8 @@ import (
 
 	"tapgro/integration/netnstest"
 	"tapgro/port"
-	"tapgro/port/porttest"
 	"tapgro/sockport"
+	"tapgro/sockport/sockporttest"
 	"tapgro/tapdev"
 	"tapgro/tapdev/taptest"
 	"tapgro/vnethdr"
@@ -66,7 +66,7 @@ func TestTapToVnetPortPassesGSO(t *testing.T) {
 func testTapToVnetPortPassesGSO(t *testing.T, shm bool) {
 	tap := taptest.New(true)
 	b := testBridge(tap, true)
-	near, far := porttest.VnetPair(t, shm)
+	near, far := sockporttest.VnetPair(t, shm)
 	b.port.Store(newPortRef(near))
 	done := make(chan error, 1)
 	go func() { done <- b.runTapToPort() }()
@@ -109,7 +109,7 @@ func testTapToVnetPortPassesGSO(t *testing.T, shm bool) {
 func TestVnetPortToTapPassesGSO(t *testing.T) {
 	tap := taptest.New(true)
 	b := testBridge(tap, true)
-	near, far := porttest.VnetPair(t, false)
+	near, far := sockporttest.VnetPair(t, false)
 	done := make(chan error, 1)
 	go func() { done <- b.runPortToTap(near) }()
 
@@ -156,7 +156,7 @@ func TestVnetPortToTapPassesGSO(t *testing.T) {
 func TestVnetPortToTapDropsBadGSO(t *testing.T) {
 	tap := taptest.New(true)
 	b := testBridge(tap, true)
-	near, far := porttest.VnetPair(t, false)
+	near, far := sockporttest.VnetPair(t, false)
 	done := make(chan error, 1)
 	go func() { done <- b.runPortToTap(near) }()
 	pkt := gsoTCP4(12, pattern(5000), 1448)
@@ -203,7 +203,7 @@ func TestVnetPortToTapEINVALFallback(t *testing.T) {
 	var mu sync.Mutex
 	var killed []vnethdr.Offloads
 	b.onOffloadKill = func(o vnethdr.Offloads, _ error) { mu.Lock(); killed = append(killed, o); mu.Unlock() }
-	near, far := porttest.VnetPair(t, false)
+	near, far := sockporttest.VnetPair(t, false)
 	done := make(chan error, 1)
 	go func() { done <- b.runPortToTap(near) }()
 	payload := pattern(14480)
@@ -266,7 +266,7 @@ func udpGSO4(hl int, payload []byte, mss int) []byte {
 func TestVnetPortToTapSplitsUSOForOldKernel(t *testing.T) {
 	tap := taptest.New(true)
 	b := testBridge(tap, true) // tapAccepts has no USO
-	near, far := porttest.VnetPair(t, false)
+	near, far := sockporttest.VnetPair(t, false)
 	done := make(chan error, 1)
 	go func() { done <- b.runPortToTap(near) }()
 	if _, err := far.WriteBatch([][]byte{udpGSO4(12, pattern(4000), 1400)}); err != nil {
@@ -301,7 +301,7 @@ func TestVnetPortToTapSplitsUSOForOldKernel(t *testing.T) {
 func TestTapToVnetPortZeroAllocs(t *testing.T) {
 	tap := taptest.New(false)
 	b := testBridge(tap, true)
-	near, far := porttest.VnetPair(t, false)
+	near, far := sockporttest.VnetPair(t, false)
 	b.port.Store(newPortRef(near))
 	go drain(far, nil)
 	p := newTapToPort(b)
@@ -315,7 +315,7 @@ func TestTapToVnetPortZeroAllocs(t *testing.T) {
 func BenchmarkTapToVnetPort(b *testing.B) {
 	tap := taptest.New(false)
 	br := testBridge(tap, true)
-	near, far := porttest.VnetPair(b, false)
+	near, far := sockporttest.VnetPair(b, false)
 	benchTapToPort(b, br, near, far)
 }
 
@@ -324,7 +324,7 @@ func BenchmarkTapToVnetPort(b *testing.B) {
 func BenchmarkVnetPortToTap(b *testing.B) {
 	tap := taptest.New(false)
 	br := testBridge(tap, true)
-	near, far := porttest.VnetPair(b, false)
+	near, far := sockporttest.VnetPair(b, false)
 	done := make(chan error, 1)
 	pkt := gsoTCP4(12, pattern(65000), 1448)
 	batch := [][]byte{pkt, pkt, pkt, pkt}
@@ -354,7 +354,7 @@ func BenchmarkVnetEndToEnd(b *testing.B) {
 func benchVnetEndToEnd(b *testing.B, shm bool) {
 	tapA, tapB := taptest.New(false), taptest.New(false)
 	a, c := testBridge(tapA, true), testBridge(tapB, true)
-	near, far := porttest.VnetPair(b, shm)
+	near, far := sockporttest.VnetPair(b, shm)
 	a.port.Store(newPortRef(near))
 	doneA, doneB := make(chan error, 1), make(chan error, 1)
 	go func() { doneA <- a.runTapToPort() }()
@@ -597,7 +597,7 @@ func testCraftedHeaders(t *testing.T, tap tapIO, accepts vnethdr.Offloads) {
 	var killed []string
 	b.onOffloadKill = func(o vnethdr.Offloads, _ error) { mu.Lock(); killed = append(killed, o.String()); mu.Unlock() }
 	b.onGROKill = func(error) { mu.Lock(); killed = append(killed, "gro"); mu.Unlock() }
-	near, far := porttest.VnetPair(t, false)
+	near, far := sockporttest.VnetPair(t, false)
 	done := make(chan error, 1)
 	go func() { done <- b.runPortToTap(near) }()
 
@@ -702,10 +702,10 @@ func testRefusalProbe(t *testing.T, vnet, probeRefused bool) {
 	var port, far port.Port
 	hl := 0
 	if vnet {
-		port, far = porttest.VnetPair(t, false)
+		port, far = sockporttest.VnetPair(t, false)
 		hl = 12
 	} else {
-		port, far = porttest.StreamPair(t)
+		port, far = sockporttest.StreamPair(t)
 	}
 	done := make(chan error, 1)
 	go func() { done <- b.runPortToTap(port) }()

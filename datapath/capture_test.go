@@ -9,8 +9,8 @@ import (
 
 	"tapgro/pcapio"
 	"tapgro/port"
-	"tapgro/port/porttest"
 	"tapgro/rxpool"
+	"tapgro/sockport/sockporttest"
 	"tapgro/tapdev/taptest"
 )
 
@@ -52,7 +52,7 @@ func TestCaptureDatapath(t *testing.T) {
 	if err := b.capture.set(&b.capture.port, portFile); err != nil {
 		t.Fatal(err)
 	}
-	near, far := porttest.StreamPair(t)
+	near, far := sockporttest.StreamPair(t)
 	b.port.Store(newPortRef(near))
 	p2tDone := make(chan error, 1)
 	go func() { p2tDone <- b.runPortToTap(near) }()

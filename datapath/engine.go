@@ -28,9 +28,9 @@ type Config struct {
 	RX          rxpool.Config // the TAP→port receive pool (--rx-* flags)
 
 	// Offload is the operator's choice of the TAP's read offloads (--offload) and Port
-	// what the configured port will take before any peer connects (CapsOfSpec).
+	// what the configured port will take before any peer connects (netdev.Spec.PortCaps).
 	Offload vnethdr.Choice
-	Port    PortCaps
+	Port    port.Caps
 
 	// Capture: the starting files for each side ("" is off) and the writers' limits.
 	PcapTap, PcapPort string
@@ -143,8 +143,9 @@ func New(cfg Config, tap TAP, log Logger) (*Engine, error) {
 	return e, nil
 }
 
-// Endpoint is where connections come from (package netdev's endpoints): Next blocks until the
-// next peer is connected.
+// Endpoint is where connections come from: Next blocks until the next peer is
+// connected. A netdev.Endpoint is one as it is; the engine asks no more of it, so that
+// a test can hand it a single port (datapathtest.OneShot).
 type Endpoint interface {
 	Next(ctx context.Context) (port.Port, error)
 	Addr() string

@@ -4,20 +4,19 @@ import (
 	"fmt"
 	"strings"
 
-	"tapgro/netdev"
 	"tapgro/port"
-	"tapgro/sockport"
 	"tapgro/tapdev"
 	"tapgro/vnethdr"
 )
 
 // Offload negotiation: tapgro's core plays the part virtio-net plays in QEMU
 // (hw/net/virtio-net.c virtio_net_get_features and virtio_net_apply_guest_offloads ask
-// the peer through NetClientInfo's offload callbacks). It asks each side what it can carry and accept and decides what the TAP may hand
-// us (TUNSETOFFLOAD) and, per direction, which software steps run. negotiate is a pure
-// function of its inputs so every combination is table-tested; run() calls it at start
-// and the supervisor again on every (re)connect, because the peer's capabilities change
-// with the peer.
+// the peer through NetClientInfo's offload callbacks). It asks each side what it can
+// carry and accept and decides what the TAP may hand us (TUNSETOFFLOAD) and, per
+// direction, which software steps run. negotiate is a pure function of its inputs so
+// every combination is table-tested; New calls it at start and the supervisor again on
+// every (re)connect (portConnected), because the peer's capabilities change with the
+// peer.
 //
 // The datapath does not depend on the steps for correctness: it decides per frame
 // (tapToPort.process, portToTap.run, tapWriter.write) whether the far side accepts that
@@ -33,38 +32,15 @@ var _ port.Backend = (*tapdev.Device)(nil)
 const AutoOffloads = vnethdr.OffloadCSUM | vnethdr.OffloadTSO4 | vnethdr.OffloadTSO6 |
 	vnethdr.OffloadTSOECN | vnethdr.OffloadUSO
 
-// portCaps is the port side's VnetBackend, reduced to what negotiation needs.
-type PortCaps struct {
-	State   string           // VnetBackend.State, e.g. "stream(vnet-hdr 12, accepts csum,tso4)"
-	HdrLen  int              // vnet header length of each frame; 0 = plain frames
-	Accepts vnethdr.Offloads // what the port may be handed
-	Emits   vnethdr.Offloads // what the port may hand us
-}
-
-// capsOf reads a connected port's capabilities.
-func capsOf(p port.Port) PortCaps {
+// capsOf reads a connected port's capabilities. What it may hand us is learnt by
+// asking for everything tapgro can take (SetOffloads), as virtio-net asks its peer.
+func capsOf(p port.Port) port.Caps {
 	be := port.BackendOf(p)
-	c := PortCaps{State: be.State(), HdrLen: be.VnetHdrLen(), Accepts: be.Accepts()}
+	c := port.Caps{State: be.State(), HdrLen: be.VnetHdrLen(), Accepts: be.Accepts()}
 	if c.HdrLen > 0 {
 		c.Emits, _ = be.SetOffloads(AutoOffloads | vnethdr.OffloadUFO)
 	}
 	return c
-}
-
-// capsOfSpec is what a spec's ports will be able to do, before any peer connected.
-func CapsOfSpec(s netdev.Spec) PortCaps {
-	kind := s.Backend.String()
-	switch {
-	case s.Backend == netdev.BackendStream && s.VnetHdr:
-		a := sockport.VnetStreamAccepts
-		return PortCaps{State: fmt.Sprintf("%s(vnet-hdr %d, accepts %s; until the peer's hello)", kind, sockport.VnetStreamHdrLen, a),
-			HdrLen: sockport.VnetStreamHdrLen, Accepts: a, Emits: a}
-	case s.Backend == netdev.BackendNetmap && s.HdrLen > 0:
-		// What NetmapPort.Accepts reports for a VALE port with a header.
-		a := vnethdr.OffloadCSUM | vnethdr.OffloadTSO4 | vnethdr.OffloadTSO6 | vnethdr.OffloadTSOECN | vnethdr.OffloadUFO
-		return PortCaps{State: fmt.Sprintf("%s(vnet-hdr %d, accepts %s)", kind, s.HdrLen, a), HdrLen: s.HdrLen, Accepts: a, Emits: a}
-	}
-	return PortCaps{State: kind + "(plain)"}
 }
 
 // negInput is everything negotiation depends on.
@@ -73,28 +49,28 @@ type negInput struct {
 	TapHdrLen int              // the TAP's vnet header length (10 or 12)
 	TapWrite  vnethdr.Offloads // what the TAP takes on write (tapdev Accepts), minus offloads a kernel refused
 	Choice    vnethdr.Choice   // --offload (or `tapgro ctl offload`)
-	Port      PortCaps
+	Port      port.Caps
 	GRO       bool // --gro, and not killed by a refused GSO write
 	UDPGRO    bool // --udp-gro
 }
 
-// step is one piece of software work (or its absence) in one direction.
+// Step is one piece of software work (or its absence) in one direction.
 type Step uint16
 
 const (
-	// stepPassthrough: frames with a GSO or partial-checksum header go on whole, with
+	// StepPassthrough: frames with a GSO or partial-checksum header go on whole, with
 	// their header (the far side accepts them).
 	StepPassthrough Step = 1 << iota
-	// stepSplit: GSO frames of some kind the far side cannot take are segmented in
+	// StepSplit: GSO frames of some kind the far side cannot take are segmented in
 	// software (vnethdr.Split; CWR only on the first segment, so ECN is handled).
 	StepSplit
-	// stepCsum: partial checksums the far side cannot take are completed in software.
+	// StepCsum: partial checksums the far side cannot take are completed in software.
 	StepCsum
-	// stepHdrConvert: the header is rewritten between 10 and 12 bytes (num_buffers 0).
+	// StepHdrConvert: the header is rewritten between 10 and 12 bytes (num_buffers 0).
 	StepHdrConvert
-	// stepGRO: plain TCP segments are coalesced into GSO packets (port→TAP only).
+	// StepGRO: plain TCP segments are coalesced into GSO packets (port→TAP only).
 	StepGRO
-	// stepUDPGRO: plain UDP datagrams are coalesced into UDP_L4 GSO packets.
+	// StepUDPGRO: plain UDP datagrams are coalesced into UDP_L4 GSO packets.
 	StepUDPGRO
 )
 
@@ -121,11 +97,11 @@ func (s Step) String() string {
 	return strings.Join(parts, "+")
 }
 
-// negotiation is the outcome.
+// Negotiation is the outcome.
 type Negotiation struct {
 	TapOffloads vnethdr.Offloads // the TUNSETOFFLOAD mask to set
 	TapWrite    vnethdr.Offloads // what frames to the TAP may carry
-	Port        PortCaps
+	Port        port.Caps
 	T2P, P2T    Step
 }
 

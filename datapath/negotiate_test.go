@@ -3,7 +3,7 @@ package datapath
 import (
 	"testing"
 
-	"tapgro/netdev"
+	"tapgro/port"
 	"tapgro/sockport"
 	"tapgro/vnethdr"
 )
@@ -27,11 +27,11 @@ func TestNegotiate(t *testing.T) {
 	write61 := oCSUM | oTSO4 | oTSO6 | oECN
 	auto := vnethdr.Choice{Auto: true}
 
-	plain := PortCaps{State: "stream(plain)"}
-	vnet := PortCaps{State: "stream(vnet)", HdrLen: 12, Accepts: sockport.VnetStreamAccepts, Emits: sockport.VnetStreamAccepts}
-	vnetCsum := PortCaps{State: "stream(vnet)", HdrLen: 12, Accepts: oCSUM, Emits: sockport.VnetStreamAccepts}
-	vale10 := PortCaps{State: "netmap", HdrLen: 10, Accepts: oCSUM | oTSO4 | oTSO6 | oECN | oUFO, Emits: oCSUM | oTSO4 | oTSO6 | oECN | oUFO}
-	noECN := PortCaps{State: "noecn", HdrLen: 10, Accepts: oCSUM | oTSO4 | oTSO6, Emits: oCSUM | oTSO4 | oTSO6}
+	plain := port.Caps{State: "stream(plain)"}
+	vnet := port.Caps{State: "stream(vnet)", HdrLen: 12, Accepts: sockport.VnetStreamAccepts, Emits: sockport.VnetStreamAccepts}
+	vnetCsum := port.Caps{State: "stream(vnet)", HdrLen: 12, Accepts: oCSUM, Emits: sockport.VnetStreamAccepts}
+	vale10 := port.Caps{State: "netmap", HdrLen: 10, Accepts: oCSUM | oTSO4 | oTSO6 | oECN | oUFO, Emits: oCSUM | oTSO4 | oTSO6 | oECN | oUFO}
+	noECN := port.Caps{State: "noecn", HdrLen: 10, Accepts: oCSUM | oTSO4 | oTSO6, Emits: oCSUM | oTSO4 | oTSO6}
 
 	cases := []struct {
 		name     string
@@ -39,7 +39,7 @@ func TestNegotiate(t *testing.T) {
 		write    vnethdr.Offloads
 		tapHdr   int
 		choice   vnethdr.Choice
-		port     PortCaps
+		port     port.Caps
 		gro, udp bool
 		tap      vnethdr.Offloads
 		t2p, p2t string
@@ -101,28 +101,9 @@ func TestNegotiate(t *testing.T) {
 func TestNegotiationString(t *testing.T) {
 	n := negotiate(negInput{TapProbed: oCSUM | oTSO4 | oTSO6, TapHdrLen: 12, TapWrite: oCSUM | oTSO4 | oTSO6 | oECN,
 		Choice: vnethdr.Choice{Auto: true}, GRO: true,
-		Port: PortCaps{State: "stream(vnet-hdr 12, accepts csum,tso4,tso6)", HdrLen: 12, Accepts: oCSUM | oTSO4 | oTSO6, Emits: oCSUM | oTSO4 | oTSO6}})
+		Port: port.Caps{State: "stream(vnet-hdr 12, accepts csum,tso4,tso6)", HdrLen: 12, Accepts: oCSUM | oTSO4 | oTSO6, Emits: oCSUM | oTSO4 | oTSO6}})
 	want := "tap offloads=csum,tso4,tso6 port=stream(vnet-hdr 12, accepts csum,tso4,tso6) tap->port=passthrough port->tap=passthrough+gro"
 	if got := n.String(); got != want {
 		t.Errorf("got  %s\nwant %s", got, want)
-	}
-}
-
-func TestCapsOfSpec(t *testing.T) {
-	for _, c := range []struct {
-		spec string
-		hdr  int
-	}{
-		{"stream,server=on,addr.type=unix,addr.path=/x", 0},
-		{"stream,server=on,addr.type=unix,addr.path=/x,vnet-hdr=on", 12},
-		{"dgram,local.type=unix,local.path=/a,remote.type=unix,remote.path=/b", 0},
-	} {
-		sp, err := netdev.ParseSpec(c.spec)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if got := CapsOfSpec(sp); got.HdrLen != c.hdr || (c.hdr == 0) != (got.Accepts == 0) {
-			t.Errorf("%s: %+v", c.spec, got)
-		}
 	}
 }

@@ -24,7 +24,7 @@ type offloadTap interface {
 // in tests).
 var errNoTapControl = errors.New("the TAP does not support changing offloads")
 
-// initNegotiation records the start-up negotiation's inputs and result (run() has set
+// initNegotiation records the start-up negotiation's inputs and result (New has set
 // the TAP's mask already) and the callback that logs each later one.
 func (b *bridge) initNegotiation(in negInput, n Negotiation, onNegotiated func(*Negotiation)) {
 	b.negMu.Lock()

@@ -4,7 +4,8 @@ import (
 	"testing"
 	"time"
 
-	"tapgro/port/porttest"
+	"tapgro/port"
+	"tapgro/sockport/sockporttest"
 	"tapgro/tapdev/taptest"
 	"tapgro/vnethdr"
 )
@@ -13,13 +14,13 @@ func TestRenegotiateOnConnectAndToggles(t *testing.T) {
 	tap := taptest.New(true)
 	b := testBridge(tap, true)
 	in := negInput{TapProbed: oCSUM | oTSO4 | oTSO6 | oECN | oUSO, TapHdrLen: 10, TapWrite: b.cfg.tapAccepts,
-		Choice: vnethdr.Choice{Auto: true}, Port: PortCaps{State: "stream(plain)"}, GRO: true, UDPGRO: true}
+		Choice: vnethdr.Choice{Auto: true}, Port: port.Caps{State: "stream(plain)"}, GRO: true, UDPGRO: true}
 	n0 := negotiate(in)
 	var lines []string
 	b.initNegotiation(in, n0, func(n *Negotiation) { lines = append(lines, n.String()) })
 
 	// A vnet-hdr=on peer connects: the steps change, the TAP mask need not.
-	near, _ := porttest.VnetPair(t, false)
+	near, _ := sockporttest.VnetPair(t, false)
 	n, err := b.portConnected(near)
 	if err != nil {
 		t.Fatal(err)
@@ -67,7 +68,7 @@ func TestSetGROMidStream(t *testing.T) {
 	b := testBridge(tap, true)
 	b.cfg.timerFlush = true // hold aggregates across reads, so a toggle has something to flush
 	b.cfg.rscInterval = time.Hour
-	near, far := porttest.StreamPair(t)
+	near, far := sockporttest.StreamPair(t)
 	done := make(chan error, 1)
 	go func() { done <- b.runPortToTap(near) }()
 	seq, id := uint32(1), uint16(1)

@@ -195,7 +195,7 @@ func TestStepsMatchFramesTapToPort(t *testing.T) {
 		for _, phl := range []int{0, 12} {
 			for _, acc := range offloadSets(allOffloads) {
 				n := negotiate(negInput{TapProbed: allOffloads, TapHdrLen: 10, TapWrite: b.tapWrite(),
-					Choice: vnethdr.Choice{Set: choice}, Port: PortCaps{HdrLen: phl, Accepts: acc}})
+					Choice: vnethdr.Choice{Set: choice}, Port: port.Caps{HdrLen: phl, Accepts: acc}})
 				what := fmt.Sprintf("tap %s, port hdr %d accepts %s", n.TapOffloads, phl, acc)
 				pt := &recPort{hl: phl, accepts: acc}
 				b.port.Store(newPortRef(pt))
@@ -248,7 +248,7 @@ func TestStepsMatchFramesPortToTap(t *testing.T) {
 		b.cfg.tapAccepts = write
 		coal.SetConfig(b.coalescerConfig())
 		for _, emits := range offloadSets(allOffloads) {
-			n := negotiate(negInput{TapHdrLen: 10, TapWrite: write, Port: PortCaps{HdrLen: phl, Emits: emits}})
+			n := negotiate(negInput{TapHdrLen: 10, TapWrite: write, Port: port.Caps{HdrLen: phl, Emits: emits}})
 			what := fmt.Sprintf("port emits %s, tap write %s", emits, write)
 			got := make([]outcome, len(kinds))
 			for i := range kinds {

@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"tapgro/port"
-	"tapgro/port/porttest"
+	"tapgro/sockport/sockporttest"
 	"tapgro/tapdev/taptest"
 	"tapgro/vnethdr"
 )
@@ -21,11 +21,11 @@ func TestTogglesMidStream(t *testing.T) {
 	tap := taptest.New(true)
 	b := testBridge(tap, true)
 	in := negInput{TapProbed: oCSUM | oTSO4 | oTSO6 | oECN | oUSO, TapHdrLen: 10, TapWrite: b.cfg.tapAccepts,
-		Choice: vnethdr.Choice{Auto: true}, Port: PortCaps{State: "stream(plain)"}, GRO: true, UDPGRO: true}
+		Choice: vnethdr.Choice{Auto: true}, Port: port.Caps{State: "stream(plain)"}, GRO: true, UDPGRO: true}
 	b.initNegotiation(in, negotiate(in), nil)
 	b.cfg.timerFlush = true // aggregates held across reads: a toggle has something to flush
 	b.cfg.rscInterval = 200 * time.Microsecond
-	near, far := porttest.StreamPair(t)
+	near, far := sockporttest.StreamPair(t)
 	b.port.Store(newPortRef(near))
 	p2tDone := make(chan error, 1)
 	go func() { p2tDone <- b.runPortToTap(near) }()

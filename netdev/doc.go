@@ -12,6 +12,8 @@
 // prints the matching option for QEMU (the mirror image: tapgro server means QEMU client,
 // datagram local and remote swap). A netmap ifname= is checked by netmapio.ParseName, the
 // decoder netmapio.Open registers with, so a name that parses is one the port accepts.
+// Spec.PortCaps is what the spec's ports will carry and accept, which the engine needs
+// to set the TAP's offloads before the first peer connects.
 //
 // # Roles and reconnecting
 //
@@ -35,7 +37,7 @@
 //     backoff from 100 ms to 5 s (each failure reported with OnRetry) until it connects
 //     or ctx ends; after a Port dies, the next Next dials again, after a pause if the
 //     connection lasted under a second. That policy is Redial (redial.go), which
-//     vhostnet.ServeClient (vhost-user server=off) uses as well.
+//     vhostnet's Net.ServeClient (vhost-user server=off) uses as well.
 //   - inheritedConn (stream server=off,addr.type=fd, socket,fd=N): the connected socket a
 //     supervisor passed, handed out once (see below).
 //   - datagram (socket udp=, dgram): Open binds; Next returns that socket at once, and

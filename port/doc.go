@@ -23,12 +23,19 @@
 //   - Lender: received frames lent in place from the transport's own buffer instead of
 //     copied out;
 //   - ShmSender: frames sent through a shared-memory ring the receiver maps, so only a
-//     descriptor crosses the socket.
+//     descriptor crosses the socket. The ring's layout stays the transport's: the port
+//     itself reports the two sizes the engine stages by (ShmMinFrame, ShmDescLen).
 //
 // Backend is QEMU's generic backend offload model reduced to what the engine calls:
 // what a side carries (VnetHdrLen), what it may be handed (Accepts), what it may deliver
 // (SetOffloads) and one line for logs (State). In QEMU these are NetClientInfo's
 // has_vnet_hdr/set_offload callbacks (include/net/net.h), through which virtio-net asks
 // its peer what it can take; tapgro's engine plays virtio-net's part between the TAP and
-// the port. BackendOf gives every Port one, so negotiation has a single shape.
+// the port. BackendOf gives every Port one, so negotiation has a single shape, and Caps
+// is its summary as negotiation records it (taken from a spec, netdev.Spec.PortCaps,
+// before any peer has connected).
+//
+// The contract is held by tests, not only stated: package port/porttest checks a
+// connected pair of any transport's ports against it (Port and each optional
+// capability the pair has), and every transport's own tests run it over their ports.
 package port

@@ -135,15 +135,24 @@ type VecSender interface {
 const ShmHeadroom = 16
 
 // ShmSender is a port that can send frames through a shared-memory ring the peer maps
-// (the sending half of a tapgro-to-tapgro link over AF_UNIX).
+// (the sending half of a tapgro-to-tapgro link over AF_UNIX). The ring's layout is the
+// transport's: the engine learns the two sizes it needs from ShmMinFrame and
+// ShmDescLen, once, when it adopts the port.
 type ShmSender interface {
 	// ShmActive reports whether frames may cross through shared memory now.
 	ShmActive() bool
+	// ShmMinFrame is the smallest frame worth sending through the ring; a shorter one
+	// is sent inline, where copying it costs less than a slot. Constant for a port.
+	ShmMinFrame() int
+	// ShmDescLen is the length of the descriptor PutShmDesc writes, the part of the
+	// record after the vnet header. Constant for a port.
+	ShmDescLen() int
 	// TxSlots hands out up to len(slots) free ring slots for the next TAP read, laid out
 	// so that an hl-byte vnet header followed by the frame, read into slots[i], puts the
 	// frame at ShmHeadroom of the slot. TxDone must follow every call that returned n > 0.
 	TxSlots(slots [][]byte, hl int) int
-	// PutShmDesc turns rec into the descriptor record for slot i holding an n-byte read.
+	// PutShmDesc fills rec[:ShmDescLen()] with the descriptor for slot i holding an
+	// n-byte read.
 	PutShmDesc(rec []byte, i int, n int)
 	// TxDone returns the slots that no PutShmDesc named.
 	TxDone()

@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"tapgro/port"
-	"tapgro/port/porttest"
+	"tapgro/sockport/sockporttest"
 )
 
 func cpuTime() time.Duration {
@@ -31,7 +31,7 @@ func TestSlowConsumer(t *testing.T) {
 		batch     = 64
 	)
 	wst := new(port.Stats)
-	w, r := porttest.StreamPairStats(t, wst, nil)
+	w, r := sockporttest.StreamPairStats(t, wst, nil)
 	st := new(Stats)
 	p, err := New(Config{}, st)
 	if err != nil {

@@ -307,8 +307,22 @@ func (l *shmLink) close() {
 
 // ---- sending side: the TAP→port goroutine ----
 
+// The engine finds these by type assertion, so a method missing here would silently
+// turn shared memory (or lending) off rather than fail to build.
+var (
+	_ port.ShmSender = (*StreamPort)(nil)
+	_ port.Lender    = (*StreamPort)(nil)
+)
+
 // ShmActive reports whether frames may cross this port through shared memory.
 func (s *StreamPort) ShmActive() bool { return s.shm != nil }
+
+// ShmMinFrame is the package's ShmMinFrame: what the engine needs of the ring's layout
+// without importing it (port.ShmSender).
+func (s *StreamPort) ShmMinFrame() int { return ShmMinFrame }
+
+// ShmDescLen is the package's ShmDescLen, the length PutShmDesc fills.
+func (s *StreamPort) ShmDescLen() int { return ShmDescLen }
 
 // TxSlots hands out up to len(slots) free slots of this end's ring for the next TAP
 // read, the most recently freed first: slots[i] is laid out so that [hl-byte vnet

@@ -33,7 +33,7 @@ func NewEngine(t testing.TB, probed vnethdr.Offloads, mod func(*datapath.Config)
 	cfg := datapath.Config{
 		VnetHdrLen: 10, Batch: 64, GRO: true, UDPGRO: true, MaxFlows: 64,
 		Offload: vnethdr.Choice{Auto: true},
-		Port:    datapath.PortCaps{State: "stream(plain)"},
+		Port:    port.Caps{State: "stream(plain)"},
 	}
 	if mod != nil {
 		mod(&cfg)
@@ -53,7 +53,7 @@ type Stub struct{ Snap datapath.Snapshot }
 func NewStub() *Stub {
 	return &Stub{Snap: datapath.Snapshot{
 		Pool: new(rxpool.Stats), Tap: new(tapdev.Stats), GRO: new(coalescer.Stats),
-		Negotiation: &datapath.Negotiation{Port: datapath.PortCaps{State: "stream(plain)"}},
+		Negotiation: &datapath.Negotiation{Port: port.Caps{State: "stream(plain)"}},
 		PeerUnread:  -1, CaptureTap: datapath.Capture{State: "off"}, CapturePort: datapath.Capture{State: "off"},
 	}}
 }
