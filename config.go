@@ -15,6 +15,7 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"tapgro/netdev"
+	"tapgro/onoff"
 	"tapgro/pcapio"
 	"tapgro/rxpool"
 	"tapgro/vnethdr"
@@ -96,11 +97,8 @@ func (p *prefixList) Set(v string) error {
 }
 
 func onOff(name, v string) (bool, error) {
-	switch v {
-	case "on", "true", "1", "yes":
-		return true, nil
-	case "off", "false", "0", "no":
-		return false, nil
+	if on, ok := onoff.Parse(v); ok {
+		return on, nil
 	}
 	return false, fmt.Errorf("--%s: want on or off, got %q", name, v)
 }

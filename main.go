@@ -28,6 +28,7 @@ import (
 	"tapgro/datapath"
 	"tapgro/netdev"
 	"tapgro/netmapio"
+	"tapgro/onoff"
 	"tapgro/ops"
 	"tapgro/port"
 	"tapgro/procscale"
@@ -253,7 +254,7 @@ func run(ctx context.Context, o *options, log *logrus.Logger) error {
 		"vnet_hdr_len": o.vnetHdrLen,
 		"tap_offloads": snap.Negotiation.TapOffloads.String(),
 		"probed":       snap.TapProbed.String(),
-		"gro":          onOffString(o.gro && !snap.GROKilled),
+		"gro":          onoff.String(o.gro && !snap.GROKilled),
 		"netdev":       spec.String(),
 		"listen":       ep.Addr(),
 		"version":      version,
@@ -487,13 +488,6 @@ func b2i(b bool) int {
 		return 1
 	}
 	return 0
-}
-
-func onOffString(b bool) string {
-	if b {
-		return "on"
-	}
-	return "off"
 }
 
 // logSummary prints the counters once at exit, from one Snapshot.

@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"strconv"
 	"strings"
+	"tapgro/onoff"
 	"tapgro/sockport"
 )
 
@@ -511,11 +512,8 @@ func boolKey(kv map[string]string, k string) (bool, error) {
 	if !ok {
 		return false, nil
 	}
-	switch v {
-	case "on", "yes", "true", "y":
-		return true, nil
-	case "off", "no", "false", "n":
-		return false, nil
+	if on, ok := onoff.Parse(v); ok {
+		return on, nil
 	}
 	return false, fmt.Errorf("netdev: bad value %q for key %q (want on or off)", v, k)
 }
@@ -554,13 +552,6 @@ func splitOpts(s string) []string {
 // esc doubles commas so a value survives QEMU's option parser.
 func esc(v string) string { return strings.ReplaceAll(v, ",", ",,") }
 
-func onOff(b bool) string {
-	if b {
-		return "on"
-	}
-	return "off"
-}
-
 // String is the canonical spec: defaults filled in, id dropped, keys in a fixed order.
 // ParseSpec(s.String()) == s.
 func (s Spec) String() string {
@@ -572,7 +563,7 @@ func (s Spec) String() string {
 		if s.Role == RoleServer {
 			a = s.Local
 		}
-		b.WriteString(",server=" + onOff(s.Role == RoleServer))
+		b.WriteString(",server=" + onoff.String(s.Role == RoleServer))
 		writeAddr(&b, "addr", a)
 		if s.VnetHdr {
 			b.WriteString(",vnet-hdr=on")

@@ -13,6 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"tapgro/datapath"
+	"tapgro/onoff"
 	"tapgro/vnethdr"
 )
 
@@ -273,7 +274,7 @@ func (s *CtlServer) handle(line string, who []any) *Response {
 	}
 	if req.gro != nil {
 		n := s.eng.SetGRO(*req.gro)
-		msg := "gro " + onOff(*req.gro)
+		msg := "gro " + onoff.String(*req.gro)
 		if *req.gro && n.P2T&datapath.StepGRO == 0 {
 			msg += ", but it stays inactive: the kernel refused a GSO write earlier (sticky until restart)"
 		}
@@ -281,7 +282,7 @@ func (s *CtlServer) handle(line string, who []any) *Response {
 	}
 	if req.udpGRO != nil {
 		n := s.eng.SetUDPGRO(*req.udpGRO)
-		msg := "udp-gro " + onOff(*req.udpGRO)
+		msg := "udp-gro " + onoff.String(*req.udpGRO)
 		if *req.udpGRO && n.P2T&datapath.StepUDPGRO == 0 {
 			msg += ", but it is inactive: it needs gro on and a TAP that accepts USO on write"
 		}

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strings"
 
+	"tapgro/onoff"
 	"tapgro/vnethdr"
 )
 
@@ -227,11 +228,8 @@ func parsePcap(f []string) (request, error) {
 }
 
 func parseSwitch(k, v string) (bool, error) {
-	switch v {
-	case "on", "true", "1", "yes":
-		return true, nil
-	case "off", "false", "0", "no":
-		return false, nil
+	if on, ok := onoff.Parse(v); ok {
+		return on, nil
 	}
 	return false, fmt.Errorf("%s=%q: want on or off", k, v)
 }

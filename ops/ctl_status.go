@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"tapgro/datapath"
+	"tapgro/onoff"
 	"tapgro/vhostnet"
 	"tapgro/virtio"
 )
@@ -135,14 +136,14 @@ func (st *Status) lines() [][2]string {
 		}
 		return rows
 	}
-	gro := onOff(st.GRO)
+	gro := onoff.String(st.GRO)
 	switch {
 	case st.GROKilled:
 		gro += " (inactive: the kernel refused a GSO write; sticky until restart)"
 	case st.GRO && !st.GROActive:
 		gro += " (inactive)"
 	}
-	udp := onOff(st.UDPGRO)
+	udp := onoff.String(st.UDPGRO)
 	if st.UDPGRO && !st.UDPGROActive {
 		udp += " (inactive: needs gro on and a TAP that accepts USO on write)"
 	}
@@ -187,13 +188,6 @@ func WriteStatus(w io.Writer, st *Status) {
 	for _, l := range ls {
 		fmt.Fprintf(w, "%-*s %s\n", width, l[0]+":", l[1])
 	}
-}
-
-func onOff(b bool) string {
-	if b {
-		return "on"
-	}
-	return "off"
 }
 
 // Logger receives the operator surfaces' events; main adapts it to its logger. kv are
