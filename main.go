@@ -388,11 +388,11 @@ func runVhostUser(ctx context.Context, o *options, log *logrus.Logger) error {
 	// Drops as in the engine's summary: a total per direction, all together, and the
 	// reasons that happened as direction_reason.
 	var dropped [2]uint64
-	for r := 0; r < vhostnet.NumDrops; r++ {
+	for r := vhostnet.Drop(0); r < vhostnet.NumDrops; r++ {
 		n := st.Drops[r].Load()
-		dropped[b2i(vhostnet.DropIsRX(r))] += n
+		dropped[b2i(r.IsRX())] += n
 		if n != 0 {
-			f[vhostnet.DropDir(r)+"_"+vhostnet.DropName(r)] = n
+			f[r.Dir()+"_"+r.String()] = n
 		}
 	}
 	f["port_to_tap_dropped"], f["tap_to_port_dropped"], f["dropped"] = dropped[0], dropped[1], dropped[0]+dropped[1]

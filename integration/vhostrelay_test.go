@@ -97,9 +97,9 @@ func TestVhostRelay(t *testing.T) {
 			t.Errorf("%s: %v GSO frames: GSO did not cross whole", dir, v)
 		}
 	}
-	for r := 0; r < vhostnet.NumDrops; r++ {
-		if v := m.get(t, `tapgro_dropped_total{direction="`+vhostnet.DropDir(r)+`",reason="`+vhostnet.DropName(r)+`"}`); v != 0 {
-			t.Errorf("tapgro dropped %v frames (%s)", v, vhostnet.DropName(r))
+	for r := vhostnet.Drop(0); r < vhostnet.NumDrops; r++ {
+		if v := m.get(t, `tapgro_dropped_total{direction="`+r.Dir()+`",reason="`+r.String()+`"}`); v != 0 {
+			t.Errorf("tapgro dropped %v frames (%s)", v, r.String())
 		}
 	}
 

@@ -36,8 +36,8 @@ func (s *CtlServer) vhostStatus() *Status {
 		v.Rejected += bs.Rejected[r].Load()
 	}
 	var txDrop, rxDrop uint64
-	for r := 0; r < vhostnet.NumDrops; r++ {
-		if vhostnet.DropIsRX(r) {
+	for r := vhostnet.Drop(0); r < vhostnet.NumDrops; r++ {
+		if r.IsRX() {
 			rxDrop += st.Drops[r].Load()
 		} else {
 			txDrop += st.Drops[r].Load()

@@ -91,8 +91,8 @@ func NewVhostHealthMonitor(st *vhostnet.Stats, stall time.Duration) *HealthMonit
 // direction (they are counted per port; a waiting worker drops nothing).
 func vhostWork(st *vhostnet.Stats, w []watch) []watch {
 	var drops [numDirs]uint64
-	for r := 0; r < vhostnet.NumDrops; r++ {
-		if vhostnet.DropIsRX(r) {
+	for r := vhostnet.Drop(0); r < vhostnet.NumDrops; r++ {
+		if r.IsRX() {
 			drops[dirTapToPort] += st.Drops[r].Load()
 		} else {
 			drops[dirPortToTap] += st.Drops[r].Load()

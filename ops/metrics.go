@@ -123,8 +123,8 @@ func NewVhostMetrics(vn VhostNet, health *HealthMonitor, version string) *Metric
 		m.addFrames(d.dir, u(d.frames), u(d.bytes))
 		m.addGSOPassthrough(d.dir, u(d.gso))
 	}
-	for r := 0; r < vhostnet.NumDrops; r++ {
-		m.addDropped(vhostnet.DropDir(r), vhostnet.DropName(r), u(st.Drops[r].Load))
+	for r := vhostnet.Drop(0); r < vhostnet.NumDrops; r++ {
+		m.addDropped(r.Dir(), r.String(), u(st.Drops[r].Load))
 	}
 	m.addConnected(func(*Source) float64 { return b2f(vn.State().Connected) })
 	m.addConnections(u(bs.Sessions.Load), u(bs.Ended.Load), u(bs.Refused.Load))

@@ -218,7 +218,7 @@ func testGROToTAP(t *testing.T, mask uint64, timer bool) {
 	}
 	for r := range NumDrops {
 		if v := st.Drops[r].Load(); v != 0 {
-			t.Errorf("drops %s = %d", DropName(r), v)
+			t.Errorf("drops %s = %d", r.String(), v)
 		}
 	}
 }

@@ -208,7 +208,7 @@ func (e *env) stats() map[string]uint64 {
 		"rxgso": st.RXGSO.Load(), "stalls": st.RXStalls.Load()}
 	for i := range NumDrops {
 		if v := st.Drops[i].Load(); v != 0 {
-			m[DropName(i)] = v
+			m[i.String()] = v
 		}
 	}
 	return m

@@ -183,7 +183,7 @@ func testRSCToGuest(t *testing.T, e *env, merge, mrg bool) {
 	}
 	for d := range NumDrops {
 		if v := st.Drops[d].Load(); v != 0 {
-			t.Errorf("drop %s = %d", DropName(d), v)
+			t.Errorf("drop %s = %d", d.String(), v)
 		}
 	}
 }

@@ -21,45 +21,48 @@ import (
 // IPv6 + 65535 (drivers/net/tun.c tun_put_user, a GSO super-frame at its limit).
 const MaxFrame = 65593
 
-// Drop reasons.
+// Drop is why a frame was dropped, as the engine's datapath.Drop and the other reason
+// types are: a typed index into Stats.Drops with a String that is its metric label.
+type Drop int
+
 const (
-	DropTXBadHeader     = iota // vnethdr.ValidatePeer refused the guest's header
-	DropTXNotNegotiated        // NEEDS_CSUM or a GSO kind the guest did not ack (CSUM, HOST_*)
-	DropTXRunt                 // shorter than an Ethernet header
-	DropTXTooLong              // longer than MaxFrame
-	DropTXTAP                  // the TAP refused it (EINVAL, EIO: link down, …)
-	DropTXDisabled             // TX on a started but disabled ring: completed and discarded
-	DropRXOffload              // the TAP produced a frame kind the guest did not ack
-	DropRXTruncated            // the guest's chain(s) could not hold the frame
-	DropRXTAP                  // the TAP read failed
+	DropTXBadHeader     Drop = iota // vnethdr.ValidatePeer refused the guest's header
+	DropTXNotNegotiated             // NEEDS_CSUM or a GSO kind the guest did not ack (CSUM, HOST_*)
+	DropTXRunt                      // shorter than an Ethernet header
+	DropTXTooLong                   // longer than MaxFrame
+	DropTXTAP                       // the TAP refused it (EINVAL, EIO: link down, …)
+	DropTXDisabled                  // TX on a started but disabled ring: completed and discarded
+	DropRXOffload                   // the TAP produced a frame kind the guest did not ack
+	DropRXTruncated                 // the guest's chain(s) could not hold the frame
+	DropRXTAP                       // the TAP read failed
 	NumDrops
 )
 
 // dropNames are the reason labels of tapgro_dropped_total, whose direction label says
-// which way (DropDir): names the engine's drops share where the meaning is the same
+// which way (Drop.Dir): names the engine's drops share where the meaning is the same
 // (malformed: the peer's header or frame failed validation; tap_error: the TAP refused
 // the write or the read failed), vhost-user's own otherwise.
 var dropNames = [NumDrops]string{"malformed", "not_negotiated", "runt", "too_long",
 	"tap_error", "disabled", "offload_violation", "truncated", "tap_error"}
 
-// DropIsRX says whether drop reason r is of the TAP → guest direction.
-func DropIsRX(r int) bool { return r >= DropRXOffload }
+// IsRX says whether d is of the TAP → guest direction.
+func (d Drop) IsRX() bool { return d >= DropRXOffload }
 
-// DropDir is the direction label of drop reason r: port_to_tap (guest → TAP) or
-// tap_to_port (TAP → guest), as the engine names them.
-func DropDir(r int) string {
-	if DropIsRX(r) {
+// Dir is d's direction label: port_to_tap (guest → TAP) or tap_to_port (TAP → guest),
+// as the engine names them.
+func (d Drop) Dir() string {
+	if d.IsRX() {
 		return "tap_to_port"
 	}
 	return "port_to_tap"
 }
 
-// DropName is the reason label of drop reason r (with DropDir, it names r uniquely).
-func DropName(r int) string {
-	if r >= 0 && r < NumDrops {
-		return dropNames[r]
+// String is d's reason label (with Dir, it names d uniquely).
+func (d Drop) String() string {
+	if d >= 0 && d < NumDrops {
+		return dropNames[d]
 	}
-	return fmt.Sprintf("drop(%d)", r)
+	return fmt.Sprintf("drop(%d)", int(d))
 }
 
 // Stats are the datapath counters, atomic, never reset. TX is guest → TAP, RX is TAP →

@@ -244,7 +244,7 @@ func TestHostileHeaders(t *testing.T) {
 	cases := []struct {
 		name   string
 		mut    func(h *vnethdr.Hdr, f []byte)
-		reason int
+		reason Drop
 	}{
 		{"gso_size 0", func(h *vnethdr.Hdr, _ []byte) { h.GSOSize = 0 }, DropTXBadHeader},
 		{"ufo", func(h *vnethdr.Hdr, _ []byte) { h.GSOType = vnethdr.GSOUDP }, DropTXNotNegotiated},
@@ -272,7 +272,7 @@ func TestHostileHeaders(t *testing.T) {
 		}
 		e.waitTXDone()
 		if e.n.Stats().Drops[c.reason].Load() != before+1 {
-			t.Fatalf("%s: %s not counted (stats %v)", c.name, DropName(c.reason), e.stats())
+			t.Fatalf("%s: %s not counted (stats %v)", c.name, c.reason.String(), e.stats())
 		}
 	}
 	if tx := e.n.Stats().TXFrames.Load(); tx != uint64(len(cases)) {
