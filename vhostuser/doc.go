@@ -83,7 +83,7 @@
 // counter drops a signal (counted) instead of blocking a worker that holds its ring. A
 // kick that keeps signalling with no work 65536 times in a row stops the ring
 // (RejectKick). A ring with no kick fd (NOFD_MASK) is polled, 50 µs after work and
-// backing off to 10 ms while idle.
+// backing off to 50 ms while idle.
 //
 // # Faults
 //

@@ -74,13 +74,17 @@ func (v *Vring) unlockForWait() {
 
 // Polling (SET_VRING_KICK with VHOST_USER_VRING_NOFD_MASK: no eventfd, vhost-user.rst
 // SET_VRING_KICK) looks at the ring pollMin after it was last found busy, backing off
-// by doubling to pollMax while it stays empty: an idle polled ring wakes 100 times a
-// second, and a busy one is looked at within 50 µs. Each wake-up costs this host tens
-// of µs of the runtime's time (BenchmarkIdlePolledRing: 4 ms cost 1.5 % of a core
-// against 0.13 % for a ring idle on its kick eventfd; 10 ms about 1 %).
+// by doubling to pollMax while it stays empty: a busy ring is looked at within 50 µs,
+// an idle one 20 times a second. Each wake-up of an otherwise idle Go process costs this
+// host far more than the look itself (timer, netpoll, futex hand-offs), so the ceiling
+// is set by measurement (BenchmarkIdlePolledRing, the whole test process's CPU while
+// idle, two runs each: a ring idle on its kick eventfd 0.22-0.24 % of a core; polled
+// with a 10 ms ceiling 2.07-2.11 %, 25 ms 1.08-1.10 %, 50 ms 0.65-0.76 %). The price is
+// up to 50 ms before the first chain after an idle spell is seen, on a ring whose
+// front-end chose not to notify.
 const (
 	pollMin = 50 * time.Microsecond
-	pollMax = 10 * time.Millisecond
+	pollMax = 50 * time.Millisecond
 )
 
 // kickStorm is how many kicks in a row may find no work before the kick counts as
