@@ -1,13 +1,17 @@
-// Command tapgro bridges a Linux TAP device opened with IFF_VNET_HDR and a QEMU network
-// port (-netdev stream, socket or dgram), doing in userspace what the kernel's GRO does:
-// the guest's MTU-sized TCP and UDP segments are coalesced into 64 KB GSO packets before
-// they reach the host stack, and the host's 64 KB TSO packets are segmented in software
-// before they reach a guest that cannot take them.
+// Command tapgro bridges a Linux TAP device opened with IFF_VNET_HDR and a QEMU guest,
+// doing in userspace what the kernel's GRO and virtio-net's RSC do: on QEMU's socket
+// netdevs (-netdev stream, socket, dgram) and netmap it coalesces the guest's MTU-sized
+// TCP and UDP segments into 64 KB GSO packets before they reach the host stack and
+// segments the host's TSO packets for a guest that cannot take them; as a vhost-user-net
+// back-end it moves frames between the guest's rings and the TAP with the guest's
+// virtio-net header passed straight through, coalescing where the two ends differ.
 //
 // The root package is the process: flags and environment, logging, privilege drop and
-// signals, the control socket, metrics and health over the engine's Snapshot, and run(),
-// which wires TAP → engine (package datapath) → endpoint (package netdev). It is the
-// only package that imports logrus or Prometheus.
+// signals, the control socket's client, metrics and health, and run(), which opens the
+// port kind's datapath (portkind.go: TAP → engine (package datapath) → endpoint
+// (package netdev) for socket and netmap ports, TAP → vhostnet for vhost-user) and puts
+// the same operator surfaces (package ops) over either. It is the only package that
+// imports logrus or Prometheus.
 package main
 
 import (
@@ -25,16 +29,9 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"tapgro/coalescer"
-	"tapgro/datapath"
 	"tapgro/netdev"
-	"tapgro/netmapio"
-	"tapgro/onoff"
 	"tapgro/ops"
-	"tapgro/port"
 	"tapgro/procscale"
-	"tapgro/tapdev"
-	"tapgro/vhostnet"
-	"tapgro/virtio"
 )
 
 // version is set at build time with -ldflags "-X main.version=...".
@@ -149,82 +146,33 @@ func newLogger(o *options, w io.Writer) *logrus.Logger {
 	return log
 }
 
-// run opens the TAP, sets up the engine, and serves the port until ctx ends.
+// run opens the port kind's datapath (portkind.go: the engine and its endpoint, or
+// vhostnet), puts the operator surfaces over it — /healthz, /metrics, the control
+// socket, the problem report — drops privileges once everything privileged is open,
+// and serves until ctx ends. Every kind goes through the same steps in the same order.
 func run(ctx context.Context, o *options, log *logrus.Logger) error {
+	open := openEngine
 	if o.netdev.Backend == netdev.BackendVhostUser {
-		return runVhostUser(ctx, o, log)
+		open = openVhost
 	}
-	tap, err := tapdev.Open(tapdev.Config{Name: o.tap, MultiQueue: o.multiQueue, VnetHdrLen: o.vnetHdrLen})
+	k, err := open(o, log)
 	if err != nil {
 		return err
 	}
-	defer tap.Close()
-	if err := tap.ConfigureLink(tapdev.LinkConfig{MTU: o.mtu, TxQueueLen: o.txQueueLen, Addrs: o.addrs, Up: true}); err != nil {
-		return err
-	}
-
-	cfg := datapath.Config{
-		VnetHdrLen:  o.vnetHdrLen,
-		Batch:       o.batch,
-		GRO:         o.gro,
-		UDPGRO:      o.udpGRO,
-		TimerFlush:  o.timerFlush(false),
-		RSCInterval: o.rscInterval,
-		MaxFlows:    o.maxFlows,
-		RX:          o.rx,
-		Offload:     o.offload,
-		// What the TAP may hand us, for the port the spec describes; the engine
-		// negotiates again with every peer that connects.
-		Port: o.netdev.PortCaps(),
-		// Capture files are opened before the privilege drop.
-		PcapTap: o.pcapTap, PcapPort: o.pcapPort, Pcap: o.pcap,
-	}
-	if log.IsLevelEnabled(logrus.TraceLevel) {
-		cfg.Trace = traceDecisions(log)
-	}
-	eng, err := datapath.New(cfg, tap, engineLogger{log})
-	if err != nil {
-		return err
-	}
-	defer eng.Close() // flushes capture files if Serve never ran
-	// Registered even with capture off: `tapgro ctl pcap` may turn it on later.
-	hupReopeners.add("pcap capture", eng.ReopenCapture)
-
-	// Sockets systemd passed (socket activation) are used instead of binding (inherit.go).
-	listenFDs, err := netdev.ListenFDs()
-	if err != nil {
-		return err
-	}
-	ep, err := netdev.OpenWith(o.netdev, supervisorEvents(log), socketOptions(o, listenFDs))
-	if err != nil {
-		return err
-	}
-	defer ep.Close()
-	spec := netdev.SpecOf(ep, o.netdev) // inherited sockets resolved to their address
-
+	defer k.close()
 	if o.scaleProcs {
-		delivered := func() (uint64, uint64) {
-			s := eng.Snapshot()
-			return s.TapToPort.Bytes, s.PortToTap.Bytes
-		}
-		go procscale.Run(ctx, procscale.Default(runtime.NumCPU()), bothWays(delivered), func(from, to int, l procscale.Load) {
+		go procscale.Run(ctx, procscale.Default(runtime.NumCPU()), bothWays(k.delivered), func(from, to int, l procscale.Load) {
 			log.WithFields(logrus.Fields{"from": from, "to": to, "cpus_used": fmt.Sprintf("%.2f", l.CPU), "both_ways": l.Parallel}).Debug("GOMAXPROCS rescaled")
 		})
 	}
-	h := ops.NewHealthMonitor(eng, o.healthStall)
+	h := k.health(o.healthStall)
 	go h.Run(ctx)
-	var metricsDone func()
 	if o.metricsAddr != "" {
-		var nm *netmapio.NetmapStats
-		if s, ok := ep.(netdev.NetmapStatser); ok {
-			nm = s.NetmapStats()
-		}
-		metrics := ops.NewMetrics(eng, ep.Stats(), nm, h, version)
-		metricsDone, err = serveMetrics(o.metricsAddr, o.pprof, metrics, h, log)
+		done, err := serveMetrics(o.metricsAddr, o.pprof, k.metrics(h), h, log)
 		if err != nil {
 			return err
 		}
-		defer metricsDone()
+		defer done()
 	}
 	for _, a := range exposedAddrs(o) {
 		log.WithField("addr", a).Warn("--allow-remote: the port accepts frames from beyond this host; anyone who can reach it can inject frames into the guest")
@@ -234,7 +182,7 @@ func run(ctx context.Context, o *options, log *logrus.Logger) error {
 	}
 	// The control socket (ctl.go) is created before the privilege drop, in a directory
 	// only root may write, and chowned to --user's account.
-	stopCtl, err := startCtl(o, ops.NewCtlServer(eng, tap.Name(), ep.Addr(), version, engineLogger{log}), log)
+	stopCtl, err := startCtl(o, k.ctl(engineLogger{log}), log)
 	if err != nil {
 		return err
 	}
@@ -245,20 +193,11 @@ func run(ctx context.Context, o *options, log *logrus.Logger) error {
 			return err
 		}
 	}
-	portProblems := ops.PortProblems(ep.Stats())
-	go ops.ReportProblems(ctx, ops.ProblemInterval, func() map[string]uint64 { return ops.ProblemCounts(eng.Snapshot(), portProblems) }, engineLogger{log})
-
-	snap := eng.Snapshot()
-	fields := logrus.Fields{
-		"tap":          tap.Name(),
-		"vnet_hdr_len": o.vnetHdrLen,
-		"tap_offloads": snap.Negotiation.TapOffloads.String(),
-		"probed":       snap.TapProbed.String(),
-		"gro":          onoff.String(o.gro && !snap.GROKilled),
-		"netdev":       spec.String(),
-		"listen":       ep.Addr(),
-		"version":      version,
+	if p := k.problems(); p != nil {
+		go ops.ReportProblems(ctx, ops.ProblemInterval, p, engineLogger{log})
 	}
+	fields, msg := k.ready()
+	fields["version"] = version
 	if o.user != nil {
 		fields["user"] = o.user.String()
 	}
@@ -274,149 +213,9 @@ func run(ctx context.Context, o *options, log *logrus.Logger) error {
 	if o.pcapPort != "" {
 		fields["pcap_port"] = o.pcapPort
 	}
-	log.WithFields(fields).Info("tapgro ready; " + qemuHint(spec))
-
-	err = eng.Serve(ctx, ep)
-	if errors.Is(err, netdev.ErrInheritedClosed) {
-		// fd=N: the supervisor owns the connection; without it there is nothing to
-		// serve, and a clean exit tells the supervisor so.
-		log.WithField("port", ep.Addr()).Info("the inherited connection has ended; exiting")
-		err = nil
-	}
-	logSummary(eng.Snapshot(), ep.Stats(), log)
-	return err
-}
-
-// runVhostUser is run for --netdev vhost-user: TAP → vhostnet (straight to and from guest
-// memory; the GRO engine only for frames it merges) → the vhost-user socket, where QEMU connects. vhostnet sets the
-// TAP's header length and offloads per session. The operator surfaces are the engine's,
-// over vhostnet's counters: /metrics (ops.NewVhostMetrics), /healthz (a guest that stops
-// refilling its receive ring is a stall), `tapgro ctl status` (the features by name) and
-// capture of the port side (--pcap-port, `tapgro ctl pcap port=…`).
-func runVhostUser(ctx context.Context, o *options, log *logrus.Logger) error {
-	// queues=N: one TAP queue per queue pair (IFF_MULTI_QUEUE when N > 1).
-	taps, err := tapdev.OpenQueues(tapdev.Config{Name: o.tap, VnetHdrLen: o.vnetHdrLen}, o.netdev.QueuePairs())
-	if err != nil {
-		return err
-	}
-	defer func() {
-		for _, q := range taps {
-			q.Close()
-		}
-	}()
-	tap := taps[0]
-	if err := tap.ConfigureLink(tapdev.LinkConfig{MTU: o.mtu, TxQueueLen: o.txQueueLen, Addrs: o.addrs, Up: true}); err != nil {
-		return err
-	}
-	offload := o.offload
-	vn, err := vhostnet.New(vhostnet.Config{TAPs: taps, MTU: o.mtu, Pcap: o.pcap, PcapPath: o.pcapPort,
-		Logf: func(f string, a ...any) { log.Warnf(f, a...) }, Infof: func(f string, a ...any) { log.Infof(f, a...) },
-		// GRO toward the TAP and RSC toward the guest (vhostnet/gro.go, rsc.go), with the
-		// stream path's switches; --offload caps the TAP's read offloads.
-		GRO: o.gro, TimerFlush: o.timerFlush(true), RSCInterval: o.rscInterval, MaxFlows: o.maxFlows,
-		Offload: &offload,
-		// The receive pool's switches mean the same here: --rx-batch off notifies per
-		// frame, --rx-flush-delay bounds the calls to the guest under load.
-		PerFrame: o.rx.PerFrame, CallInterval: max(o.rx.FlushDelay, 0)})
-	if err != nil {
-		return err
-	}
-	defer vn.CloseCapture()
-	hupReopeners.add("pcap capture", vn.ReopenCapture)
-	h := ops.NewVhostHealthMonitor(vn.Stats(), o.healthStall)
-	go h.Run(ctx)
-	if o.metricsAddr != "" {
-		done, err := serveMetrics(o.metricsAddr, o.pprof, ops.NewVhostMetrics(vn, h, version), h, log)
-		if err != nil {
-			return err
-		}
-		defer done()
-	}
-	spec := o.netdev
-	// server=off: QEMU listens on the path and tapgro dials it (after the privilege drop,
-	// so --user must be able to connect), again after every session.
-	onRetry := supervisorEvents(log).OnRetry
-	serve := func(ctx context.Context) error {
-		return vn.ServeClient(ctx, spec.Remote.Path, func(err error, wait time.Duration) { onRetry(spec.Remote.String(), err, wait) })
-	}
-	addr, role := spec.Remote.String(), "connect"
-	if spec.Role == netdev.RoleServer {
-		// The same rules as every other socket path: 0600 (or --socket-mode), owner, stale
-		// sockets replaced, unsafe directories refused.
-		ln, remove, err := netdev.ListenUnix(spec.Local.Path, socketOptions(o, nil))
-		if err != nil {
-			return err
-		}
-		defer remove()
-		defer ln.Close()
-		serve = func(ctx context.Context) error { return vn.Serve(ctx, ln) }
-		addr, role = spec.Local.String(), "listen"
-	}
-	stopCtl, err := startCtl(o, ops.NewVhostCtlServer(vn, tap.Name(), addr, version, engineLogger{log}), log)
-	if err != nil {
-		return err
-	}
-	defer stopCtl()
-	if o.user != nil {
-		if err := dropPrivileges(o.user); err != nil {
-			return err
-		}
-	}
-	qemu, tcg := vhostUserQEMUArgs(spec)
-	fields := logrus.Fields{"tap": tap.Name(), "netdev": spec.String(), role: addr, "version": version,
-		"offered": virtio.String(vn.State().Offered)}
-	if o.pcapPort != "" {
-		fields["pcap_port"] = o.pcapPort
-	}
-	if spec.QueuePairs() > 1 {
-		fields["queue_pairs"] = spec.QueuePairs()
-	}
-	log.WithFields(fields).Info("tapgro ready (vhost-user); give QEMU: " + qemu + " (RAM = the guest's -m size; under TCG use " + tcg + ")")
-	err = serve(ctx)
-	if errors.Is(err, context.Canceled) {
-		err = nil
-	}
-	// Directions as in the engine's summary: port_to_tap is guest → TAP (vhostnet TX).
-	st, bs := vn.Stats(), vn.BackendStats()
-	f := logrus.Fields{
-		"port_to_tap_frames": st.TXFrames.Load(), "port_to_tap_bytes": st.TXBytes.Load(),
-		"tap_to_port_frames": st.RXFrames.Load(), "tap_to_port_bytes": st.RXBytes.Load(),
-		"port_to_tap_gso_passthrough": st.TXGSO.Load(), "tap_to_port_gso_passthrough": st.RXGSO.Load(),
-		"rx_stalls": st.RXStalls.Load(), "sessions": bs.Sessions.Load(),
-		"kicks": bs.Kicks.Load(), "calls": bs.Calls.Load(),
-	}
-	// Drops as in the engine's summary: a total per direction, all together, and the
-	// reasons that happened as direction_reason.
-	var dropped [2]uint64
-	for r := vhostnet.Drop(0); r < vhostnet.NumDrops; r++ {
-		n := st.Drops[r].Load()
-		dropped[b2i(r.IsRX())] += n
-		if n != 0 {
-			f[r.Dir()+"_"+r.String()] = n
-		}
-	}
-	f["port_to_tap_dropped"], f["tap_to_port_dropped"], f["dropped"] = dropped[0], dropped[1], dropped[0]+dropped[1]
-	if len(st.Queues) > 1 {
-		for i := range st.Queues {
-			q := &st.Queues[i]
-			f[fmt.Sprintf("queue%d_port_to_tap_frames", i)] = q.TXFrames.Load()
-			f[fmt.Sprintf("queue%d_tap_to_port_frames", i)] = q.RXFrames.Load()
-		}
-	}
-	if o.gro {
-		// As the engine's summary names them: gro_* toward the TAP, rsc_* toward the guest.
-		for _, g := range []struct {
-			p string
-			s *coalescer.Stats
-		}{{"gro_", &st.GRO}, {"rsc_", &st.RSC}} {
-			f[g.p+"segments"], f[g.p+"packets"] = g.s.Segments.Load(), g.s.Packets.Load()
-			f[g.p+"gso_packets"], f[g.p+"coalesced"] = g.s.GSOOut.Load(), g.s.Coalesced.Load()
-		}
-	}
-	if c := vn.Capture().Stats(); o.pcapPort != "" || c.Frames.Load() != 0 {
-		f["pcap_port_frames"], f["pcap_port_dropped"] = c.Frames.Load(), c.Dropped.Load()
-	}
-	log.WithFields(f).Info("tapgro exiting")
+	log.WithFields(fields).Info(msg)
+	err = k.serve(ctx)
+	log.WithFields(k.summary()).Info("tapgro exiting")
 	return err
 }
 
@@ -488,42 +287,4 @@ func b2i(b bool) int {
 		return 1
 	}
 	return 0
-}
-
-// logSummary prints the counters once at exit, from one Snapshot.
-func logSummary(s datapath.Snapshot, ps *port.Stats, log *logrus.Logger) {
-	t2p, p2t := &s.TapToPort, &s.PortToTap
-	f := logrus.Fields{
-		"tap_to_port_reads":  t2p.Reads,
-		"tap_to_port_frames": t2p.Frames,
-		"tap_to_port_bytes":  t2p.Bytes,
-		"port_to_tap_frames": p2t.Frames,
-		"port_to_tap_bytes":  p2t.Bytes,
-		"port_to_tap_reads":  p2t.Reads,
-	}
-	if g := s.GRO; g != nil {
-		f["gro_segments"] = g.Segments.Load()
-		f["gro_packets"] = g.Packets.Load()
-		f["gro_gso_packets"] = g.GSOOut.Load()
-		f["gro_coalesced"] = g.Coalesced.Load()
-	}
-	f["tap_write_einval"] = s.Tap.WriteErrEINVAL.Load()
-	f["gso_write_fallback"] = p2t.GSOFallback
-	f["tap_to_port_gso_passthrough"] = t2p.GSOPassthrough
-	f["port_to_tap_gso_passthrough"] = p2t.GSOPassthrough
-	f["port_to_tap_malformed"] = p2t.Drops[datapath.DropMalformed]
-	f["tap_to_port_shm"] = ps.ShmFramesOut.Load()
-	f["port_to_tap_shm"] = ps.ShmFramesIn.Load()
-	// Per-direction accounting: every frame read from the TAP was delivered, split (GSO),
-	// or counted here (the SIGTERM-under-load test checks the balance).
-	f["tap_to_port_dropped"] = s.Dropped(t2p)
-	f["port_to_tap_dropped"] = s.Dropped(p2t)
-	f["dropped"] = s.Dropped(t2p) + s.Dropped(p2t)
-	f["tap_to_port_gso_segmented"] = t2p.GSOSegmented
-	f["tap_to_port_port_error"] = t2p.Drops[datapath.DropPortError]
-	f["pcap_tap_frames"] = s.CaptureTap.Frames
-	f["pcap_tap_dropped"] = s.CaptureTap.Dropped
-	f["pcap_port_frames"] = s.CapturePort.Frames
-	f["pcap_port_dropped"] = s.CapturePort.Dropped
-	log.WithFields(f).Info("tapgro exiting")
 }

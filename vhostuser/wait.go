@@ -17,23 +17,32 @@ import (
 // re-reads avail->idx, so a chain made available meanwhile is not missed (QEMU
 // virtio_queue_split_set_notification: smp_mb after enabling). It returns ErrStopped
 // or ErrBroken when the worker should stop.
-func (v *Vring) Wait() error {
+func (v *Vring) Wait() error { return v.waitAvail(0, true) }
+
+// waitAvail sleeps until avail->idx differs from at: last_avail_idx as it is each time
+// round (atLast, Wait), or the given index (WaitMore). Each round asks for a kick at
+// that index (avail_event with EVENT_IDX, else NO_NOTIFY cleared), issues the full
+// barrier and looks at avail->idx once more before sleeping on the kick.
+func (v *Vring) waitAvail(at uint16, atLast bool) error {
 	for {
 		if err := v.lockForWait(); err != nil {
 			return err
 		}
+		if atLast {
+			at = v.lastAvail
+		}
 		if v.eventIdx {
-			store16(v.used, v.availEv, v.lastAvail)
+			store16(v.used, v.availEv, at)
 		} else {
 			v.usedFlags = 0
 		}
 		// Seq-cst store then seq-cst load: the full barrier between enabling kicks
 		// and the final check of avail->idx.
 		store32(v.used, 0, uint32(v.pubIdx)<<16|uint32(v.usedFlags))
-		if uint16(load32(v.avail, 0)>>16) != v.lastAvail {
-			if !v.eventIdx {
-				// Kicks are not needed while we poll (virtio spec "Used Buffer
-				// Notification Suppression", VIRTQ_USED_F_NO_NOTIFY).
+		if uint16(load32(v.avail, 0)>>16) != at {
+			if atLast && !v.eventIdx {
+				// Kicks are not needed while the worker takes what is there (virtio
+				// spec "Used Buffer Notification Suppression", VIRTQ_USED_F_NO_NOTIFY).
 				v.usedFlags = usedFNoNotify
 				store32(v.used, 0, uint32(v.pubIdx)<<16|uint32(v.usedFlags))
 			}
@@ -146,25 +155,5 @@ func (v *Vring) WaitMore() error {
 	// it was looked at. Chains the driver added since count as "more" already.
 	target := v.availCache
 	v.unlockForWait()
-	for {
-		if err := v.lockForWait(); err != nil {
-			return err
-		}
-		if v.eventIdx {
-			store16(v.used, v.availEv, target)
-		} else {
-			v.usedFlags = 0
-		}
-		store32(v.used, 0, uint32(v.pubIdx)<<16|uint32(v.usedFlags))
-		if uint16(load32(v.avail, 0)>>16) != target {
-			v.unlockForWait()
-			v.pollWait, v.idleKicks = 0, 0
-			return nil
-		}
-		f, poll := v.kick, v.kickNoFd
-		v.unlockForWait()
-		if err := v.sleep(f, poll); err != nil {
-			return err
-		}
-	}
+	return v.waitAvail(target, false)
 }

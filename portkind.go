@@ -1,0 +1,371 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/sirupsen/logrus"
+
+	"tapgro/coalescer"
+	"tapgro/datapath"
+	"tapgro/netdev"
+	"tapgro/netmapio"
+	"tapgro/onoff"
+	"tapgro/ops"
+	"tapgro/tapdev"
+	"tapgro/vhostnet"
+	"tapgro/virtio"
+)
+
+// A portKind is the datapath behind one --netdev kind, as run wires it: the engine
+// (package datapath) and its endpoint for socket and netmap ports, or vhostnet for
+// vhost-user. Opening one opens everything privileged it needs (the TAP, the port's
+// socket); run then hands its operator surfaces to ops, serves it and logs its summary,
+// the same way for every kind. A new port kind is one more implementation here.
+type portKind interface {
+	// ready is the start-up line's fields and message.
+	ready() (logrus.Fields, string)
+	health(stall time.Duration) *ops.HealthMonitor
+	metrics(h *ops.HealthMonitor) *ops.Metrics
+	ctl(log ops.Logger) *ops.CtlServer
+	// delivered is the bytes each direction has delivered (procscale's load).
+	delivered() (tapToPort, portToTap uint64)
+	// problems is the periodic problem report's counters; nil: none.
+	problems() func() map[string]uint64
+	serve(ctx context.Context) error
+	// summary is the exit line's counters, taken after serve returned.
+	summary() logrus.Fields
+	close()
+}
+
+// summary is what the exit line gives for every port kind, under the names the engine's
+// summary has always used: per direction (tap_to_port, port_to_tap) the frames, bytes,
+// GSO frames passed whole and drops, the GRO engine's counters toward the TAP, and the
+// captures. Each kind adds its own.
+type summary struct {
+	frames, bytes, gsoPassthrough, dropped [2]uint64 // [tap_to_port, port_to_tap]
+	gro                                    *coalescer.Stats
+	pcap                                   map[string][2]uint64 // side → frames, dropped
+}
+
+func (s *summary) fields() logrus.Fields {
+	f := logrus.Fields{}
+	for i, dir := range []string{"tap_to_port", "port_to_tap"} {
+		f[dir+"_frames"], f[dir+"_bytes"] = s.frames[i], s.bytes[i]
+		f[dir+"_gso_passthrough"], f[dir+"_dropped"] = s.gsoPassthrough[i], s.dropped[i]
+	}
+	f["dropped"] = s.dropped[0] + s.dropped[1]
+	if g := s.gro; g != nil {
+		f["gro_segments"], f["gro_packets"] = g.Segments.Load(), g.Packets.Load()
+		f["gro_gso_packets"], f["gro_coalesced"] = g.GSOOut.Load(), g.Coalesced.Load()
+	}
+	for side, c := range s.pcap {
+		f["pcap_"+side+"_frames"], f["pcap_"+side+"_dropped"] = c[0], c[1]
+	}
+	return f
+}
+
+// engineKind is a socket or netmap port: TAP → engine → endpoint.
+type engineKind struct {
+	o    *options
+	log  *logrus.Logger
+	tap  *tapdev.Device
+	eng  *datapath.Engine
+	ep   netdev.Endpoint
+	spec netdev.Spec
+}
+
+func openEngine(o *options, log *logrus.Logger) (k portKind, err error) {
+	e := &engineKind{o: o, log: log}
+	defer func() {
+		if err != nil {
+			e.close()
+		}
+	}()
+	if e.tap, err = tapdev.Open(tapdev.Config{Name: o.tap, MultiQueue: o.multiQueue, VnetHdrLen: o.vnetHdrLen}); err != nil {
+		return nil, err
+	}
+	if err := e.tap.ConfigureLink(tapdev.LinkConfig{MTU: o.mtu, TxQueueLen: o.txQueueLen, Addrs: o.addrs, Up: true}); err != nil {
+		return nil, err
+	}
+	cfg := datapath.Config{
+		VnetHdrLen:  o.vnetHdrLen,
+		Batch:       o.batch,
+		GRO:         o.gro,
+		UDPGRO:      o.udpGRO,
+		TimerFlush:  o.timerFlush(false),
+		RSCInterval: o.rscInterval,
+		MaxFlows:    o.maxFlows,
+		RX:          o.rx,
+		Offload:     o.offload,
+		// What the TAP may hand us, for the port the spec describes; the engine
+		// negotiates again with every peer that connects.
+		Port: o.netdev.PortCaps(),
+		// Capture files are opened before the privilege drop.
+		PcapTap: o.pcapTap, PcapPort: o.pcapPort, Pcap: o.pcap,
+	}
+	if log.IsLevelEnabled(logrus.TraceLevel) {
+		cfg.Trace = traceDecisions(log)
+	}
+	if e.eng, err = datapath.New(cfg, e.tap, engineLogger{log}); err != nil {
+		return nil, err
+	}
+	// Registered even with capture off: `tapgro ctl pcap` may turn it on later.
+	hupReopeners.add("pcap capture", e.eng.ReopenCapture)
+	// Sockets systemd passed (socket activation) are used instead of binding (inherit.go).
+	listenFDs, err := netdev.ListenFDs()
+	if err != nil {
+		return nil, err
+	}
+	if e.ep, err = netdev.OpenWith(o.netdev, supervisorEvents(log), socketOptions(o, listenFDs)); err != nil {
+		return nil, err
+	}
+	e.spec = netdev.SpecOf(e.ep, o.netdev) // inherited sockets resolved to their address
+	return e, nil
+}
+
+func (e *engineKind) close() {
+	if e.ep != nil {
+		e.ep.Close()
+	}
+	if e.eng != nil {
+		e.eng.Close() // flushes capture files if Serve never ran
+	}
+	if e.tap != nil {
+		e.tap.Close()
+	}
+}
+
+func (e *engineKind) delivered() (uint64, uint64) {
+	s := e.eng.Snapshot()
+	return s.TapToPort.Bytes, s.PortToTap.Bytes
+}
+
+func (e *engineKind) health(stall time.Duration) *ops.HealthMonitor {
+	return ops.NewHealthMonitor(e.eng, stall)
+}
+
+func (e *engineKind) metrics(h *ops.HealthMonitor) *ops.Metrics {
+	var nm *netmapio.NetmapStats
+	if s, ok := e.ep.(netdev.NetmapStatser); ok {
+		nm = s.NetmapStats()
+	}
+	return ops.NewMetrics(e.eng, e.ep.Stats(), nm, h, version)
+}
+
+func (e *engineKind) ctl(log ops.Logger) *ops.CtlServer {
+	return ops.NewCtlServer(e.eng, e.tap.Name(), e.ep.Addr(), version, log)
+}
+
+func (e *engineKind) problems() func() map[string]uint64 {
+	pp := ops.PortProblems(e.ep.Stats())
+	return func() map[string]uint64 { return ops.ProblemCounts(e.eng.Snapshot(), pp) }
+}
+
+func (e *engineKind) ready() (logrus.Fields, string) {
+	snap := e.eng.Snapshot()
+	return logrus.Fields{
+		"tap":          e.tap.Name(),
+		"vnet_hdr_len": e.o.vnetHdrLen,
+		"tap_offloads": snap.Negotiation.TapOffloads.String(),
+		"probed":       snap.TapProbed.String(),
+		"gro":          onoff.String(e.o.gro && !snap.GROKilled),
+		"netdev":       e.spec.String(),
+		"listen":       e.ep.Addr(),
+	}, "tapgro ready; " + qemuHint(e.spec)
+}
+
+func (e *engineKind) serve(ctx context.Context) error {
+	err := e.eng.Serve(ctx, e.ep)
+	if errors.Is(err, netdev.ErrInheritedClosed) {
+		// fd=N: the supervisor owns the connection; without it there is nothing to
+		// serve, and a clean exit tells the supervisor so.
+		e.log.WithField("port", e.ep.Addr()).Info("the inherited connection has ended; exiting")
+		err = nil
+	}
+	return err
+}
+
+// summary: every frame read from the TAP was delivered, split (GSO), or counted as a
+// drop (the SIGTERM-under-load test checks the balance).
+func (e *engineKind) summary() logrus.Fields {
+	s, ps := e.eng.Snapshot(), e.ep.Stats()
+	t2p, p2t := &s.TapToPort, &s.PortToTap
+	sum := summary{
+		frames:         [2]uint64{t2p.Frames, p2t.Frames},
+		bytes:          [2]uint64{t2p.Bytes, p2t.Bytes},
+		gsoPassthrough: [2]uint64{t2p.GSOPassthrough, p2t.GSOPassthrough},
+		dropped:        [2]uint64{s.Dropped(t2p), s.Dropped(p2t)},
+		gro:            s.GRO,
+		pcap: map[string][2]uint64{"tap": {s.CaptureTap.Frames, s.CaptureTap.Dropped},
+			"port": {s.CapturePort.Frames, s.CapturePort.Dropped}},
+	}
+	f := sum.fields()
+	f["tap_to_port_reads"], f["port_to_tap_reads"] = t2p.Reads, p2t.Reads
+	f["tap_write_einval"] = s.Tap.WriteErrEINVAL.Load()
+	f["gso_write_fallback"] = p2t.GSOFallback
+	f["port_to_tap_malformed"] = p2t.Drops[datapath.DropMalformed]
+	f["tap_to_port_shm"], f["port_to_tap_shm"] = ps.ShmFramesOut.Load(), ps.ShmFramesIn.Load()
+	f["tap_to_port_gso_segmented"] = t2p.GSOSegmented
+	f["tap_to_port_port_error"] = t2p.Drops[datapath.DropPortError]
+	return f
+}
+
+// vhostKind is a vhost-user port: TAP → vhostnet (straight to and from guest memory;
+// the GRO engine only for frames it merges) → the vhost-user socket, where QEMU
+// connects, or which tapgro dials (server=off). vhostnet sets the TAP's header length
+// and offloads per session.
+type vhostKind struct {
+	o          *options
+	log        *logrus.Logger
+	taps       []*tapdev.Device
+	vn         *vhostnet.Net
+	spec       netdev.Spec
+	addr, role string
+	serveFn    func(ctx context.Context) error
+	closers    []func()
+}
+
+func openVhost(o *options, log *logrus.Logger) (k portKind, err error) {
+	v := &vhostKind{o: o, log: log, spec: o.netdev}
+	defer func() {
+		if err != nil {
+			v.close()
+		}
+	}()
+	// queues=N: one TAP queue per queue pair (IFF_MULTI_QUEUE when N > 1).
+	if v.taps, err = tapdev.OpenQueues(tapdev.Config{Name: o.tap, VnetHdrLen: o.vnetHdrLen}, o.netdev.QueuePairs()); err != nil {
+		return nil, err
+	}
+	if err := v.taps[0].ConfigureLink(tapdev.LinkConfig{MTU: o.mtu, TxQueueLen: o.txQueueLen, Addrs: o.addrs, Up: true}); err != nil {
+		return nil, err
+	}
+	offload := o.offload
+	v.vn, err = vhostnet.New(vhostnet.Config{TAPs: v.taps, MTU: o.mtu, Pcap: o.pcap, PcapPath: o.pcapPort,
+		Logf: func(f string, a ...any) { log.Warnf(f, a...) }, Infof: func(f string, a ...any) { log.Infof(f, a...) },
+		// GRO toward the TAP and RSC toward the guest (vhostnet/gro.go, rsc.go), with the
+		// stream path's switches; --offload caps the TAP's read offloads.
+		GRO: o.gro, TimerFlush: o.timerFlush(true), RSCInterval: o.rscInterval, MaxFlows: o.maxFlows,
+		Offload: &offload,
+		// The receive pool's switches mean the same here: --rx-batch off notifies per
+		// frame, --rx-flush-delay bounds the calls to the guest under load.
+		PerFrame: o.rx.PerFrame, CallInterval: max(o.rx.FlushDelay, 0)})
+	if err != nil {
+		return nil, err
+	}
+	v.closers = append(v.closers, func() { v.vn.CloseCapture() })
+	hupReopeners.add("pcap capture", v.vn.ReopenCapture)
+	spec := v.spec
+	// server=off: QEMU listens on the path and tapgro dials it (after the privilege drop,
+	// so --user must be able to connect), again after every session.
+	onRetry := supervisorEvents(log).OnRetry
+	v.serveFn = func(ctx context.Context) error {
+		return v.vn.ServeClient(ctx, spec.Remote.Path, func(err error, wait time.Duration) { onRetry(spec.Remote.String(), err, wait) })
+	}
+	v.addr, v.role = spec.Remote.String(), "connect"
+	if spec.Role == netdev.RoleServer {
+		// The same rules as every other socket path: 0600 (or --socket-mode), owner, stale
+		// sockets replaced, unsafe directories refused.
+		ln, remove, err := netdev.ListenUnix(spec.Local.Path, socketOptions(o, nil))
+		if err != nil {
+			return nil, err
+		}
+		v.closers = append(v.closers, func() { ln.Close() }, remove)
+		v.serveFn = func(ctx context.Context) error { return v.vn.Serve(ctx, ln) }
+		v.addr, v.role = spec.Local.String(), "listen"
+	}
+	return v, nil
+}
+
+func (v *vhostKind) close() {
+	for i := len(v.closers) - 1; i >= 0; i-- {
+		v.closers[i]()
+	}
+	for _, q := range v.taps {
+		q.Close()
+	}
+}
+
+func (v *vhostKind) delivered() (uint64, uint64) {
+	st := v.vn.Stats()
+	return st.RXBytes.Load(), st.TXBytes.Load()
+}
+
+func (v *vhostKind) health(stall time.Duration) *ops.HealthMonitor {
+	return ops.NewVhostHealthMonitor(v.vn.Stats(), stall)
+}
+
+func (v *vhostKind) metrics(h *ops.HealthMonitor) *ops.Metrics {
+	return ops.NewVhostMetrics(v.vn, h, version)
+}
+
+func (v *vhostKind) ctl(log ops.Logger) *ops.CtlServer {
+	return ops.NewVhostCtlServer(v.vn, v.taps[0].Name(), v.addr, version, log)
+}
+
+func (v *vhostKind) problems() func() map[string]uint64 { return nil }
+
+func (v *vhostKind) ready() (logrus.Fields, string) {
+	qemu, tcg := vhostUserQEMUArgs(v.spec)
+	f := logrus.Fields{"tap": v.taps[0].Name(), "netdev": v.spec.String(), v.role: v.addr,
+		"offered": virtio.String(v.vn.State().Offered)}
+	if v.spec.QueuePairs() > 1 {
+		f["queue_pairs"] = v.spec.QueuePairs()
+	}
+	return f, "tapgro ready (vhost-user); give QEMU: " + qemu + " (RAM = the guest's -m size; under TCG use " + tcg + ")"
+}
+
+func (v *vhostKind) serve(ctx context.Context) error {
+	err := v.serveFn(ctx)
+	if errors.Is(err, context.Canceled) {
+		err = nil
+	}
+	return err
+}
+
+// summary: port_to_tap is guest → TAP (vhostnet TX); drops also by reason, as
+// direction_reason.
+func (v *vhostKind) summary() logrus.Fields {
+	st, bs := v.vn.Stats(), v.vn.BackendStats()
+	sum := summary{
+		frames:         [2]uint64{st.RXFrames.Load(), st.TXFrames.Load()},
+		bytes:          [2]uint64{st.RXBytes.Load(), st.TXBytes.Load()},
+		gsoPassthrough: [2]uint64{st.RXGSO.Load(), st.TXGSO.Load()},
+	}
+	if v.o.gro {
+		sum.gro = &st.GRO
+	}
+	if c := v.vn.Capture().Stats(); v.o.pcapPort != "" || c.Frames.Load() != 0 {
+		sum.pcap = map[string][2]uint64{"port": {c.Frames.Load(), c.Dropped.Load()}}
+	}
+	extra := logrus.Fields{}
+	for r := vhostnet.Drop(0); r < vhostnet.NumDrops; r++ {
+		n := st.Drops[r].Load()
+		sum.dropped[b2i(!r.IsRX())] += n
+		if n != 0 {
+			extra[r.Dir()+"_"+r.String()] = n
+		}
+	}
+	f := sum.fields()
+	for k, x := range extra {
+		f[k] = x
+	}
+	f["rx_stalls"], f["sessions"] = st.RXStalls.Load(), bs.Sessions.Load()
+	f["kicks"], f["calls"] = bs.Kicks.Load(), bs.Calls.Load()
+	if len(st.Queues) > 1 {
+		for i := range st.Queues {
+			q := &st.Queues[i]
+			f[fmt.Sprintf("queue%d_port_to_tap_frames", i)] = q.TXFrames.Load()
+			f[fmt.Sprintf("queue%d_tap_to_port_frames", i)] = q.RXFrames.Load()
+		}
+	}
+	if v.o.gro {
+		// RSC toward the guest, beside the gro_* toward the TAP.
+		r := &st.RSC
+		f["rsc_segments"], f["rsc_packets"] = r.Segments.Load(), r.Packets.Load()
+		f["rsc_gso_packets"], f["rsc_coalesced"] = r.GSOOut.Load(), r.Coalesced.Load()
+	}
+	return f
+}
