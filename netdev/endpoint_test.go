@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strings"
 	"tapgro/port"
+	"tapgro/port/porttest"
 	"tapgro/sockport"
 	"testing"
 	"time"
@@ -83,7 +84,7 @@ func rawFrame(t *testing.T, c net.Conn, f []byte) {
 func TestServerOneClient(t *testing.T) {
 	for _, kind := range []string{"unix", "tcp"} {
 		t.Run(kind, func(t *testing.T) {
-			checkLeaks(t)
+			porttest.CheckLeaks(t)
 			spec := "stream,server=on,addr.type=inet,addr.host=127.0.0.1,addr.port=0"
 			network := "tcp"
 			if kind == "unix" {
@@ -116,9 +117,9 @@ func TestServerOneClient(t *testing.T) {
 				t.Fatal(err)
 			}
 			recv(t, rec.connect, "connect")
-			f := frame(1514, 1)
+			f := porttest.Frame(1514, 1)
 			rawFrame(t, c1, f)
-			readFrames(t, p1, [][]byte{f})
+			porttest.ReadFrames(t, p1, [][]byte{f})
 
 			// A second client is accepted and closed at once, with its identity reported.
 			c2, err := net.Dial(network, dialAddr)
@@ -142,7 +143,7 @@ func TestServerOneClient(t *testing.T) {
 
 			// The first client leaves; the port reports it; after Close a new client is served.
 			c1.Close()
-			bufs, sizes := makeBufs(1, port.MaxFrame)
+			bufs, sizes := porttest.Buffers(1, port.MaxFrame)
 			if _, err := p1.ReadBatch(bufs, sizes); !errors.Is(err, io.EOF) {
 				t.Fatalf("ReadBatch after client left: %v, want EOF", err)
 			}
@@ -172,7 +173,7 @@ func TestServerOneClient(t *testing.T) {
 }
 
 func TestServerSocketPath(t *testing.T) {
-	checkLeaks(t)
+	porttest.CheckLeaks(t)
 	path := sockPath(t, "m.sock")
 	sp, _ := ParseSpec("stream,server=on,addr.type=unix,addr.path=" + path)
 	old := setUmask(0)
@@ -195,7 +196,7 @@ func TestServerSocketPath(t *testing.T) {
 }
 
 func TestServerStalePath(t *testing.T) {
-	checkLeaks(t)
+	porttest.CheckLeaks(t)
 	path := sockPath(t, "st.sock")
 	sp, _ := ParseSpec("stream,server=on,addr.type=unix,addr.path=" + path)
 
@@ -243,7 +244,7 @@ func TestServerStalePath(t *testing.T) {
 }
 
 func TestClientRetry(t *testing.T) {
-	checkLeaks(t)
+	porttest.CheckLeaks(t)
 	path := sockPath(t, "c.sock")
 	sp, _ := ParseSpec("stream,server=off,addr.type=unix,addr.path=" + path)
 	rec := newRecorder()
@@ -274,9 +275,9 @@ func TestClientRetry(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	f := frame(9014, 3)
+	f := porttest.Frame(9014, 3)
 	rawFrame(t, srv, f)
-	readFrames(t, r.p, [][]byte{f})
+	porttest.ReadFrames(t, r.p, [][]byte{f})
 	if ep.Stats().Retries.Load() == 0 {
 		t.Errorf("Retries = 0")
 	}
@@ -295,12 +296,12 @@ func TestClientRetry(t *testing.T) {
 		t.Fatal(r.err)
 	}
 	rawFrame(t, srv2, f)
-	readFrames(t, r.p, [][]byte{f})
+	porttest.ReadFrames(t, r.p, [][]byte{f})
 	r.p.Close()
 }
 
 func TestNextCancel(t *testing.T) {
-	checkLeaks(t)
+	porttest.CheckLeaks(t)
 	sp, _ := ParseSpec("stream,server=on,addr.type=unix,addr.path=" + sockPath(t, "x.sock"))
 	ep, err := Open(sp, Events{})
 	if err != nil {
@@ -331,7 +332,7 @@ func TestNextCancel(t *testing.T) {
 func TestDgramEndpoint(t *testing.T) {
 	for _, kind := range []string{"udp", "unix"} {
 		t.Run(kind, func(t *testing.T) {
-			checkLeaks(t)
+			porttest.CheckLeaks(t)
 			// The peer (QEMU's role) is a plain socket.
 			var peer net.PacketConn
 			var spec, local string
@@ -372,7 +373,7 @@ func TestDgramEndpoint(t *testing.T) {
 					t.Errorf("local path: %v, %v; want mode 0600", fi, err)
 				}
 			}
-			f := frame(1514, 4)
+			f := porttest.Frame(1514, 4)
 			for round := 0; round < 2; round++ { // the second round uses a rebound socket
 				p, err := ep.Next(ctx)
 				if err != nil {
@@ -381,7 +382,7 @@ func TestDgramEndpoint(t *testing.T) {
 				if _, err := peer.WriteTo(f, dst); err != nil {
 					t.Fatal(err)
 				}
-				readFrames(t, p, [][]byte{f})
+				porttest.ReadFrames(t, p, [][]byte{f})
 				if n, err := p.WriteBatch([][]byte{f}); n != 1 || err != nil {
 					t.Fatal(n, err)
 				}

@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	"golang.org/x/sys/unix"
+	"tapgro/port/porttest"
 )
 
 func TestParseSpecFD(t *testing.T) {
@@ -89,19 +90,19 @@ func serveOne(t *testing.T, ep Endpoint, path string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	f := frame(100, 1)
+	f := porttest.Frame(100, 1)
 	if _, err := client.WriteBatch([][]byte{f}); err != nil {
 		t.Fatal(err)
 	}
-	readFrames(t, p, [][]byte{f})
+	porttest.ReadFrames(t, p, [][]byte{f})
 	if _, err := p.WriteBatch([][]byte{f}); err != nil {
 		t.Fatal(err)
 	}
-	readFrames(t, client, [][]byte{f})
+	porttest.ReadFrames(t, client, [][]byte{f})
 }
 
 func TestInheritedListener(t *testing.T) {
-	checkLeaks(t)
+	porttest.CheckLeaks(t)
 	t.Run("addr.type=fd", func(t *testing.T) {
 		path := sockPath(t, "fd.sock")
 		fd := rawUnixListener(t, path)
@@ -166,7 +167,7 @@ func TestInheritedListener(t *testing.T) {
 }
 
 func TestInheritedConn(t *testing.T) {
-	checkLeaks(t)
+	porttest.CheckLeaks(t)
 	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		t.Fatal(err)
@@ -190,11 +191,11 @@ func TestInheritedConn(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	f := frame(60, 9)
+	f := porttest.Frame(60, 9)
 	peer.WriteBatch([][]byte{f})
-	readFrames(t, p, [][]byte{f})
+	porttest.ReadFrames(t, p, [][]byte{f})
 	p.WriteBatch([][]byte{f})
-	readFrames(t, peer, [][]byte{f})
+	porttest.ReadFrames(t, peer, [][]byte{f})
 	p.Close()
 	if _, err := ep.Next(testCtx(t)); !errors.Is(err, ErrInheritedClosed) {
 		t.Fatalf("Next after the inherited connection ended: %v, want ErrInheritedClosed", err)
@@ -265,7 +266,7 @@ func TestListenFDs(t *testing.T) {
 }
 
 func TestSocketModeAndOwner(t *testing.T) {
-	checkLeaks(t)
+	porttest.CheckLeaks(t)
 	path := sockPath(t, "mode.sock")
 	sp, _ := ParseSpec("stream,server=on,addr.type=unix,addr.path=" + path)
 	gid := 0

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+	"tapgro/port/porttest"
 )
 
 // requireRoot skips t unless the test runs as root, or fails it under
@@ -51,7 +52,7 @@ func dirWithMode(t *testing.T, mode fs.FileMode) string {
 // before anything is created there, for the control socket (ListenUnix), a port's
 // listener and a datagram port alike; the sticky bit or AllowUnsafeDir lets it through.
 func TestSocketDirUnsafe(t *testing.T) {
-	checkLeaks(t)
+	porttest.CheckLeaks(t)
 	open := map[string]func(path string, opt Options) (func(), error){
 		"ListenUnix": func(path string, opt Options) (func(), error) {
 			ln, remove, err := ListenUnix(path, opt)

@@ -7,6 +7,7 @@ import (
 	"net"
 	"path/filepath"
 	"tapgro/port"
+	"tapgro/port/porttest"
 	"tapgro/sockport"
 	"testing"
 	"time"
@@ -15,7 +16,7 @@ import (
 // End to end through Endpoints: a vnet-hdr=on server and client find each other; a
 // plain client is turned away with OnHelloFail while the server keeps serving.
 func TestVnetEndpoint(t *testing.T) {
-	checkLeaks(t)
+	porttest.CheckLeaks(t)
 	path := filepath.Join(t.TempDir(), "s")
 	fails := make(chan error, 4)
 	srvSpec, err := ParseSpec("stream,server=on,addr.type=unix,addr.path=" + path + ",vnet-hdr=on")
@@ -36,7 +37,7 @@ func TestVnetEndpoint(t *testing.T) {
 		t.Fatal(err)
 	}
 	plain, _ := sockport.NewStreamPort(c, nil)
-	plain.WriteBatch([][]byte{frame(60, 1)})
+	plain.WriteBatch([][]byte{porttest.Frame(60, 1)})
 	got := make(chan port.Port, 1)
 	go func() {
 		p, err := srv.Next(ctx)
@@ -76,7 +77,7 @@ func TestVnetEndpoint(t *testing.T) {
 		t.Fatalf("ports: client hdr %d, server hdr %d accepts %s", cp.VnetHdrLen(), sp.VnetHdrLen(), sp.Accepts())
 	}
 	rec := make([]byte, sockport.VnetStreamHdrLen+100)
-	copy(rec[sockport.VnetStreamHdrLen:], frame(100, 7))
+	copy(rec[sockport.VnetStreamHdrLen:], porttest.Frame(100, 7))
 	if _, err := cp.WriteBatch([][]byte{rec}); err != nil {
 		t.Fatal(err)
 	}
@@ -90,7 +91,7 @@ func TestVnetEndpoint(t *testing.T) {
 
 func readFramesSized(t testing.TB, p port.Port, want [][]byte, size int) {
 	t.Helper()
-	bufs, sizes := makeBufs(8, size)
+	bufs, sizes := porttest.Buffers(8, size)
 	got := 0
 	for got < len(want) {
 		n, err := p.ReadBatch(bufs, sizes)

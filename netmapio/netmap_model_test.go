@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"sync"
 	"tapgro/port"
+	"tapgro/port/porttest"
 	"testing"
 )
 
@@ -316,7 +317,7 @@ func (m *nmModel) core(t testing.TB, hdrLen int) (*nmCore, *port.Stats, *NetmapS
 // gsoFrame is a frame of n bytes with a recognisable vnet header of hdrLen bytes in front
 // (the port does not interpret it; the test checks it arrives intact and in the first slot).
 func gsoFrame(hdrLen, n int, tag byte) []byte {
-	f := frame(hdrLen+n, tag)
+	f := porttest.Frame(hdrLen+n, tag)
 	for i := 0; i < hdrLen; i++ {
 		f[i] = 0xA0 + byte(i)
 	}
@@ -325,7 +326,7 @@ func gsoFrame(hdrLen, n int, tag byte) []byte {
 
 func readAll(t testing.TB, c *nmCore, want int) [][]byte {
 	t.Helper()
-	bufs, sizes := makeBufs(16, port.MaxFrame+12)
+	bufs, sizes := porttest.Buffers(16, port.MaxFrame+12)
 	var got [][]byte
 	for tries := 0; len(got) < want; tries++ {
 		if tries > 10*want+10 {
@@ -509,7 +510,7 @@ func TestNetmapWrapAround(t *testing.T) {
 	link(a, b)
 	ca, _, _ := a.core(t, 12)
 	cb, _, _ := b.core(t, 12)
-	bufs, sizes := makeBufs(4, port.MaxFrame+12)
+	bufs, sizes := porttest.Buffers(4, port.MaxFrame+12)
 	for i := 0; i < 300; i++ {
 		f := gsoFrame(12, 50+(i*97)%(5*256-12-50), byte(i))
 		n, err := ca.write([][]byte{f})
@@ -540,7 +541,7 @@ func TestNetmapTxFull(t *testing.T) {
 	// 15 free slots: 3-slot frames fit five times, the sixth must wait.
 	var frames [][]byte
 	for i := 0; i < 8; i++ {
-		frames = append(frames, frame(5000, byte(i)))
+		frames = append(frames, porttest.Frame(5000, byte(i)))
 	}
 	n, err := c.write(frames)
 	if n != 5 || err != errNoRoom {
@@ -615,7 +616,7 @@ func TestNetmapIncompleteChain(t *testing.T) {
 	big := gsoFrame(12, 9000, 2) // 5 slots
 	m.inject(small)
 	m.inject(big)
-	bufs, sizes := makeBufs(8, port.MaxFrame+12)
+	bufs, sizes := porttest.Buffers(8, port.MaxFrame+12)
 	n, err := c.read(bufs, sizes) // sees small + 1 of big's 5 slots
 	if n != 1 || err != nil || !bytes.Equal(bufs[0][:sizes[0]], small) {
 		t.Fatalf("read = %d, %v", n, err)
@@ -648,10 +649,10 @@ func TestNetmapPending(t *testing.T) {
 	c, st, _ := m.core(t, 0)
 	var want [][]byte
 	for i := 0; i < 5; i++ {
-		want = append(want, frame(3000, byte(i)))
+		want = append(want, porttest.Frame(3000, byte(i)))
 		m.inject(want[i])
 	}
-	bufs, sizes := makeBufs(2, port.MaxFrame)
+	bufs, sizes := porttest.Buffers(2, port.MaxFrame)
 	var got [][]byte
 	n, _ := c.read(bufs, sizes)
 	for i := 0; i < n; i++ {
@@ -677,39 +678,39 @@ func TestNetmapPending(t *testing.T) {
 // TestNetmapBogusRX: slots the other side filled with nonsense are dropped and counted,
 // the frames around them still arrive, and nothing panics.
 func TestNetmapBogusRX(t *testing.T) {
-	good := frame(200, 7)
+	good := porttest.Frame(200, 7)
 	cases := []struct {
 		name    string
 		slots   []modelSlot
 		fix     func(m *nmModel) // rewrites the slot just delivered
 		counter func(*NetmapStats) uint64
 	}{
-		{"buf_idx past region", []modelSlot{{frame(100, 1), 0}}, func(m *nmModel) {
+		{"buf_idx past region", []modelSlot{{porttest.Frame(100, 1), 0}}, func(m *nmModel) {
 			m.rx.setSlotBuf(1, 1<<30, 100, 0)
 		}, func(s *NetmapStats) uint64 { return s.BadSlot.Load() }},
-		{"buf_idx max", []modelSlot{{frame(100, 1), 0}}, func(m *nmModel) {
+		{"buf_idx max", []modelSlot{{porttest.Frame(100, 1), 0}}, func(m *nmModel) {
 			m.rx.setSlotBuf(1, ^uint32(0), 100, 0)
 		}, func(s *NetmapStats) uint64 { return s.BadSlot.Load() }},
-		{"len past buffer", []modelSlot{{frame(100, 1), 0}}, func(m *nmModel) {
+		{"len past buffer", []modelSlot{{porttest.Frame(100, 1), 0}}, func(m *nmModel) {
 			m.rx.setSlotBuf(1, 3+64, 4000, 0)
 		}, func(s *NetmapStats) uint64 { return s.BadSlot.Load() }},
-		{"bad slot mid-chain", []modelSlot{{frame(2048, 1), nsMoreFrag}, {frame(2048, 2), nsMoreFrag}, {frame(10, 3), 0}}, func(m *nmModel) {
+		{"bad slot mid-chain", []modelSlot{{porttest.Frame(2048, 1), nsMoreFrag}, {porttest.Frame(2048, 2), nsMoreFrag}, {porttest.Frame(10, 3), 0}}, func(m *nmModel) {
 			m.rx.setSlotBuf(2, 1<<20, 2048, nsMoreFrag)
 		}, func(s *NetmapStats) uint64 { return s.BadSlot.Load() }},
-		{"short frame", []modelSlot{{frame(5, 1), 0}}, nil, func(s *NetmapStats) uint64 { return s.ShortFrame.Load() }},
+		{"short frame", []modelSlot{{porttest.Frame(5, 1), 0}}, nil, func(s *NetmapStats) uint64 { return s.ShortFrame.Load() }},
 		{"65 fragments", func() []modelSlot {
 			var s []modelSlot
 			for i := 0; i < 65; i++ {
-				s = append(s, modelSlot{frame(100, byte(i)), nsMoreFrag})
+				s = append(s, modelSlot{porttest.Frame(100, byte(i)), nsMoreFrag})
 			}
-			return append(s, modelSlot{frame(100, 99), 0})
+			return append(s, modelSlot{porttest.Frame(100, 99), 0})
 		}(), nil, func(s *NetmapStats) uint64 { return s.BadChain.Load() }},
 		{"frame over port.MaxFrame", func() []modelSlot {
 			var s []modelSlot
 			for i := 0; i < 34; i++ {
-				s = append(s, modelSlot{frame(2048, byte(i)), nsMoreFrag})
+				s = append(s, modelSlot{porttest.Frame(2048, byte(i)), nsMoreFrag})
 			}
-			return append(s, modelSlot{frame(2048, 99), 0})
+			return append(s, modelSlot{porttest.Frame(2048, 99), 0})
 		}(), nil, func(s *NetmapStats) uint64 { return s.LongFrame.Load() }},
 	}
 	for _, tc := range cases {
@@ -747,7 +748,7 @@ func TestNetmapBogusIndices(t *testing.T) {
 		m := newModel(t, modelConfig{slots: 16})
 		c, _, nst := m.core(t, 0)
 		m.corrupt = func(m *nmModel, dir int) { m.rx.storeTail(16) }
-		bufs, sizes := makeBufs(4, port.MaxFrame)
+		bufs, sizes := porttest.Buffers(4, port.MaxFrame)
 		_, err := c.read(bufs, sizes)
 		var re *RingError
 		if !errors.As(err, &re) || nst.BadRing.Load() != 1 {
@@ -758,8 +759,8 @@ func TestNetmapBogusIndices(t *testing.T) {
 	t.Run("rx tail backwards", func(t *testing.T) {
 		m := newModel(t, modelConfig{slots: 16, rxChunk: 1})
 		c, _, nst := m.core(t, 0)
-		m.inject(frame(3000, 1)) // 2 slots: the first read sees 1 and waits
-		bufs, sizes := makeBufs(4, port.MaxFrame)
+		m.inject(porttest.Frame(3000, 1)) // 2 slots: the first read sees 1 and waits
+		bufs, sizes := porttest.Buffers(4, port.MaxFrame)
 		if n, err := c.read(bufs, sizes); n != 0 || err != nil {
 			t.Fatalf("first read = %d, %v", n, err)
 		}
@@ -775,7 +776,7 @@ func TestNetmapBogusIndices(t *testing.T) {
 		m := newModel(t, modelConfig{slots: 16})
 		c, _, nst := m.core(t, 0)
 		m.corrupt = func(m *nmModel, dir int) { m.tx.storeTail(1 << 31) }
-		_, err := c.write([][]byte{frame(100, 1)})
+		_, err := c.write([][]byte{porttest.Frame(100, 1)})
 		var re *RingError
 		if !errors.As(err, &re) || nst.BadRing.Load() != 1 {
 			t.Fatalf("write = %v, BadRing %d", err, nst.BadRing.Load())
@@ -785,7 +786,7 @@ func TestNetmapBogusIndices(t *testing.T) {
 		m := newModel(t, modelConfig{slots: 16})
 		m.tx.setSlotBuf(0, 1<<30, 0, 0)
 		c, _, nst := m.core(t, 0)
-		_, err := c.write([][]byte{frame(100, 1)})
+		_, err := c.write([][]byte{porttest.Frame(100, 1)})
 		var re *RingError
 		if !errors.As(err, &re) || nst.BadRing.Load() != 1 {
 			t.Fatalf("write = %v, BadRing %d", err, nst.BadRing.Load())
@@ -808,10 +809,10 @@ func TestNetmapChainFillsRing(t *testing.T) {
 	c, _, nst := m.core(t, 0)
 	var chain []modelSlot
 	for i := 0; i < 12; i++ {
-		chain = append(chain, modelSlot{frame(64, byte(i)), nsMoreFrag})
+		chain = append(chain, modelSlot{porttest.Frame(64, byte(i)), nsMoreFrag})
 	}
-	chain = append(chain, modelSlot{frame(20, 12), 0})
-	good := frame(60, 42)
+	chain = append(chain, modelSlot{porttest.Frame(20, 12), 0})
+	good := porttest.Frame(60, 42)
 	m.injectSlots(chain...)
 	m.inject(good)
 	sameFrames(t, readAll(t, c, 1), [][]byte{good})
@@ -824,8 +825,8 @@ func TestNetmapChainFillsRing(t *testing.T) {
 func TestNetmapDrain(t *testing.T) {
 	m := newModel(t, modelConfig{slots: 16})
 	c, _, nst := m.core(t, 12)
-	m.inject(frame(100, 1))
-	m.inject(frame(3000, 2))
+	m.inject(porttest.Frame(100, 1))
+	m.inject(porttest.Frame(3000, 2))
 	if err := c.drain(); err != nil {
 		t.Fatal(err)
 	}
@@ -857,7 +858,7 @@ func TestNetmapAllocs(t *testing.T) {
 	m := newModel(t, modelConfig{slots: 256, loopback: true})
 	c, _, _ := m.core(t, 12)
 	frames := [][]byte{gsoFrame(12, 1500, 1), gsoFrame(12, 65000, 2), gsoFrame(12, 60, 3)}
-	bufs, sizes := makeBufs(8, port.MaxFrame+12)
+	bufs, sizes := porttest.Buffers(8, port.MaxFrame+12)
 	loopRound(t, c, frames, bufs, sizes)
 	if allocs := testing.AllocsPerRun(100, func() { loopRound(t, c, frames, bufs, sizes) }); allocs != 0 {
 		t.Fatalf("%.1f allocations per write+read round, want 0", allocs)
@@ -872,7 +873,7 @@ func BenchmarkNetmapCore(b *testing.B) {
 			c, _, _ := m.core(b, 12)
 			f := gsoFrame(12, sz, 1)
 			frames := [][]byte{f, f, f, f, f, f, f, f}
-			bufs, sizes := makeBufs(8, port.MaxFrame+12)
+			bufs, sizes := porttest.Buffers(8, port.MaxFrame+12)
 			b.ReportAllocs()
 			b.SetBytes(int64(len(f) * len(frames)))
 			b.ResetTimer()
@@ -903,7 +904,7 @@ func FuzzNetmapRX(f *testing.F) {
 				m.rx.storeTail(tail)
 			}
 		}
-		bufs, sizes := makeBufs(4, port.MaxFrame+12)
+		bufs, sizes := porttest.Buffers(4, port.MaxFrame+12)
 		for i := 0; i < 4; i++ {
 			k, err := c.read(bufs, sizes)
 			if err != nil {
@@ -935,7 +936,7 @@ func FuzzNetmapLayout(f *testing.F) {
 		if err != nil {
 			return
 		}
-		bufs, sizes := makeBufs(2, port.MaxFrame+12)
+		bufs, sizes := porttest.Buffers(2, port.MaxFrame+12)
 		c.read(bufs, sizes)
 		c.write([][]byte{make([]byte, 100)})
 	})

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+	"tapgro/port/porttest"
 )
 
 // modelPort builds a NetmapPort over the model. The only stand-in is the file the port
@@ -46,7 +47,7 @@ func modelPort(t testing.TB, m *nmModel, hdrLen int) (*NetmapPort, *port.Stats, 
 }
 
 func TestNetmapPortPair(t *testing.T) {
-	checkLeaks(t)
+	porttest.CheckLeaks(t)
 	for _, hl := range []int{0, 12} {
 		a := newModel(t, modelConfig{slots: 128})
 		b := newModel(t, modelConfig{slots: 128})
@@ -78,8 +79,8 @@ func TestNetmapPortPair(t *testing.T) {
 					t.Errorf("B WriteBatch = %d, %v", n, err)
 				}
 			}()
-			readFrames(t, pb, frames[i:i+3])
-			readFrames(t, pa, frames[i:i+3])
+			porttest.ReadFrames(t, pb, frames[i:i+3])
+			porttest.ReadFrames(t, pa, frames[i:i+3])
 			wg.Wait()
 		}
 		if stb.FramesIn.Load() != uint64(len(frames)) {
@@ -91,10 +92,10 @@ func TestNetmapPortPair(t *testing.T) {
 }
 
 func TestNetmapPortBlockingRead(t *testing.T) {
-	checkLeaks(t)
+	porttest.CheckLeaks(t)
 	m := newModel(t, modelConfig{slots: 64})
 	p, _, _ := modelPort(t, m, 0)
-	bufs, sizes := makeBufs(4, port.MaxFrame)
+	bufs, sizes := porttest.Buffers(4, port.MaxFrame)
 
 	// A deadline ends a wait without ending the port.
 	p.SetReadDeadline(time.Now().Add(-time.Second))
@@ -105,7 +106,7 @@ func TestNetmapPortBlockingRead(t *testing.T) {
 
 	// A blocked ReadBatch returns when a frame arrives (whether it started waiting
 	// before or after the inject).
-	want := frame(5000, 3)
+	want := porttest.Frame(5000, 3)
 	done := make(chan error, 1)
 	go func() {
 		n, err := p.ReadBatch(bufs, sizes)
@@ -128,14 +129,14 @@ func TestNetmapPortBlockingRead(t *testing.T) {
 	if err := <-done; err != port.ErrClosed {
 		t.Fatalf("ReadBatch after Close = %v", err)
 	}
-	if _, err := p.TryWriteBatch([][]byte{frame(60, 1)}); err != port.ErrClosed {
+	if _, err := p.TryWriteBatch([][]byte{porttest.Frame(60, 1)}); err != port.ErrClosed {
 		t.Fatalf("TryWriteBatch after Close = %v", err)
 	}
 	m.checkClean(t)
 }
 
 func TestNetmapPortTxFull(t *testing.T) {
-	checkLeaks(t)
+	porttest.CheckLeaks(t)
 	m := newModel(t, modelConfig{slots: 16, holdTX: true})
 	p, st, _ := modelPort(t, m, 12)
 	var frames [][]byte
@@ -188,7 +189,7 @@ func TestNetmapPortSetHdr(t *testing.T) {
 	p, _, nst := modelPort(t, m, 0)
 	var set []int
 	p.setHdr = func(n int) error { set = append(set, n); return nil }
-	m.inject(frame(100, 1)) // arrives with the old (no) header
+	m.inject(porttest.Frame(100, 1)) // arrives with the old (no) header
 	if err := p.SetVnetHdrLen(7); err == nil {
 		t.Fatal("length 7 accepted")
 	}
@@ -200,7 +201,7 @@ func TestNetmapPortSetHdr(t *testing.T) {
 	}
 	f := gsoFrame(12, 100, 2)
 	m.inject(f)
-	readFrames(t, p, [][]byte{f})
+	porttest.ReadFrames(t, p, [][]byte{f})
 	if err := p.SetVnetHdrLen(10); err == nil {
 		t.Fatal("header length changed after the datapath started")
 	}
@@ -214,7 +215,7 @@ func TestNetmapPortAllocs(t *testing.T) {
 	m := newModel(t, modelConfig{slots: 256, loopback: true})
 	p, _, _ := modelPort(t, m, 12)
 	frames := [][]byte{gsoFrame(12, 1500, 1), gsoFrame(12, 65000, 2), gsoFrame(12, 60, 3)}
-	bufs, sizes := makeBufs(8, port.MaxFrame+12)
+	bufs, sizes := porttest.Buffers(8, port.MaxFrame+12)
 	round := func() {
 		if n, err := p.WriteBatch(frames); n != 3 || err != nil {
 			t.Fatalf("WriteBatch = %d, %v", n, err)
@@ -238,7 +239,7 @@ func BenchmarkNetmapPort(b *testing.B) {
 	p, _, _ := modelPort(b, m, 12)
 	f := gsoFrame(12, 65536, 1)
 	frames := [][]byte{f, f, f, f, f, f, f, f}
-	bufs, sizes := makeBufs(8, port.MaxFrame+12)
+	bufs, sizes := porttest.Buffers(8, port.MaxFrame+12)
 	b.ReportAllocs()
 	b.SetBytes(int64(len(f) * len(frames)))
 	b.ResetTimer()

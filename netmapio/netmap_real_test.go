@@ -5,6 +5,7 @@ import (
 
 	"fmt"
 	"os"
+	"tapgro/port/porttest"
 	"testing"
 	"time"
 )
@@ -28,7 +29,7 @@ func TestNetmapReal(t *testing.T) {
 		}
 		t.Skipf("%s needs root", DevicePath)
 	}
-	checkLeaks(t)
+	porttest.CheckLeaks(t)
 	for _, hl := range []int{0, 12} {
 		t.Run(fmt.Sprintf("hdr%d", hl), func(t *testing.T) {
 			open := func(name string) port.Port {
@@ -65,7 +66,7 @@ func TestNetmapReal(t *testing.T) {
 					t.Fatalf("WriteBatch = %d, %v", n, err)
 				}
 				dir[1].SetReadDeadline(time.Now().Add(5 * time.Second))
-				readFrames(t, dir[1], frames)
+				porttest.ReadFrames(t, dir[1], frames)
 				dir[1].SetReadDeadline(time.Time{})
 			}
 		})

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"os"
 	"tapgro/port"
+	"tapgro/port/porttest"
 	"testing"
 	"time"
 )
@@ -21,7 +22,7 @@ func TestReadDeadlineKeepsConnection(t *testing.T) {
 	for name, mk := range cases {
 		t.Run(name, func(t *testing.T) {
 			p := mk(t)
-			bufs, sizes := makeBufs(4, port.MaxFrame)
+			bufs, sizes := porttest.Buffers(4, port.MaxFrame)
 			if err := p.b.SetReadDeadline(time.Now().Add(20 * time.Millisecond)); err != nil {
 				t.Fatal(err)
 			}
@@ -31,11 +32,11 @@ func TestReadDeadlineKeepsConnection(t *testing.T) {
 			if err := p.b.SetReadDeadline(time.Time{}); err != nil {
 				t.Fatal(err)
 			}
-			want := [][]byte{frame(1514, 1), frame(60, 2)}
+			want := [][]byte{porttest.Frame(1514, 1), porttest.Frame(60, 2)}
 			if _, err := p.a.WriteBatch(want); err != nil {
 				t.Fatal(err)
 			}
-			readFrames(t, p.b, want)
+			porttest.ReadFrames(t, p.b, want)
 		})
 	}
 }
@@ -48,12 +49,12 @@ func TestStreamPending(t *testing.T) {
 	}
 	frames := make([][]byte, 10)
 	for i := range frames {
-		frames[i] = frame(1514, byte(i))
+		frames[i] = porttest.Frame(1514, byte(i))
 	}
 	if _, err := a.WriteBatch(frames); err != nil {
 		t.Fatal(err)
 	}
-	bufs, sizes := makeBufs(4, port.MaxFrame)
+	bufs, sizes := porttest.Buffers(4, port.MaxFrame)
 	got := 0
 	for got < len(frames) {
 		n, err := b.ReadBatch(bufs, sizes)

@@ -6,6 +6,7 @@ import (
 	"net"
 	"path/filepath"
 	"tapgro/port"
+	"tapgro/port/porttest"
 	"testing"
 	"time"
 )
@@ -51,7 +52,7 @@ func dgramPorts(t testing.TB, kind string) (a, b *DgramPort) {
 func TestDgramRoundTrip(t *testing.T) {
 	for _, kind := range []string{"udp", "unixgram"} {
 		t.Run(kind, func(t *testing.T) {
-			checkLeaks(t)
+			porttest.CheckLeaks(t)
 			a, b := dgramPorts(t, kind)
 			// 100 small frames in one batch, then the size classes one at a time. The
 			// writer runs concurrently: an AF_UNIX datagram queue holds only
@@ -63,7 +64,7 @@ func TestDgramRoundTrip(t *testing.T) {
 			a.sendWait, b.sendWait = time.Minute, time.Minute
 			var frames [][]byte
 			for i := 0; i < 100; i++ {
-				frames = append(frames, frame(60+i, byte(i)))
+				frames = append(frames, porttest.Frame(60+i, byte(i)))
 			}
 			errc := make(chan error, 1)
 			go func() {
@@ -73,7 +74,7 @@ func TestDgramRoundTrip(t *testing.T) {
 				}
 				errc <- err
 			}()
-			readFrames(t, b, frames)
+			porttest.ReadFrames(t, b, frames)
 			if err := <-errc; err != nil {
 				t.Fatal(err)
 			}
@@ -87,7 +88,7 @@ func TestDgramRoundTrip(t *testing.T) {
 				t.Fatal(err)
 			}
 			calls := b.Stats().ReadCalls.Load()
-			bufs, bsizes := makeBufs(64, port.MaxFrame)
+			bufs, bsizes := porttest.Buffers(64, port.MaxFrame)
 			if n, err := b.ReadBatch(bufs, bsizes); err != nil || n != len(queued) {
 				t.Errorf("ReadBatch of %d queued datagrams = %d, %v: not batching", len(queued), n, err)
 			}
@@ -99,11 +100,11 @@ func TestDgramRoundTrip(t *testing.T) {
 				sizes = append(sizes, 65535+14, port.MaxFrame)
 			}
 			for i, n := range sizes {
-				f := [][]byte{frame(n, byte(i))}
+				f := [][]byte{porttest.Frame(n, byte(i))}
 				if n, err := b.WriteBatch(f); n != 1 || err != nil {
 					t.Fatalf("WriteBatch(%d bytes) = %d, %v", len(f[0]), n, err)
 				}
-				readFrames(t, a, f)
+				porttest.ReadFrames(t, a, f)
 			}
 		})
 	}
@@ -119,29 +120,29 @@ func TestDgramBadSizes(t *testing.T) {
 				WriteTo([]byte, net.Addr) (int, error)
 			})
 			dst := b.conn.LocalAddr()
-			good1, good2 := frame(60, 1), frame(70, 2)
+			good1, good2 := porttest.Frame(60, 1), porttest.Frame(70, 2)
 			send := func(p []byte) {
 				if _, err := raw.WriteTo(p, dst); err != nil {
 					t.Fatal(err)
 				}
 			}
-			send(frame(13, 9))
+			send(porttest.Frame(13, 9))
 			send(good1)
 			send(nil)
 			wantOver := uint64(0)
 			if kind == "unixgram" {
-				send(frame(port.MaxFrame+1, 9))
+				send(porttest.Frame(port.MaxFrame+1, 9))
 				wantOver = 1
 			}
 			send(good2)
-			readFrames(t, b, [][]byte{good1, good2})
+			porttest.ReadFrames(t, b, [][]byte{good1, good2})
 			if got := b.Stats().ShortDatagram.Load(); got != 2 {
 				t.Errorf("ShortDatagram = %d, want 2", got)
 			}
 			if got := b.Stats().OversizeDatagram.Load(); got != wantOver {
 				t.Errorf("OversizeDatagram = %d, want %d", got, wantOver)
 			}
-			n, err := a.WriteBatch([][]byte{good1, frame(5, 1)})
+			n, err := a.WriteBatch([][]byte{good1, porttest.Frame(5, 1)})
 			var fe *port.FrameError
 			if n != 1 || !errors.As(err, &fe) {
 				t.Errorf("WriteBatch with a 5-byte frame = %d, %v; want 1 and a port.FrameError", n, err)
@@ -162,7 +163,7 @@ func TestDgramRemoteMissing(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer p.Close()
-	frames := [][]byte{frame(60, 1), frame(60, 2), frame(60, 3)}
+	frames := [][]byte{porttest.Frame(60, 1), porttest.Frame(60, 2), porttest.Frame(60, 3)}
 	if n, err := p.WriteBatch(frames); n != 3 || err != nil {
 		t.Fatalf("WriteBatch = %d, %v; want 3, nil", n, err)
 	}
@@ -172,11 +173,11 @@ func TestDgramRemoteMissing(t *testing.T) {
 }
 
 func TestDgramCloseUnblocksRead(t *testing.T) {
-	checkLeaks(t)
+	porttest.CheckLeaks(t)
 	a, _ := dgramPorts(t, "udp")
 	errc := make(chan error)
 	go func() {
-		bufs, sizes := makeBufs(4, port.MaxFrame)
+		bufs, sizes := porttest.Buffers(4, port.MaxFrame)
 		_, err := a.ReadBatch(bufs, sizes)
 		errc <- err
 	}()
@@ -192,9 +193,9 @@ func TestDgramZeroAllocs(t *testing.T) {
 			a, b := dgramPorts(t, kind)
 			frames := make([][]byte, 8) // below net.unix.max_dgram_qlen
 			for i := range frames {
-				frames[i] = frame(1514, byte(i))
+				frames[i] = porttest.Frame(1514, byte(i))
 			}
-			bufs, sizes := makeBufs(64, port.MaxFrame)
+			bufs, sizes := porttest.Buffers(64, port.MaxFrame)
 			allocs := testing.AllocsPerRun(100, func() {
 				if n, err := a.WriteBatch(frames); n != len(frames) || err != nil {
 					t.Fatalf("WriteBatch = %d, %v", n, err)
@@ -219,12 +220,12 @@ func TestDgramZeroAllocs(t *testing.T) {
 // and counts it, rather than wedge the pipeline. Every datagram is either queued for the
 // receiver or counted.
 func TestDgramSendGivesUp(t *testing.T) {
-	checkLeaks(t)
+	porttest.CheckLeaks(t)
 	a, b := dgramPorts(t, "unixgram")
 	a.sendWait = 20 * time.Millisecond
 	var frames [][]byte
 	for i := 0; i < 40; i++ {
-		frames = append(frames, frame(60, byte(i)))
+		frames = append(frames, porttest.Frame(60, byte(i)))
 	}
 	if n, err := a.WriteBatch(frames); n != len(frames) || err != nil {
 		t.Fatalf("WriteBatch = %d, %v; want every frame sent or dropped", n, err)
@@ -233,7 +234,7 @@ func TestDgramSendGivesUp(t *testing.T) {
 	if drops == 0 {
 		t.Fatal("no datagram dropped with a receiver that never reads")
 	}
-	bufs, sizes := makeBufs(64, port.MaxFrame)
+	bufs, sizes := porttest.Buffers(64, port.MaxFrame)
 	n, err := b.ReadBatch(bufs, sizes)
 	if err != nil {
 		t.Fatal(err)

@@ -13,6 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"tapgro/port"
+	"tapgro/port/porttest"
 	"tapgro/vnethdr"
 )
 
@@ -20,23 +21,23 @@ import (
 // also returns a's raw connection, for writing bytes no port would send.
 func shmPorts(t *testing.T, shmA, shmB bool) (a, b *StreamPort, rawA *net.UnixConn) {
 	t.Helper()
-	ca, cb := unixPair(t, unix.SOCK_STREAM)
+	ca, cb := porttest.UnixConnPair(t, unix.SOCK_STREAM)
 	a, b = helloBoth(t, ca, cb, VnetStreamAccepts, VnetStreamAccepts, shmA, shmB)
 	return a, b, ca
 }
 
 // Shared memory is set up only when both ends offer it, and only over AF_UNIX.
 func TestShmNegotiation(t *testing.T) {
-	checkLeaks(t)
+	porttest.CheckLeaks(t)
 	for _, c := range []struct{ a, b, want bool }{{true, true, true}, {true, false, false}, {false, true, false}} {
 		a, b, _ := shmPorts(t, c.a, c.b)
 		if a.ShmActive() != c.want || b.ShmActive() != c.want {
 			t.Errorf("offered %v/%v: active %v/%v, want %v", c.a, c.b, a.ShmActive(), b.ShmActive(), c.want)
 		}
 		// Ordinary records cross either way.
-		rec := append(make([]byte, VnetStreamHdrLen), frame(100, 1)...)
+		rec := append(make([]byte, VnetStreamHdrLen), porttest.Frame(100, 1)...)
 		go a.WriteBatch([][]byte{rec})
-		bufs, sizes := makeBufs(4, port.MaxFrame+VnetStreamHdrLen)
+		bufs, sizes := porttest.Buffers(4, port.MaxFrame+VnetStreamHdrLen)
 		if n, err := b.ReadBatch(bufs, sizes); err != nil || n != 1 || !bytes.Equal(bufs[0][:sizes[0]], rec) {
 			t.Fatalf("record over offered %v/%v: n=%d err=%v", c.a, c.b, n, err)
 		}
@@ -73,7 +74,7 @@ func vnetRecord(n int, tag byte) []byte {
 	h := vnethdr.Hdr{Flags: vnethdr.FlagNeedsCsum, GSOType: vnethdr.GSOTCPv4, HdrLen: 54, GSOSize: 1448, CsumStart: 34, CsumOffset: 16}
 	rec := make([]byte, VnetStreamHdrLen+n)
 	h.Encode(rec, VnetStreamHdrLen)
-	copy(rec[VnetStreamHdrLen:], frame(n, tag))
+	copy(rec[VnetStreamHdrLen:], porttest.Frame(n, tag))
 	return rec
 }
 
@@ -82,7 +83,7 @@ func vnetRecord(n int, tag byte) []byte {
 // ReleaseLent. A plain ReadBatch copies them
 // out instead and hands the slot back at once.
 func TestShmLendRoundTrip(t *testing.T) {
-	checkLeaks(t)
+	porttest.CheckLeaks(t)
 	a, b, _ := shmPorts(t, true, true)
 	big := [][]byte{vnetRecord(65000, 1), vnetRecord(ShmMinFrame, 2), vnetRecord(port.MaxFrame, 3)}
 	descs := sendLent(t, a, big)
@@ -91,7 +92,7 @@ func TestShmLendRoundTrip(t *testing.T) {
 	if _, err := a.WriteBatch([][]byte{descs[0], small, descs[1], descs[2]}); err != nil {
 		t.Fatal(err)
 	}
-	bufs, sizes := makeBufs(8, port.MaxFrame+VnetStreamHdrLen)
+	bufs, sizes := porttest.Buffers(8, port.MaxFrame+VnetStreamHdrLen)
 	lent := make([][]byte, 8)
 	got := 0
 	for got < len(want) {
@@ -188,7 +189,7 @@ func TestShmRingFull(t *testing.T) {
 // A bad descriptor, or a record too short to be a frame, ends that connection with a
 // clear error; the receiver never touches memory outside the ring.
 func TestShmBadDescriptors(t *testing.T) {
-	checkLeaks(t)
+	porttest.CheckLeaks(t)
 	for _, c := range []struct {
 		name string
 		rec  func() []byte
@@ -207,7 +208,7 @@ func TestShmBadDescriptors(t *testing.T) {
 			if _, err := raw.Write(append(wire, rec...)); err != nil {
 				t.Fatal(err)
 			}
-			bufs, sizes := makeBufs(4, port.MaxFrame+VnetStreamHdrLen)
+			bufs, sizes := porttest.Buffers(4, port.MaxFrame+VnetStreamHdrLen)
 			_, err := b.ReadBatchLent(bufs, sizes, make([][]byte, 4))
 			if err == nil || !strings.Contains(err.Error(), c.want) {
 				t.Fatalf("err = %v, want one mentioning %q", err, c.want)
@@ -229,7 +230,7 @@ func TestShmTooManyLent(t *testing.T) {
 		wire = append(wire, desc(0, 1000)...)
 	}
 	go raw.Write(wire)
-	bufs, sizes := makeBufs(shmSlots+1, 64)
+	bufs, sizes := porttest.Buffers(shmSlots+1, 64)
 	lent := make([][]byte, shmSlots+1)
 	got := 0
 	for {
@@ -260,7 +261,7 @@ func TestShmCloseWhileInUse(t *testing.T) {
 	if _, err := a.WriteBatch(descs); err != nil {
 		t.Fatal(err)
 	}
-	bufs, sizes := makeBufs(1, port.MaxFrame+VnetStreamHdrLen)
+	bufs, sizes := porttest.Buffers(1, port.MaxFrame+VnetStreamHdrLen)
 	lent := make([][]byte, 1)
 	if n, err := b.ReadBatchLent(bufs, sizes, lent); err != nil || n != 1 || lent[0] == nil {
 		t.Fatalf("n=%d err=%v lent=%v", n, err, lent[0] != nil)
@@ -317,8 +318,8 @@ func TestShmPeerAreaChecks(t *testing.T) {
 // A peer that offers shared memory in the hello but then sends no memfd fails the
 // connection with a HelloError, not a hang or a panic.
 func TestShmAnnouncementWithoutFD(t *testing.T) {
-	checkLeaks(t)
-	ca, cb := unixPair(t, unix.SOCK_STREAM)
+	porttest.CheckLeaks(t)
+	ca, cb := porttest.UnixConnPair(t, unix.SOCK_STREAM)
 	defer cb.Close()
 	go func() {
 		h := encodeHello(VnetStreamAccepts, HelloShm)
@@ -351,14 +352,14 @@ func ringMappings(t *testing.T) int {
 func TestShmNoMappingLeak(t *testing.T) {
 	before := ringMappings(t)
 	for i := 0; i < 20; i++ {
-		ca, cb := unixPair(t, unix.SOCK_STREAM)
+		ca, cb := porttest.UnixConnPair(t, unix.SOCK_STREAM)
 		a, b := helloBoth(t, ca, cb, VnetStreamAccepts, VnetStreamAccepts, true, true)
 		if got := ringMappings(t); got != before+4 {
 			t.Fatalf("connection %d: %d ring mappings, want %d (two rings, each mapped by both ends)", i, got, before+4)
 		}
 		descs := sendLent(t, a, [][]byte{vnetRecord(65000, byte(i))})
 		a.WriteBatch(descs)
-		bufs, sizes := makeBufs(1, port.MaxFrame+VnetStreamHdrLen)
+		bufs, sizes := porttest.Buffers(1, port.MaxFrame+VnetStreamHdrLen)
 		b.ReadBatchLent(bufs, sizes, make([][]byte, 1))
 		a.Close()
 		b.Close()

@@ -12,15 +12,16 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+	"tapgro/port/porttest"
 )
 
 func streamPorts(t testing.TB, kind string) (a, b *StreamPort) {
 	t.Helper()
 	var ca, cb net.Conn
 	if kind == "tcp" {
-		ca, cb = tcpPair(t)
+		ca, cb = porttest.TCPConnPair(t)
 	} else {
-		ca, cb = unixPair(t, unix.SOCK_STREAM)
+		ca, cb = porttest.UnixConnPair(t, unix.SOCK_STREAM)
 	}
 	a, err := NewStreamPort(ca, nil)
 	if err != nil {
@@ -37,12 +38,12 @@ func streamPorts(t testing.TB, kind string) (a, b *StreamPort) {
 func TestStreamRoundTrip(t *testing.T) {
 	for _, kind := range []string{"unix", "tcp"} {
 		t.Run(kind, func(t *testing.T) {
-			checkLeaks(t)
+			porttest.CheckLeaks(t)
 			a, b := streamPorts(t, kind)
 			var frames [][]byte
 			for i := 0; i < 40; i++ { // enough data to fill socket buffers and force partial writes
 				for j, n := range []int{14, 1514, 9014, 65535 + 14, port.MaxFrame} {
-					frames = append(frames, frame(n, byte(i*5+j)))
+					frames = append(frames, porttest.Frame(n, byte(i*5+j)))
 				}
 			}
 			for _, dir := range []struct{ w, r *StreamPort }{{a, b}, {b, a}} {
@@ -54,7 +55,7 @@ func TestStreamRoundTrip(t *testing.T) {
 					}
 					errc <- err
 				}()
-				readFrames(t, dir.r, frames)
+				porttest.ReadFrames(t, dir.r, frames)
 				if err := <-errc; err != nil {
 					t.Fatal(err)
 				}
@@ -72,7 +73,7 @@ func TestStreamManyFramesPerRead(t *testing.T) {
 	a, b := streamPorts(t, "unix")
 	frames := make([][]byte, 64)
 	for i := range frames {
-		frames[i] = frame(1514, byte(i))
+		frames[i] = porttest.Frame(1514, byte(i))
 	}
 	if n, err := a.WriteBatch(frames); n != 64 || err != nil {
 		t.Fatalf("WriteBatch = %d, %v", n, err)
@@ -80,7 +81,7 @@ func TestStreamManyFramesPerRead(t *testing.T) {
 	if c := a.Stats().WriteCalls.Load(); c != 1 {
 		t.Errorf("WriteBatch used %d writev calls, want 1", c)
 	}
-	bufs, sizes := makeBufs(100, port.MaxFrame)
+	bufs, sizes := porttest.Buffers(100, port.MaxFrame)
 	n, err := b.ReadBatch(bufs, sizes)
 	if err != nil || n != 64 {
 		t.Fatalf("ReadBatch = %d, %v; want 64 frames at once", n, err)
@@ -92,15 +93,15 @@ func TestStreamManyFramesPerRead(t *testing.T) {
 
 // A peer dribbling one byte per write still yields whole frames, in order.
 func TestStreamOneByteChunks(t *testing.T) {
-	checkLeaks(t)
-	raw, cb := unixPair(t, unix.SOCK_STREAM)
+	porttest.CheckLeaks(t)
+	raw, cb := porttest.UnixConnPair(t, unix.SOCK_STREAM)
 	defer raw.Close()
 	b, err := NewStreamPort(cb, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer b.Close()
-	frames := [][]byte{frame(14, 1), frame(1514, 2), frame(60, 3)}
+	frames := [][]byte{porttest.Frame(14, 1), porttest.Frame(1514, 2), porttest.Frame(60, 3)}
 	var stream []byte
 	for _, f := range frames {
 		stream = append(append(stream, prefixOnly(uint32(len(f)))...), f...)
@@ -112,7 +113,7 @@ func TestStreamOneByteChunks(t *testing.T) {
 			}
 		}
 	}()
-	readFrames(t, b, frames)
+	porttest.ReadFrames(t, b, frames)
 }
 
 func TestStreamBadLength(t *testing.T) {
@@ -120,19 +121,19 @@ func TestStreamBadLength(t *testing.T) {
 		l     uint32
 		limit int
 	}{{13, port.MinFrame}, {0, port.MinFrame}, {port.MaxFrame + 1, port.MaxFrame}} {
-		raw, cb := unixPair(t, unix.SOCK_STREAM)
+		raw, cb := porttest.UnixConnPair(t, unix.SOCK_STREAM)
 		b, err := NewStreamPort(cb, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
-		good := frame(100, 7)
+		good := porttest.Frame(100, 7)
 		msg := append(append(prefixOnly(100), good...), prefixOnly(tt.l)...)
 		msg = append(msg, make([]byte, 20)...)
 		if _, err := raw.Write(msg); err != nil {
 			t.Fatal(err)
 		}
-		readFrames(t, b, [][]byte{good})
-		bufs, sizes := makeBufs(4, port.MaxFrame)
+		porttest.ReadFrames(t, b, [][]byte{good})
+		bufs, sizes := porttest.Buffers(4, port.MaxFrame)
 		n, err := b.ReadBatch(bufs, sizes)
 		var fe *port.FrameError
 		if n != 0 || !errors.As(err, &fe) || fe.Length != uint64(tt.l) || fe.Limit != tt.limit {
@@ -152,18 +153,18 @@ func TestStreamBadLength(t *testing.T) {
 
 func TestStreamEOF(t *testing.T) {
 	// Clean EOF between frames.
-	raw, cb := unixPair(t, unix.SOCK_STREAM)
+	raw, cb := porttest.UnixConnPair(t, unix.SOCK_STREAM)
 	b, _ := NewStreamPort(cb, nil)
 	defer b.Close()
 	raw.Close()
-	bufs, sizes := makeBufs(1, port.MaxFrame)
+	bufs, sizes := porttest.Buffers(1, port.MaxFrame)
 	_, err := b.ReadBatch(bufs, sizes)
 	if !errors.Is(err, port.ErrClosed) || !errors.Is(err, io.EOF) {
 		t.Errorf("clean EOF: %v, want port.ErrClosed and io.EOF", err)
 	}
 
 	// EOF in the middle of a frame.
-	raw, cb = unixPair(t, unix.SOCK_STREAM)
+	raw, cb = porttest.UnixConnPair(t, unix.SOCK_STREAM)
 	b2, _ := NewStreamPort(cb, nil)
 	defer b2.Close()
 	raw.Write(append(prefixOnly(1514), make([]byte, 100)...))
@@ -203,9 +204,9 @@ func TestStreamTruncatedCounted(t *testing.T) {
 				t.Run(name, func(t *testing.T) {
 					var raw, cb net.Conn
 					if kind == "tcp" {
-						raw, cb = tcpPair(t)
+						raw, cb = porttest.TCPConnPair(t)
 					} else {
-						raw, cb = unixPair(t, unix.SOCK_STREAM)
+						raw, cb = porttest.UnixConnPair(t, unix.SOCK_STREAM)
 					}
 					b, err := NewStreamPort(cb, nil)
 					if err != nil {
@@ -214,7 +215,7 @@ func TestStreamTruncatedCounted(t *testing.T) {
 					defer b.Close()
 					if reset {
 						// Something of ours the peer never reads: its close then resets.
-						if _, err := b.WriteBatch([][]byte{frame(60, 1)}); err != nil {
+						if _, err := b.WriteBatch([][]byte{porttest.Frame(60, 1)}); err != nil {
 							t.Fatal(err)
 						}
 						if kind == "unix" {
@@ -229,7 +230,7 @@ func TestStreamTruncatedCounted(t *testing.T) {
 						t.Fatal(err)
 					}
 					raw.Close()
-					bufs, sizes := makeBufs(4, port.MaxFrame)
+					bufs, sizes := porttest.Buffers(4, port.MaxFrame)
 					b.SetReadDeadline(time.Now().Add(5 * time.Second))
 					for {
 						n, err := b.ReadBatch(bufs, sizes)
@@ -256,18 +257,18 @@ func TestStreamTruncatedCounted(t *testing.T) {
 
 // A reset at a record boundary is the peer closing too, not a truncation.
 func TestStreamResetBetweenFrames(t *testing.T) {
-	raw, cb := unixPair(t, unix.SOCK_STREAM)
+	raw, cb := porttest.UnixConnPair(t, unix.SOCK_STREAM)
 	b, err := NewStreamPort(cb, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer b.Close()
-	if _, err := b.WriteBatch([][]byte{frame(60, 1)}); err != nil {
+	if _, err := b.WriteBatch([][]byte{porttest.Frame(60, 1)}); err != nil {
 		t.Fatal(err)
 	}
 	waitUnread(t, raw)
 	raw.Close()
-	bufs, sizes := makeBufs(1, port.MaxFrame)
+	bufs, sizes := porttest.Buffers(1, port.MaxFrame)
 	_, err = b.ReadBatch(bufs, sizes)
 	if !errors.Is(err, port.ErrClosed) || !errors.Is(err, unix.ECONNRESET) || errors.Is(err, io.ErrUnexpectedEOF) {
 		t.Errorf("ReadBatch: %v, want port.ErrClosed and ECONNRESET, not io.ErrUnexpectedEOF", err)
@@ -296,11 +297,11 @@ func waitUnread(t *testing.T, c net.Conn) {
 }
 
 func TestStreamCloseUnblocksRead(t *testing.T) {
-	checkLeaks(t)
+	porttest.CheckLeaks(t)
 	a, _ := streamPorts(t, "unix")
 	errc := make(chan error)
 	go func() {
-		bufs, sizes := makeBufs(1, port.MaxFrame)
+		bufs, sizes := porttest.Buffers(1, port.MaxFrame)
 		_, err := a.ReadBatch(bufs, sizes)
 		errc <- err
 	}()
@@ -312,13 +313,13 @@ func TestStreamCloseUnblocksRead(t *testing.T) {
 
 func TestStreamWriteRejectsBadFrame(t *testing.T) {
 	a, b := streamPorts(t, "unix")
-	good := frame(60, 1)
-	n, err := a.WriteBatch([][]byte{good, frame(13, 2), good})
+	good := porttest.Frame(60, 1)
+	n, err := a.WriteBatch([][]byte{good, porttest.Frame(13, 2), good})
 	var fe *port.FrameError
 	if n != 1 || !errors.As(err, &fe) || fe.Length != 13 {
 		t.Fatalf("WriteBatch = %d, %v; want 1 and a port.FrameError for 13", n, err)
 	}
-	n, err = a.WriteBatch([][]byte{frame(port.MaxFrame+1, 3)})
+	n, err = a.WriteBatch([][]byte{porttest.Frame(port.MaxFrame+1, 3)})
 	if n != 0 || !errors.As(err, &fe) || fe.Limit != port.MaxFrame {
 		t.Fatalf("WriteBatch = %d, %v; want 0 and a port.FrameError over port.MaxFrame", n, err)
 	}
@@ -326,18 +327,18 @@ func TestStreamWriteRejectsBadFrame(t *testing.T) {
 	if n, err := a.WriteBatch([][]byte{good}); n != 1 || err != nil {
 		t.Fatalf("WriteBatch after rejection = %d, %v", n, err)
 	}
-	readFrames(t, b, [][]byte{good, good})
+	porttest.ReadFrames(t, b, [][]byte{good, good})
 }
 
 func TestStreamBatchOver512(t *testing.T) {
 	a, b := streamPorts(t, "unix")
 	frames := make([][]byte, 1300)
 	for i := range frames {
-		frames[i] = frame(64+i%700, byte(i))
+		frames[i] = porttest.Frame(64+i%700, byte(i))
 	}
 	done := make(chan int)
 	go func() { n, _ := a.WriteBatch(frames); done <- n }()
-	readFrames(t, b, frames)
+	porttest.ReadFrames(t, b, frames)
 	if n := <-done; n != len(frames) {
 		t.Fatalf("WriteBatch = %d, want %d", n, len(frames))
 	}
@@ -350,9 +351,9 @@ func TestStreamZeroAllocs(t *testing.T) {
 	a, b := streamPorts(t, "unix")
 	frames := make([][]byte, 64)
 	for i := range frames {
-		frames[i] = frame(1514, byte(i))
+		frames[i] = porttest.Frame(1514, byte(i))
 	}
-	bufs, sizes := makeBufs(64, port.MaxFrame)
+	bufs, sizes := porttest.Buffers(64, port.MaxFrame)
 	allocs := testing.AllocsPerRun(200, func() {
 		if n, err := a.WriteBatch(frames); n != 64 || err != nil {
 			t.Fatalf("WriteBatch = %d, %v", n, err)
@@ -365,7 +366,7 @@ func TestStreamZeroAllocs(t *testing.T) {
 }
 
 func BenchmarkStreamWriteBatch(b *testing.B) {
-	ca, raw := unixPair(b, unix.SOCK_STREAM)
+	ca, raw := porttest.UnixConnPair(b, unix.SOCK_STREAM)
 	p, err := NewStreamPort(ca, nil)
 	if err != nil {
 		b.Fatal(err)
@@ -383,7 +384,7 @@ func BenchmarkStreamWriteBatch(b *testing.B) {
 	defer raw.Close()
 	frames := make([][]byte, 64)
 	for i := range frames {
-		frames[i] = frame(1514, byte(i))
+		frames[i] = porttest.Frame(1514, byte(i))
 	}
 	b.SetBytes(64 * 1514)
 	b.ReportAllocs()
@@ -396,7 +397,7 @@ func BenchmarkStreamWriteBatch(b *testing.B) {
 }
 
 func BenchmarkStreamReadBatch(b *testing.B) {
-	raw, cb := unixPair(b, unix.SOCK_STREAM)
+	raw, cb := porttest.UnixConnPair(b, unix.SOCK_STREAM)
 	p, err := NewStreamPort(cb, nil)
 	if err != nil {
 		b.Fatal(err)
@@ -405,7 +406,7 @@ func BenchmarkStreamReadBatch(b *testing.B) {
 	setBuffers(raw)
 	var stream []byte
 	for i := 0; i < 64; i++ {
-		stream = append(append(stream, prefixOnly(1514)...), frame(1514, byte(i))...)
+		stream = append(append(stream, prefixOnly(1514)...), porttest.Frame(1514, byte(i))...)
 	}
 	done := make(chan struct{})
 	go func() { // feed
@@ -416,7 +417,7 @@ func BenchmarkStreamReadBatch(b *testing.B) {
 			}
 		}
 	}()
-	bufs, sizes := makeBufs(64, port.MaxFrame)
+	bufs, sizes := porttest.Buffers(64, port.MaxFrame)
 	b.SetBytes(64 * 1514)
 	b.ReportAllocs()
 	for b.Loop() {
@@ -441,7 +442,7 @@ func BenchmarkStreamReadBatch(b *testing.B) {
 // headroom scribbled over as the datapath writes the TAP header there — every frame
 // arrives intact, across reads that leave a partial frame to be moved to the front.
 func TestPlainLendFromReadBuffer(t *testing.T) {
-	checkLeaks(t)
+	porttest.CheckLeaks(t)
 	a, b := streamPorts(t, "unix")
 	rng := rand.New(rand.NewPCG(15, 1))
 	var want [][]byte
@@ -451,11 +452,11 @@ func TestPlainLendFromReadBuffer(t *testing.T) {
 		if rng.IntN(8) == 0 {
 			n = port.MaxFrame - rng.IntN(100)
 		}
-		want = append(want, frame(n, byte(len(want))))
+		want = append(want, porttest.Frame(n, byte(len(want))))
 		total += n
 	}
 	go a.WriteBatch(want)
-	bufs, sizes := makeBufs(5, 16)
+	bufs, sizes := porttest.Buffers(5, 16)
 	lent := make([][]byte, 5)
 	scribble := bytes.Repeat([]byte{0xAA}, port.ShmHeadroom)
 	for got := 0; got < len(want); {

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"os"
 	"tapgro/port"
+	"tapgro/port/porttest"
 	"testing"
 	"time"
 )
@@ -29,7 +30,7 @@ func fillStream(t *testing.T, p port.BatchSender, size int) (sent, rest [][]byte
 	withTimeout(t, 10*time.Second, "TryWriteBatch on a full socket", func() {
 		for i := 0; ; i++ {
 			for j := range batch {
-				batch[j] = frame(size, byte(len(sent)+j))
+				batch[j] = porttest.Frame(size, byte(len(sent)+j))
 			}
 			n, err := p.TryWriteBatch(batch)
 			sent = append(sent, batch[:n]...)
@@ -56,7 +57,7 @@ func fillStream(t *testing.T, p port.BatchSender, size int) (sent, rest [][]byte
 func TestStreamTryWriteBatch(t *testing.T) {
 	for _, kind := range []string{"unix", "tcp"} {
 		t.Run(kind, func(t *testing.T) {
-			checkLeaks(t)
+			porttest.CheckLeaks(t)
 			a, b := streamPorts(t, kind)
 			free0, size := a.Room()
 			if size <= 0 || size == int(^uint(0)>>1) || free0 <= 0 || free0 > size {
@@ -76,7 +77,7 @@ func TestStreamTryWriteBatch(t *testing.T) {
 			}
 			// The peer reads exactly the whole records sent; at most the start of the
 			// next one follows, and it is pending in the port.
-			readFrames(t, b, sent)
+			porttest.ReadFrames(t, b, sent)
 			if b.df.Buffered() != a.pendOff {
 				t.Fatalf("%d bytes of a partial record after the %d whole ones, port says %d", b.df.Buffered(), len(sent), a.pendOff)
 			}
@@ -89,7 +90,7 @@ func TestStreamTryWriteBatch(t *testing.T) {
 			if n, err := a.TryWriteBatch(rest); n != len(rest) || err != nil {
 				t.Fatalf("TryWriteBatch of the rest = %d, %v", n, err)
 			}
-			readFrames(t, b, rest)
+			porttest.ReadFrames(t, b, rest)
 			if kind == "unix" { // TCP frees room when ACKs arrive, a moment later
 				if free, _ := a.Room(); free <= freeFull {
 					t.Errorf("Room did not grow after the peer read: %d -> %d", freeFull, free)
@@ -110,7 +111,7 @@ func TestStreamTryWritePartialRecord(t *testing.T) {
 			a, b := streamPorts(t, kind)
 			// A small send buffer makes a port.MaxFrame record larger than what fits.
 			smallBuffers(kind, a, b)
-			big := [][]byte{frame(port.MaxFrame, 1), frame(port.MaxFrame, 2), frame(port.MaxFrame, 3), frame(port.MaxFrame, 4)}
+			big := [][]byte{porttest.Frame(port.MaxFrame, 1), porttest.Frame(port.MaxFrame, 2), porttest.Frame(port.MaxFrame, 3), porttest.Frame(port.MaxFrame, 4)}
 			var n int
 			var err error
 			withTimeout(t, 5*time.Second, "TryWriteBatch of records larger than the socket", func() {
@@ -125,7 +126,7 @@ func TestStreamTryWritePartialRecord(t *testing.T) {
 			}
 			a.Fail(nil) // the refusal does not break anything by itself here
 			done := writeAllAsync(a, big, a.TryWriteBatch, nil)
-			readFrames(t, b, big)
+			porttest.ReadFrames(t, b, big)
 			if err := <-done; err != nil {
 				t.Fatal(err)
 			}
@@ -145,7 +146,7 @@ func TestDgramTryWriteBatch(t *testing.T) {
 	withTimeout(t, 10*time.Second, "TryWriteBatch on a full receiver", func() {
 		for {
 			for j := range batch {
-				batch[j] = frame(1514, byte(len(sent)+j))
+				batch[j] = porttest.Frame(1514, byte(len(sent)+j))
 			}
 			n, err := a.TryWriteBatch(batch)
 			sent = append(sent, batch[:n]...)
@@ -175,11 +176,11 @@ func TestDgramTryWriteBatch(t *testing.T) {
 	if free, size := a.Room(); size <= 0 || free > size {
 		t.Errorf("Room = %d of %d", free, size)
 	}
-	readFrames(t, b, sent)
+	porttest.ReadFrames(t, b, sent)
 	// The receiver's queue holds net.unix.max_dgram_qlen datagrams (10 by default):
 	// send the next batch in steps, reading as we go; nothing is lost or reordered.
 	errc := writeAllAsync(a, batch, a.TryWriteBatch, nil)
-	readFrames(t, b, batch)
+	porttest.ReadFrames(t, b, batch)
 	if err := <-errc; err != nil {
 		t.Fatal(err)
 	}
@@ -192,7 +193,7 @@ func TestDgramTryWriteBatch(t *testing.T) {
 	if n, err := u.TryWriteBatch(batch[:8]); n != 8 || err != nil {
 		t.Fatalf("UDP TryWriteBatch = %d, %v", n, err)
 	}
-	readFrames(t, v, batch[:8])
+	porttest.ReadFrames(t, v, batch[:8])
 	if free, size := u.Room(); size <= 0 || free > size {
 		t.Errorf("UDP Room = %d of %d", free, size)
 	}
@@ -203,7 +204,7 @@ func TestDgramTryWriteBatch(t *testing.T) {
 
 // WaitWritable returns port.ErrClosed when the port is closed under it.
 func TestWaitWritableClose(t *testing.T) {
-	checkLeaks(t)
+	porttest.CheckLeaks(t)
 	a, _ := streamPorts(t, "unix")
 	fillStream(t, a, 9014)
 	errc := make(chan error, 1)
@@ -224,9 +225,9 @@ func TestTryWriteZeroAllocs(t *testing.T) {
 	a, b := streamPorts(t, "unix")
 	frames := make([][]byte, 64)
 	for i := range frames {
-		frames[i] = frame(1514, byte(i))
+		frames[i] = porttest.Frame(1514, byte(i))
 	}
-	bufs, sizes := makeBufs(64, port.MaxFrame)
+	bufs, sizes := porttest.Buffers(64, port.MaxFrame)
 	allocs := testing.AllocsPerRun(200, func() {
 		if n, err := a.TryWriteBatch(frames); n != 64 || err != nil {
 			t.Fatalf("TryWriteBatch = %d, %v", n, err)

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"tapgro/port"
+	"tapgro/port/porttest"
 )
 
 // vecsOf cuts each frame into a Vec: the first cut bytes (headers) copied into a fresh
@@ -35,7 +36,7 @@ func TestStreamTryWriteVecsShortWrites(t *testing.T) {
 			smallBuffers(kind, a, b)
 			var frames [][]byte
 			for i := 0; i < 200; i++ {
-				frames = append(frames, frame([]int{port.MaxFrame, 1514, 60, 9000, 333}[i%5], byte(i)))
+				frames = append(frames, porttest.Frame([]int{port.MaxFrame, 1514, 60, 9000, 333}[i%5], byte(i)))
 			}
 			vecs := vecsOf(frames, mixedCut)
 			var n int
@@ -59,7 +60,7 @@ func TestStreamTryWriteVecsShortWrites(t *testing.T) {
 					partials++
 				}
 			})
-			readFrames(t, b, frames)
+			porttest.ReadFrames(t, b, frames)
 			if err := <-done; err != nil {
 				t.Fatal(err)
 			}
@@ -83,11 +84,11 @@ func TestStreamTryWriteVecsIovMax(t *testing.T) {
 	st := a.Stats()
 	var frames [][]byte
 	for i := 0; i < 1500; i++ {
-		frames = append(frames, frame(100+i%50, byte(i)))
+		frames = append(frames, porttest.Frame(100+i%50, byte(i)))
 	}
 	vecs := vecsOf(frames, func(i int) int { return 14 + i%3 })
 	errc := writeAllAsync(a, vecs, a.TryWriteVecs, nil)
-	readFrames(t, b, frames)
+	porttest.ReadFrames(t, b, frames)
 	if err := <-errc; err != nil {
 		t.Fatal(err)
 	}
@@ -108,11 +109,11 @@ func TestDgramTryWriteVecs(t *testing.T) {
 			a, b := dgramPorts(t, kind)
 			var frames [][]byte
 			for i := 0; i < 64; i++ {
-				frames = append(frames, frame([]int{1514, 60, 900}[i%3], byte(i)))
+				frames = append(frames, porttest.Frame([]int{1514, 60, 900}[i%3], byte(i)))
 			}
 			vecs := vecsOf(frames, mixedCut)
 			errc := writeAllAsync(a, vecs, a.TryWriteVecs, nil)
-			readFrames(t, b, frames)
+			porttest.ReadFrames(t, b, frames)
 			if err := <-errc; err != nil {
 				t.Fatal(err)
 			}
@@ -127,10 +128,10 @@ func TestTryWriteVecsZeroAllocs(t *testing.T) {
 	a, b := streamPorts(t, "unix")
 	var frames [][]byte
 	for i := 0; i < 64; i++ {
-		frames = append(frames, frame(1514, byte(i)))
+		frames = append(frames, porttest.Frame(1514, byte(i)))
 	}
 	vecs := vecsOf(frames, mixedCut)
-	bufs, sizes := makeBufs(64, port.MaxFrame)
+	bufs, sizes := porttest.Buffers(64, port.MaxFrame)
 	allocs := testing.AllocsPerRun(200, func() {
 		if n, err := a.TryWriteVecs(vecs); n != 64 || err != nil {
 			t.Fatalf("TryWriteVecs = %d, %v", n, err)

@@ -11,6 +11,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"tapgro/port"
+	"tapgro/port/porttest"
 	"tapgro/vnethdr"
 )
 
@@ -21,9 +22,9 @@ func vnetPorts(t testing.TB, kind string, acceptsA, acceptsB vnethdr.Offloads) (
 	shm := kind == "shm"
 	var ca, cb net.Conn
 	if kind == "tcp" {
-		ca, cb = tcpPair(t)
+		ca, cb = porttest.TCPConnPair(t)
 	} else {
-		ca, cb = unixPair(t, unix.SOCK_STREAM)
+		ca, cb = porttest.UnixConnPair(t, unix.SOCK_STREAM)
 	}
 	return helloBoth(t, ca, cb, acceptsA, acceptsB, shm, shm)
 }
@@ -56,7 +57,7 @@ func helloBoth(t testing.TB, ca, cb net.Conn, acceptsA, acceptsB vnethdr.Offload
 func TestVnetHelloRoundTrip(t *testing.T) {
 	for _, kind := range []string{"unix", "tcp"} {
 		t.Run(kind, func(t *testing.T) {
-			checkLeaks(t)
+			porttest.CheckLeaks(t)
 			a, b := vnetPorts(t, kind, VnetStreamAccepts, vnethdr.OffloadCSUM|vnethdr.OffloadTSO4)
 			if a.VnetHdrLen() != VnetStreamHdrLen || b.VnetHdrLen() != VnetStreamHdrLen {
 				t.Fatalf("header lengths %d/%d, want %d", a.VnetHdrLen(), b.VnetHdrLen(), VnetStreamHdrLen)
@@ -80,13 +81,13 @@ func TestVnetHelloRoundTrip(t *testing.T) {
 
 // Records carry the header and GSO frames of 64 KiB cross whole, both ways.
 func TestVnetRecordsRoundTrip(t *testing.T) {
-	checkLeaks(t)
+	porttest.CheckLeaks(t)
 	a, b := vnetPorts(t, "unix", VnetStreamAccepts, VnetStreamAccepts)
 	h := vnethdr.Hdr{Flags: vnethdr.FlagNeedsCsum, GSOType: vnethdr.GSOTCPv4, HdrLen: 54, GSOSize: 1448, CsumStart: 34, CsumOffset: 16}
 	mk := func(n int, tag byte) []byte {
 		rec := make([]byte, VnetStreamHdrLen+n)
 		h.Encode(rec, VnetStreamHdrLen)
-		copy(rec[VnetStreamHdrLen:], frame(n, tag))
+		copy(rec[VnetStreamHdrLen:], porttest.Frame(n, tag))
 		return rec
 	}
 	// The largest frame a TAP hands over, a small one, and the largest a record holds.
@@ -98,7 +99,7 @@ func TestVnetRecordsRoundTrip(t *testing.T) {
 		t.Run(dir.name, func(t *testing.T) {
 			errc := make(chan error, 1)
 			go func() { _, err := dir.from.WriteBatch(want); errc <- err }()
-			bufs, sizes := makeBufs(8, port.MaxFrame+VnetStreamHdrLen)
+			bufs, sizes := porttest.Buffers(8, port.MaxFrame+VnetStreamHdrLen)
 			got := 0
 			for got < len(want) {
 				n, err := dir.to.ReadBatch(bufs, sizes)
@@ -135,11 +136,11 @@ func TestVnetRecordsRoundTrip(t *testing.T) {
 // copying them, with port.ShmHeadroom bytes in front of each frame that the caller may
 // overwrite without touching any other record of the batch.
 func TestVnetLendFromReadBuffer(t *testing.T) {
-	checkLeaks(t)
+	porttest.CheckLeaks(t)
 	a, b := vnetPorts(t, "unix", VnetStreamAccepts, VnetStreamAccepts)
 	want := [][]byte{vnetRecordTag(65000, 1), vnetRecordTag(port.MinFrame, 2), vnetRecordTag(1500, 3), vnetRecordTag(port.MinFrame, 4)}
 	go a.WriteBatch(want)
-	bufs, sizes := makeBufs(8, 16)
+	bufs, sizes := porttest.Buffers(8, 16)
 	lent := make([][]byte, 8)
 	got := 0
 	for got < len(want) {
@@ -169,22 +170,22 @@ func TestVnetLendFromReadBuffer(t *testing.T) {
 
 func vnetRecordTag(n int, tag byte) []byte {
 	rec := make([]byte, VnetStreamHdrLen+n)
-	copy(rec[VnetStreamHdrLen:], frame(n, tag))
+	copy(rec[VnetStreamHdrLen:], porttest.Frame(n, tag))
 	return rec
 }
 
 // A vnet-hdr=on end meeting a plain (QEMU-framed) stream peer: both sides fail at once
 // with an error that says what happened, whichever speaks first.
 func TestVnetHelloAgainstPlainPeer(t *testing.T) {
-	checkLeaks(t)
-	ca, cb := unixPair(t, unix.SOCK_STREAM)
+	porttest.CheckLeaks(t)
+	ca, cb := porttest.UnixConnPair(t, unix.SOCK_STREAM)
 	plain, err := NewStreamPort(cb, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer plain.Close()
 	// The plain side sends a frame first (as tapgro's announcement or a guest would).
-	if _, err := plain.WriteBatch([][]byte{frame(60, 9)}); err != nil {
+	if _, err := plain.WriteBatch([][]byte{porttest.Frame(60, 9)}); err != nil {
 		t.Fatal(err)
 	}
 	start := time.Now()
@@ -200,7 +201,7 @@ func TestVnetHelloAgainstPlainPeer(t *testing.T) {
 		t.Errorf("vnet side waited for the timeout instead of failing at once")
 	}
 	// The plain side got the hello as a record length it cannot accept, with a hint.
-	bufs, sizes := makeBufs(4, port.MaxFrame)
+	bufs, sizes := porttest.Buffers(4, port.MaxFrame)
 	_, err = plain.ReadBatch(bufs, sizes)
 	var fe *port.FrameError
 	if !errors.As(err, &fe) || !strings.Contains(err.Error(), "set vnet-hdr=on on this end too") {
@@ -212,8 +213,8 @@ func TestVnetHelloAgainstPlainPeer(t *testing.T) {
 // The vnet side speaks first into a silent plain peer that then closes (what QEMU does
 // on reading the hello): the hello fails on EOF, not on the timeout.
 func TestVnetHelloPeerCloses(t *testing.T) {
-	checkLeaks(t)
-	ca, cb := unixPair(t, unix.SOCK_STREAM)
+	porttest.CheckLeaks(t)
+	ca, cb := porttest.UnixConnPair(t, unix.SOCK_STREAM)
 	go func() {
 		buf := make([]byte, 4)
 		cb.Read(buf) // QEMU reads the length "TAPG", finds it absurd and closes
@@ -231,8 +232,8 @@ func TestVnetHelloPeerCloses(t *testing.T) {
 }
 
 func TestVnetHelloTimeout(t *testing.T) {
-	checkLeaks(t)
-	ca, cb := unixPair(t, unix.SOCK_STREAM)
+	porttest.CheckLeaks(t)
+	ca, cb := porttest.UnixConnPair(t, unix.SOCK_STREAM)
 	defer cb.Close()
 	_, err := Hello(ca, VnetStreamAccepts, 50*time.Millisecond)
 	ca.Close()
@@ -242,8 +243,8 @@ func TestVnetHelloTimeout(t *testing.T) {
 }
 
 func TestVnetHelloVersionMismatch(t *testing.T) {
-	checkLeaks(t)
-	ca, cb := unixPair(t, unix.SOCK_STREAM)
+	porttest.CheckLeaks(t)
+	ca, cb := porttest.UnixConnPair(t, unix.SOCK_STREAM)
 	defer cb.Close()
 	h := encodeHello(VnetStreamAccepts, 0)
 	h[7] = VnetStreamVersion + 1
@@ -261,7 +262,7 @@ func TestVnetHelloVersionMismatch(t *testing.T) {
 
 func readFramesSized(t testing.TB, p port.Port, want [][]byte, size int) {
 	t.Helper()
-	bufs, sizes := makeBufs(8, size)
+	bufs, sizes := porttest.Buffers(8, size)
 	got := 0
 	for got < len(want) {
 		n, err := p.ReadBatch(bufs, sizes)
@@ -282,7 +283,7 @@ func TestVnetStreamZeroAllocs(t *testing.T) {
 	a, b := vnetPorts(t, "unix", VnetStreamAccepts, VnetStreamAccepts)
 	rec := make([]byte, VnetStreamHdrLen+1514)
 	frames := [][]byte{rec, rec, rec, rec}
-	bufs, sizes := makeBufs(8, port.MaxFrame+VnetStreamHdrLen)
+	bufs, sizes := porttest.Buffers(8, port.MaxFrame+VnetStreamHdrLen)
 	allocs := testing.AllocsPerRun(100, func() {
 		if _, err := a.WriteBatch(frames); err != nil {
 			t.Fatal(err)

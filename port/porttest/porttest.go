@@ -6,6 +6,8 @@
 // pair of its ports; the kit knows no transport, so it depends only on port, and every
 // transport is held to the same rules the engine relies on.
 //
+// helpers.go has what the transports' own tests share besides: self-identifying
+// frames, read buffers, reading frames back, raw connection pairs and a leak check.
 // Connected pairs of real ports for tests of code above the transports (the engine,
 // the receive pool) are the transports' business: package sockport/sockporttest.
 package porttest
