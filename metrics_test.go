@@ -32,7 +32,7 @@ func TestMetricsDocumented(t *testing.T) {
 	e.Snap.TapToPort.Frames = 3
 	reg := prometheus.NewRegistry()
 	health := ops.NewHealthMonitor(e, time.Second)
-	if err := reg.Register(newPromCollector(ops.NewMetrics(e, new(port.Stats), new(netmapio.NetmapStats), health, version))); err != nil {
+	if err := reg.Register(newPromCollector(ops.NewMetrics(e, new(port.Stats), new(netmapio.NetmapStats).Counters(), health, version))); err != nil {
 		t.Fatal(err)
 	}
 	fams, err := reg.Gather()

@@ -11,9 +11,9 @@ import (
 	"tapgro/coalescer"
 	"tapgro/datapath"
 	"tapgro/netdev"
-	"tapgro/netmapio"
 	"tapgro/onoff"
 	"tapgro/ops"
+	"tapgro/port"
 	"tapgro/tapdev"
 	"tapgro/vhostnet"
 	"tapgro/virtio"
@@ -148,11 +148,11 @@ func (e *engineKind) health(stall time.Duration) *ops.HealthMonitor {
 }
 
 func (e *engineKind) metrics(h *ops.HealthMonitor) *ops.Metrics {
-	var nm *netmapio.NetmapStats
-	if s, ok := e.ep.(netdev.NetmapStatser); ok {
-		nm = s.NetmapStats()
+	var own []port.Counter
+	if s, ok := e.ep.(port.CounterSource); ok {
+		own = s.Counters()
 	}
-	return ops.NewMetrics(e.eng, e.ep.Stats(), nm, h, version)
+	return ops.NewMetrics(e.eng, e.ep.Stats(), own, h, version)
 }
 
 func (e *engineKind) ctl(log ops.Logger) *ops.CtlServer {

@@ -146,6 +146,10 @@ func (c *core) Stats() *port.Stats { return &c.stats }
 // NetmapStats returns the endpoint's netmap counters (all zero for other backends).
 func (c *core) NetmapStats() *netmapio.NetmapStats { return &c.nmStats }
 
+// Counters are the endpoint's transport counters for the operator surfaces
+// (port.CounterSource): netmap's, all zero for other backends.
+func (c *core) Counters() []port.Counter { return c.nmStats.Counters() }
+
 // Spec is the endpoint's spec with inherited sockets resolved to the address they are
 // bound to, so the QEMU option printed at start-up names a real path or port.
 func (c *core) Spec() Spec {

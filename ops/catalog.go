@@ -127,20 +127,9 @@ func (m *Metrics) addDevice(eng Snapshotter) {
 			Labels{"reason": r.reason}, u(r.v))
 	}
 	m.addConnections(u(ps.Connects.Load), u(ps.Disconnects.Load), u(ps.Rejects.Load))
-	if ns := m.netmap; ns != nil {
-		m.add("tapgro_netmap_slots_total", "netmap ring slots used, by direction.", Counter, Labels{"direction": "rx"}, u(ns.RxSlots.Load))
-		m.add("tapgro_netmap_slots_total", "netmap ring slots used, by direction.", Counter, Labels{"direction": "tx"}, u(ns.TxSlots.Load))
-		m.add("tapgro_netmap_tx_full_total", "Times the netmap TX ring had no room for the next whole frame.", Counter, nil, u(ns.TxFull.Load))
-		for _, r := range []struct {
-			reason string
-			v      func() uint64
-		}{
-			{"bad_slot", ns.BadSlot.Load}, {"bad_chain", ns.BadChain.Load}, {"short_frame", ns.ShortFrame.Load},
-			{"long_frame", ns.LongFrame.Load}, {"tx_too_big", ns.TxTooBig.Load}, {"bad_ring", ns.BadRing.Load}, {"stale", ns.Stale.Load},
-		} {
-			m.add("tapgro_netmap_errors_total", "Bad input from the netmap ring and frames it could not carry, by reason.", Counter,
-				Labels{"reason": r.reason}, u(r.v))
-		}
+	// The transport's own counters (netmap's, say), whatever the transport.
+	for _, c := range m.portCounters {
+		m.add(c.Name, c.Help, Counter, Labels(c.Labels), u(c.Value))
 	}
 	m.add("tapgro_port_retries_total", "Failed dials or accepts, each followed by a backoff wait.", Counter, nil, u(ps.Retries.Load))
 }

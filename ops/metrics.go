@@ -8,7 +8,6 @@ import (
 
 	"tapgro/coalescer"
 	"tapgro/datapath"
-	"tapgro/netmapio"
 	"tapgro/pcapio"
 	"tapgro/port"
 	"tapgro/vhostnet"
@@ -50,9 +49,8 @@ type Sample struct {
 
 // Source is what one scrape reads: the engine's Snapshot and the port's counters.
 type Source struct {
-	Snap   *datapath.Snapshot
-	Port   *port.Stats
-	Netmap *netmapio.NetmapStats // nil unless the port is netmap
+	Snap *datapath.Snapshot
+	Port *port.Stats
 }
 
 type series struct {
@@ -64,11 +62,12 @@ type series struct {
 
 // Metrics is the catalogue for one running tapgro.
 type Metrics struct {
-	eng    Snapshotter
-	port   *port.Stats
-	netmap *netmapio.NetmapStats
-	series []series
-	custom []func(*Source) *Sample // series that are not a single value, or may be absent
+	eng  Snapshotter
+	port *port.Stats
+	// portCounters are the transport's own (port.CounterSource), exported as they come.
+	portCounters []port.Counter
+	series       []series
+	custom       []func(*Source) *Sample // series that are not a single value, or may be absent
 }
 
 func (m *Metrics) add(name, help string, kind Kind, labels Labels, v func(*Source) float64) {
@@ -86,7 +85,7 @@ func (m *Metrics) add(name, help string, kind Kind, labels Labels, v func(*Sourc
 
 // Collect takes one Snapshot and hands every series to emit.
 func (m *Metrics) Collect(emit func(*Sample)) {
-	src := &Source{Port: m.port, Netmap: m.netmap}
+	src := &Source{Port: m.port}
 	if m.eng != nil { // nil for vhost-user, which has no engine (NewVhostMetrics)
 		snap := m.eng.Snapshot()
 		src.Snap = &snap
@@ -230,8 +229,8 @@ func b2f(v bool) float64 {
 
 // NewMetrics is the catalogue for eng and its port endpoint's counters (nm: the netmap
 // counters, or nil); health adds the stall gauges (nil: none). version is tapgro's.
-func NewMetrics(eng Snapshotter, ps *port.Stats, nm *netmapio.NetmapStats, health *HealthMonitor, version string) *Metrics {
-	m := &Metrics{eng: eng, port: ps, netmap: nm}
+func NewMetrics(eng Snapshotter, ps *port.Stats, own []port.Counter, health *HealthMonitor, version string) *Metrics {
+	m := &Metrics{eng: eng, port: ps, portCounters: own}
 	m.addDatapath()
 	m.addCoalescer()
 	m.addDevice(eng)
