@@ -35,17 +35,20 @@ type options struct {
 	udpGRO      bool
 	groFlush    string // "auto", "batch" or "timer"; timerFlush decides for a port
 	rscInterval time.Duration
-	maxFlows    int
-	offload     vnethdr.Choice
-	logLevel    logrus.Level
-	logFormat   string
-	metricsAddr string
-	pprof       bool
-	allowRemote bool
-	batch       int
-	procs       int           // --procs: GOMAXPROCS; 0 picks it (procsFor)
-	scaleProcs  bool          // procsFor's choice: package procscale follows the load
-	rx          rxpool.Config // --rx-*: the TAP→port receive pool
+	// callInterval moderates vhost-user's calls to the guest's receive queue under load
+	// (--call-interval; vhostnet.Config.CallInterval).
+	callInterval time.Duration
+	maxFlows     int
+	offload      vnethdr.Choice
+	logLevel     logrus.Level
+	logFormat    string
+	metricsAddr  string
+	pprof        bool
+	allowRemote  bool
+	batch        int
+	procs        int           // --procs: GOMAXPROCS; 0 picks it (procsFor)
+	scaleProcs   bool          // procsFor's choice: package procscale follows the load
+	rx           rxpool.Config // --rx-*: the TAP→port receive pool
 
 	// Operations (security.go, lifecycle.go, health.go).
 	socketMode  os.FileMode   // --socket-mode: UNIX socket paths tapgro creates
@@ -182,7 +185,8 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	var rxDelay time.Duration
 	fs.StringVar(&rxBuf, "rx-buf-size", "2048", "TAP->port receive pool: bytes per buffer (a frame spans ceil(len/size) buffers), e.g. 2048 or 4K")
 	fs.StringVar(&rxPool, "rx-pool-bytes", "4M", "TAP->port receive pool: total bytes, the hard cap on frames queued for the port, e.g. 4M")
-	fs.DurationVar(&rxDelay, "rx-flush-delay", rxpool.DefaultFlushDelay, "after the port was full and became writable: longest wait for more room before flushing (0: none); vhost-user: under load, at most one call to the guest's receive queue per this interval (0: one per batch)")
+	fs.DurationVar(&rxDelay, "rx-flush-delay", rxpool.DefaultFlushDelay, "after the port was full and became writable: longest wait for more room before flushing (0: none)")
+	fs.DurationVar(&o.callInterval, "call-interval", 500*time.Microsecond, "vhost-user: under load, at most one call (interrupt) to the guest's receive queue per this interval (0: one per batch)")
 	fs.StringVar(&rxThreshold, "rx-flush-threshold", "auto", "after the port was full: free send-buffer room that flushes at once, in bytes (e.g. 256K) or percent of the buffer (e.g. 50%); auto: room for everything queued, at most 50%")
 	fs.StringVar(&rxBatch, "rx-batch", "on", "batch frames to the port (on), or write every frame on its own (off: the baseline for measurements); vhost-user: off publishes and signals every frame")
 	if err := fs.Parse(args); err != nil {
@@ -228,6 +232,9 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	}
 	if o.groFlush != "auto" && o.groFlush != "batch" && o.groFlush != "timer" {
 		return nil, fmt.Errorf("--gro-flush %q: want auto, batch or timer", o.groFlush)
+	}
+	if o.callInterval < 0 || o.callInterval > time.Second {
+		return nil, fmt.Errorf("--call-interval %v: want 0..1s", o.callInterval)
 	}
 	if o.rscInterval <= 0 || o.rscInterval > time.Second {
 		return nil, fmt.Errorf("--rsc-interval %v: want a duration in (0, 1s]", o.rscInterval)

@@ -65,6 +65,12 @@ func TestParseFlags(t *testing.T) {
 				t.Errorf("--rx-flush-delay 0 = %v, want negative (no delay)", o.rx.FlushDelay)
 			}
 		}},
+		{"call-interval", []string{"--tap", "tap0", nd, "--call-interval", "200us", "--rx-flush-delay", "0"}, func(t *testing.T, o *options) {
+			// One flag, one meaning: the pool's delay no longer moves vhost-user's calls.
+			if o.callInterval != 200*time.Microsecond || o.rx.FlushDelay >= 0 {
+				t.Errorf("--call-interval 200us --rx-flush-delay 0 = %v, %v", o.callInterval, o.rx.FlushDelay)
+			}
+		}},
 		{"rx-flush-threshold bytes", []string{"--tap", "tap0", nd, "--rx-flush-threshold", "256K"}, func(t *testing.T, o *options) {
 			if o.rx.FlushThreshold != 256<<10 {
 				t.Errorf("--rx-flush-threshold 256K = %d", o.rx.FlushThreshold)
@@ -120,6 +126,7 @@ func TestParseFlags(t *testing.T) {
 		// 16 Mi descriptors and header slots (~3 GiB beside the slab): refused.
 		{"rx-pool too many buffers", []string{"--tap", "tap0", nd, "--rx-buf-size", "64", "--rx-pool-bytes", "1G"}, "2..262144 buffers"},
 		{"bad rx-flush-delay", []string{"--tap", "tap0", nd, "--rx-flush-delay", "2s"}, "--rx-flush-delay"},
+		{"bad call-interval", []string{"--tap", "tap0", nd, "--call-interval", "2s"}, "--call-interval"},
 		{"negative rx-flush-delay", []string{"--tap", "tap0", nd, "--rx-flush-delay", "-1ms"}, "--rx-flush-delay"},
 		{"bad rx-flush-threshold", []string{"--tap", "tap0", nd, "--rx-flush-threshold", "lots"}, "--rx-flush-threshold"},
 		{"bad rx-flush-threshold percent", []string{"--tap", "tap0", nd, "--rx-flush-threshold", "150%"}, "--rx-flush-threshold"},

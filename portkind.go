@@ -249,9 +249,9 @@ func openVhost(o *options, log *logrus.Logger) (k portKind, err error) {
 		// stream path's switches; --offload caps the TAP's read offloads.
 		GRO: o.gro, TimerFlush: o.timerFlush(true), RSCInterval: o.rscInterval, MaxFlows: o.maxFlows,
 		Offload: &offload,
-		// The receive pool's switches mean the same here: --rx-batch off notifies per
-		// frame, --rx-flush-delay bounds the calls to the guest under load.
-		PerFrame: o.rx.PerFrame, CallInterval: max(o.rx.FlushDelay, 0)})
+		// --rx-batch off notifies per frame, as the receive pool writes per frame;
+		// --call-interval bounds the calls to the guest under load.
+		PerFrame: o.rx.PerFrame, CallInterval: o.callInterval})
 	if err != nil {
 		return nil, err
 	}

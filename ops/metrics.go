@@ -169,7 +169,7 @@ func NewVhostMetrics(vn VhostNet, health *HealthMonitor, version string) *Metric
 	m.add("tapgro_vhost_tx_linearized_total", "vhost-user: guest frames of more segments than one writev takes, copied.", Counter, nil, u(st.Linearized.Load))
 	m.add("tapgro_vhost_kicks_total", "vhost-user: kick eventfd reads (the guest posted work).", Counter, nil, u(bs.Kicks.Load))
 	m.add("tapgro_vhost_calls_total", "vhost-user: call eventfd signals (interrupts to the guest).", Counter, nil, u(bs.Calls.Load))
-	m.add("tapgro_vhost_calls_deferred_total", "vhost-user: calls to the guest moderation held back (--rx-flush-delay); each was sent later, merged with the next, or found unneeded.", Counter, nil, u(bs.CallsDeferred.Load))
+	m.add("tapgro_vhost_calls_deferred_total", "vhost-user: calls to the guest moderation held back (--call-interval); each was sent later, merged with the next, or found unneeded.", Counter, nil, u(bs.CallsDeferred.Load))
 	m.add("tapgro_vhost_calls_dropped_total", "vhost-user: calls the front-end's call eventfd refused (its counter full); the count already in it wakes the guest.", Counter, nil, u(bs.CallsDropped.Load))
 	m.add("tapgro_vhost_messages_unknown_total", "vhost-user: front-end requests refused as unknown or not negotiated.", Counter, nil, u(bs.Unknown.Load))
 	m.add("tapgro_vhost_messages_failed_total", "vhost-user: front-end requests answered with a failure.", Counter, nil, u(bs.Failed.Load))

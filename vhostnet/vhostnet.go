@@ -147,7 +147,7 @@ type Config struct {
 	// asks (EVENT_IDX or VRING_AVAIL_F_NO_INTERRUPT). PerFrame publishes and signals
 	// every frame on its own (--rx-batch off: the baseline to measure against).
 	// CallInterval > 0 moderates the receive queues' calls under load to one per
-	// interval (--rx-flush-delay; vhostuser.Vring.SetCallModeration says what load is
+	// interval (--call-interval; vhostuser.Vring.SetCallModeration says what load is
 	// and why a call owed is never lost).
 	PerFrame     bool
 	CallInterval time.Duration

@@ -33,9 +33,9 @@ var qemuCases = []caseDef{
 	{"QEMU guest (TCG-bound) + tapgro GRO off", kindTapgro, []string{"--gro", "off"}},
 	{qemuVhostUserRow, kindVhostUser, nil},
 	// Notification: the default above moderates calls to the guest's receive queue
-	// under load (--rx-flush-delay, 500 µs); these two are the per-batch call without
+	// under load (--call-interval, 500 µs); these two are the per-batch call without
 	// moderation and the per-frame publish-and-call baseline (--rx-batch off).
-	{qemuVhostPerBatch, kindVhostUser, []string{"--rx-flush-delay", "0"}},
+	{qemuVhostPerBatch, kindVhostUser, []string{"--call-interval", "0"}},
 	{qemuVhostPerFrame, kindVhostUser, []string{"--rx-batch", "off"}},
 }
 
