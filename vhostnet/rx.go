@@ -184,16 +184,27 @@ func (n *Net) rxHeld(v *vhostuser.Vring, st *rxState, ringHL int) bool {
 		st.held = 0
 		return true
 	}
-	vhostuser.CopyTo(segs, st.bounce[:st.held])
-	n.rxDeliver(v, st, segs, st.held, ringHL)
+	// Checked in our own copy, before the guest can see (or change) it.
+	st.rd[0] = st.bounce[:st.held]
+	gso, ok := n.rxCheck(st.rd, st.hdr[:], ringHL)
+	st.rd[0] = nil
+	if ok {
+		vhostuser.CopyTo(segs, st.bounce[:st.held])
+	}
+	n.rxCommit(v, st, segs, st.held, ringHL, gso, ok)
 	st.held = 0
 	return true
 }
 
-// rxDeliver completes a frame of k bytes (header included) the TAP wrote, or rxHeld
-// copied, into segs.
+// rxDeliver completes a frame of k bytes (header included) the TAP wrote into segs.
 func (n *Net) rxDeliver(v *vhostuser.Vring, st *rxState, segs [][]byte, k, ringHL int) {
 	gso, ok := n.rxCheck(segs, st.hdr[:], ringHL)
+	n.rxCommit(v, st, segs, k, ringHL, gso, ok)
+}
+
+// rxCommit commits a checked frame, or hands its chains back and counts it if the
+// check refused it.
+func (n *Net) rxCommit(v *vhostuser.Vring, st *rxState, segs [][]byte, k, ringHL int, gso, ok bool) {
 	if !ok {
 		st.resv.release(v)
 		n.stats.Drops[DropRXOffload].Add(1)
