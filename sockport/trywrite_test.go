@@ -13,13 +13,7 @@ import (
 // never wait for a peer that does not read.
 func withTimeout(t *testing.T, limit time.Duration, what string, fn func()) {
 	t.Helper()
-	done := make(chan struct{})
-	go func() { defer close(done); fn() }()
-	select {
-	case <-done:
-	case <-time.After(limit):
-		t.Fatalf("%s blocked for more than %v", what, limit)
-	}
+	porttest.Within(t, limit, what, fn)
 }
 
 // fillStream calls TryWriteBatch until port.ErrWouldBlock and returns the frames sent and

@@ -111,3 +111,16 @@ func ReadFrames(t testing.TB, p port.Port, want [][]byte) {
 		}
 	}
 }
+
+// Within fails the test if fn, run on its own goroutine, takes longer than d: for calls
+// that must never wait for the peer.
+func Within(t testing.TB, d time.Duration, what string, fn func()) {
+	t.Helper()
+	done := make(chan struct{})
+	go func() { defer close(done); fn() }()
+	select {
+	case <-done:
+	case <-time.After(d):
+		t.Fatalf("%s blocked for more than %v", what, d)
+	}
+}

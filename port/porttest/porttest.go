@@ -316,13 +316,7 @@ func testBackend(t *testing.T, pair pairFunc) {
 // calls it makes must never wait for the peer. fn reports with t.Errorf.
 func within(t *testing.T, what string, fn func()) {
 	t.Helper()
-	done := make(chan struct{})
-	go func() { defer close(done); fn() }()
-	select {
-	case <-done:
-	case <-time.After(limit):
-		t.Fatalf("%s blocked for more than %v", what, limit)
-	}
+	Within(t, limit, what, fn)
 }
 
 // sendAll sends items with try (TryWriteBatch or TryWriteVecs), waiting with
