@@ -22,6 +22,7 @@ import (
 	"tapgro/datapath/datapathtest"
 	"tapgro/netdev"
 	"tapgro/ops"
+	"tapgro/port"
 	"tapgro/tapdev/taptest"
 	"tapgro/vnethdr"
 )
@@ -302,5 +303,5 @@ func TestCtlRefusalIsReadable(t *testing.T) {
 // offers every offload, negotiated for a plain port with --offload auto.
 func newCtlTest(t testing.TB) (*ops.CtlServer, *datapath.Engine, *taptest.TAP) {
 	eng, tap := datapathtest.NewEngine(t, vnethdr.OffloadCSUM|vnethdr.OffloadTSO4|vnethdr.OffloadTSO6|vnethdr.OffloadTSOECN|vnethdr.OffloadUSO, nil)
-	return ops.NewCtlServer(eng, "tg0", "unix:/test.sock", version, datapath.NopLogger{}), eng, tap
+	return ops.NewCtlServer(ops.EngineDatapath(eng, new(port.Stats), nil, "tg0", "unix:/test.sock"), version, datapath.NopLogger{}), eng, tap
 }

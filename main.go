@@ -165,10 +165,11 @@ func run(ctx context.Context, o *options, log *logrus.Logger) error {
 			log.WithFields(logrus.Fields{"from": from, "to": to, "cpus_used": fmt.Sprintf("%.2f", l.CPU), "both_ways": l.Parallel}).Debug("GOMAXPROCS rescaled")
 		})
 	}
-	h := k.health(o.healthStall)
+	dp := k.datapath()
+	h := ops.NewHealthMonitor(dp, o.healthStall)
 	go h.Run(ctx)
 	if o.metricsAddr != "" {
-		done, err := serveMetrics(o.metricsAddr, o.pprof, k.metrics(h), h, log)
+		done, err := serveMetrics(o.metricsAddr, o.pprof, ops.NewMetrics(dp, h, version), h, log)
 		if err != nil {
 			return err
 		}
@@ -182,7 +183,7 @@ func run(ctx context.Context, o *options, log *logrus.Logger) error {
 	}
 	// The control socket (ctl.go) is created before the privilege drop, in a directory
 	// only root may write, and chowned to --user's account.
-	stopCtl, err := startCtl(o, k.ctl(engineLogger{log}), log)
+	stopCtl, err := startCtl(o, ops.NewCtlServer(dp, version, engineLogger{log}), log)
 	if err != nil {
 		return err
 	}

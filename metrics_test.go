@@ -31,8 +31,8 @@ func TestMetricsDocumented(t *testing.T) {
 	e := datapathtest.NewStub()
 	e.Snap.TapToPort.Frames = 3
 	reg := prometheus.NewRegistry()
-	health := ops.NewHealthMonitor(e, time.Second)
-	if err := reg.Register(newPromCollector(ops.NewMetrics(e, new(port.Stats), new(netmapio.NetmapStats).Counters(), health, version))); err != nil {
+	dp := ops.EngineDatapath(e, new(port.Stats), new(netmapio.NetmapStats).Counters(), "tg0", "stub")
+	if err := reg.Register(newPromCollector(ops.NewMetrics(dp, ops.NewHealthMonitor(dp, time.Second), version))); err != nil {
 		t.Fatal(err)
 	}
 	fams, err := reg.Gather()
@@ -71,11 +71,12 @@ func TestVhostMetricsDocumented(t *testing.T) {
 	vn.st.TXFrames.Store(7)
 	vn.st.TXGSO.Store(3)
 	vn.bs.Sessions.Store(2)
+	dp := ops.VhostDatapath(vn, "tg0", "unix:/test.sock")
 	vn.bs.Rejected[vhostuser.RejectLoop].Store(1)
 	vn.st.GRO.Segments.Store(45)
 	vn.st.RSC.GSOOut.Store(4)
 	reg := prometheus.NewRegistry()
-	if err := reg.Register(newPromCollector(ops.NewVhostMetrics(vn, ops.NewVhostHealthMonitor(vn.st, time.Second), version))); err != nil {
+	if err := reg.Register(newPromCollector(ops.NewMetrics(dp, ops.NewHealthMonitor(dp, time.Second), version))); err != nil {
 		t.Fatal(err)
 	}
 	fams, err := reg.Gather()

@@ -27,9 +27,8 @@ import (
 type portKind interface {
 	// ready is the start-up line's fields and message.
 	ready() (logrus.Fields, string)
-	health(stall time.Duration) *ops.HealthMonitor
-	metrics(h *ops.HealthMonitor) *ops.Metrics
-	ctl(log ops.Logger) *ops.CtlServer
+	// datapath is what the operator surfaces (metrics, health, ctl) read and steer.
+	datapath() ops.Datapath
 	// delivered is the bytes each direction has delivered (procscale's load).
 	delivered() (tapToPort, portToTap uint64)
 	// problems is the periodic problem report's counters; nil: none.
@@ -143,20 +142,12 @@ func (e *engineKind) delivered() (uint64, uint64) {
 	return s.TapToPort.Bytes, s.PortToTap.Bytes
 }
 
-func (e *engineKind) health(stall time.Duration) *ops.HealthMonitor {
-	return ops.NewHealthMonitor(e.eng, stall)
-}
-
-func (e *engineKind) metrics(h *ops.HealthMonitor) *ops.Metrics {
+func (e *engineKind) datapath() ops.Datapath {
 	var own []port.Counter
 	if s, ok := e.ep.(port.CounterSource); ok {
 		own = s.Counters()
 	}
-	return ops.NewMetrics(e.eng, e.ep.Stats(), own, h, version)
-}
-
-func (e *engineKind) ctl(log ops.Logger) *ops.CtlServer {
-	return ops.NewCtlServer(e.eng, e.tap.Name(), e.ep.Addr(), version, log)
+	return ops.EngineDatapath(e.eng, e.ep.Stats(), own, e.tap.Name(), e.ep.Addr())
 }
 
 func (e *engineKind) problems() func() map[string]uint64 {
@@ -293,16 +284,8 @@ func (v *vhostKind) delivered() (uint64, uint64) {
 	return st.RXBytes.Load(), st.TXBytes.Load()
 }
 
-func (v *vhostKind) health(stall time.Duration) *ops.HealthMonitor {
-	return ops.NewVhostHealthMonitor(v.vn.Stats(), stall)
-}
-
-func (v *vhostKind) metrics(h *ops.HealthMonitor) *ops.Metrics {
-	return ops.NewVhostMetrics(v.vn, h, version)
-}
-
-func (v *vhostKind) ctl(log ops.Logger) *ops.CtlServer {
-	return ops.NewVhostCtlServer(v.vn, v.taps[0].Name(), v.addr, version, log)
+func (v *vhostKind) datapath() ops.Datapath {
+	return ops.VhostDatapath(v.vn, v.taps[0].Name(), v.addr)
 }
 
 func (v *vhostKind) problems() func() map[string]uint64 { return nil }

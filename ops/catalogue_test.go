@@ -14,16 +14,29 @@ import (
 
 // fakeVhost is a vhost-user datapath's operator surface without a TAP or a guest.
 type fakeVhost struct {
-	st  vhostnet.Stats
+	st  *vhostnet.Stats
 	bs  vhostuser.Stats
 	cap pcapio.Point
 }
 
-func (f *fakeVhost) Stats() *vhostnet.Stats         { return &f.st }
+func (f *fakeVhost) Stats() *vhostnet.Stats         { return f.st }
 func (f *fakeVhost) BackendStats() *vhostuser.Stats { return &f.bs }
 func (f *fakeVhost) State() vhostnet.State          { return vhostnet.State{Connected: true} }
 func (f *fakeVhost) Capture() *pcapio.Point         { return &f.cap }
 func (f *fakeVhost) SetCapture(string) error        { return nil }
+
+// vhostDatapath is a fake vhost-user datapath whose counters are st (nil: zero).
+func vhostDatapath(st *vhostnet.Stats) Datapath {
+	if st == nil {
+		st = new(vhostnet.Stats)
+	}
+	return VhostDatapath(&fakeVhost{st: st}, "tg0", "unix:/test.sock")
+}
+
+// engineDatapath is an engine (or its stub) as the operator surfaces see it.
+func engineDatapath(e Engine) Datapath {
+	return EngineDatapath(e, new(port.Stats), nil, "tg0", "unix:/test.sock")
+}
 
 type family struct{ help, labels string }
 
@@ -51,8 +64,9 @@ var sharedFamilies = []string{
 // counters under one name, with the same help and labels, and vhost-user keeps no
 // duplicate of them under a name of its own.
 func TestOneCatalogue(t *testing.T) {
-	eng := families(NewMetrics(datapathtest.NewStub(), new(port.Stats), nil, NewHealthMonitor(datapathtest.NewStub(), 0), "t"))
-	vh := families(NewVhostMetrics(new(fakeVhost), NewVhostHealthMonitor(new(vhostnet.Stats), 0), "t"))
+	edp, vdp := engineDatapath(datapathtest.NewStub()), vhostDatapath(nil)
+	eng := families(NewMetrics(edp, NewHealthMonitor(edp, 0), "t"))
+	vh := families(NewMetrics(vdp, NewHealthMonitor(vdp, 0), "t"))
 	for _, name := range sharedFamilies {
 		e, okE := eng[name]
 		v, okV := vh[name]

@@ -34,8 +34,9 @@ import (
 // word "offload" is optional before per-offload edits). The whole request is validated
 // before anything changes, so a bad request changes nothing.
 //
-// Changes go through the engine's switches (datapath.Engine): TUNSETOFFLOAD on the open
-// TAP, and atomics the port→TAP goroutine reads between two read batches. Neither
+// Changes go through the datapath's switches (Datapath; the engine's are datapath.Engine's:
+// TUNSETOFFLOAD on the open TAP, and atomics the port→TAP goroutine reads between two read
+// batches). Neither
 // touches the port connection, and the datapath decides per frame, so frames already
 // queued under the old setting are still handled right.
 //
@@ -54,29 +55,11 @@ const (
 	MaxResponse = 1 << 20
 )
 
-// Engine is what the control socket steers: datapath.Engine's switches and Snapshot.
-type Engine interface {
-	Snapshotter
-	SetGRO(on bool) *datapath.Negotiation
-	SetUDPGRO(on bool) *datapath.Negotiation
-	SetOffloads(c vnethdr.Choice) (vnethdr.Offloads, error)
-	SetCapture(side datapath.CaptureSide, path string) error
-}
-
-// Snapshotter is what the read-only surfaces (metrics, health) need of the engine.
-type Snapshotter interface{ Snapshot() datapath.Snapshot }
-
-var _ Engine = (*datapath.Engine)(nil)
-
-// CtlServer answers requests for one datapath: the engine (socket and netmap ports) or
-// vhost-user's. What a request may switch is a capability of the datapath (caps); a
-// request for one it lacks is refused with the reason before anything changes.
+// CtlServer answers requests for one Datapath. What a request may switch is the
+// datapath's to say (Datapath.refuse); a request for a switch it lacks is refused with
+// the reason before anything changes.
 type CtlServer struct {
-	eng    Engine   // the engine's switches (capOffloads, capGRO, capPcapTap); nil on vhost-user
-	vn     VhostNet // vhost-user's; nil on the engine
-	caps   ctlCaps
-	status func() *Status
-	pcap   func(side datapath.CaptureSide, path string) error
+	dp     Datapath
 	tap    string
 	listen string // the port's address, for status
 	log    Logger
@@ -87,32 +70,14 @@ type CtlServer struct {
 	busy  chan struct{} // connections being turned away
 }
 
-// NewCtlServer answers requests for eng. tap names the TAP and listen the port's address
-// in status replies; version is tapgro's.
-func NewCtlServer(eng Engine, tap, listen, version string, log Logger) *CtlServer {
-	s := newCtlServer(tap, listen, version, log)
-	s.eng, s.caps = eng, capOffloads|capGRO|capPcapTap|capPcapPort
-	s.status = s.engineStatus
-	s.pcap = eng.SetCapture
-	return s
+// NewCtlServer answers requests for dp; version is tapgro's.
+func NewCtlServer(dp Datapath, version string, log Logger) *CtlServer {
+	tap, listen := dp.names()
+	return &CtlServer{dp: dp, ver: version, tap: tap, listen: listen, log: log,
+		slots: make(chan struct{}, MaxConns), busy: make(chan struct{}, MaxConns)}
 }
 
-// NewVhostCtlServer answers requests for a vhost-user datapath: status, and capture of
-// the port side.
-func NewVhostCtlServer(vn VhostNet, tap, listen, version string, log Logger) *CtlServer {
-	s := newCtlServer(tap, listen, version, log)
-	s.vn, s.caps = vn, capPcapPort
-	s.status = s.vhostStatus
-	s.pcap = func(_ datapath.CaptureSide, path string) error { return vn.SetCapture(path) }
-	return s
-}
-
-func newCtlServer(tap, listen, version string, log Logger) *CtlServer {
-	return &CtlServer{ver: version, tap: tap, listen: listen, log: log, slots: make(chan struct{}, MaxConns),
-		busy: make(chan struct{}, MaxConns)}
-}
-
-// ctlCaps are the run-time switches a datapath has.
+// ctlCaps are the run-time switches a datapath may have.
 type ctlCaps uint8
 
 const (
@@ -122,14 +87,12 @@ const (
 	capPcapPort                     // pcap port=
 )
 
-// Refusals, for the switches a datapath lacks. vhost-user: the TAP's offloads follow
-// what the guest acked (SET_FEATURES), GRO toward the TAP and RSC toward the guest are
-// fixed at start (--gro), and a capture of the TAP side would show the port side's
-// frames again.
-var (
-	errNoOffloadSwitch = errors.New("vhost-user: the TAP's offloads follow the features the guest acked (SET_FEATURES), and GRO/RSC on this port are set at start (--gro), so there is nothing to switch at run time; `tapgro ctl status` shows them")
-	errNoPcapTap       = errors.New("vhost-user: capture has one side, port= (each frame as the guest sent or received it; the TAP sees the same frames)")
-)
+// status is the datapath's status with what the server knows added.
+func (s *CtlServer) status() *Status {
+	st := s.dp.status()
+	st.Version, st.Tap, st.Listen = s.ver, s.tap, s.listen
+	return st
+}
 
 // Serve answers connections on ln until it is closed.
 func (s *CtlServer) Serve(ln *net.UnixListener) {
@@ -241,11 +204,21 @@ func (s *CtlServer) handle(line string, who []any) *Response {
 	if req.status {
 		return &Response{OK: true, Status: s.status()}
 	}
-	switch {
-	case req.editsOffloads() && s.caps&capOffloads == 0, (req.gro != nil || req.udpGRO != nil) && s.caps&capGRO == 0:
-		return &Response{Error: errNoOffloadSwitch.Error()}
-	case req.pcapTap != nil && s.caps&capPcapTap == 0:
-		return &Response{Error: errNoPcapTap.Error()}
+	var need ctlCaps
+	if req.editsOffloads() {
+		need |= capOffloads
+	}
+	if req.gro != nil || req.udpGRO != nil {
+		need |= capGRO
+	}
+	if req.pcapTap != nil {
+		need |= capPcapTap
+	}
+	if req.pcapPort != nil {
+		need |= capPcapPort
+	}
+	if err := s.dp.refuse(need); err != nil {
+		return &Response{Error: err.Error()}
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -265,7 +238,7 @@ func (s *CtlServer) handle(line string, who []any) *Response {
 		}
 	}
 	if req.editsOffloads() {
-		set, err := s.eng.SetOffloads(choice)
+		set, err := s.dp.setOffloads(choice)
 		if err != nil {
 			s.log.Warn("ctl: cannot change the TAP's offloads", append(who, "error", err)...)
 			return &Response{Error: fmt.Sprintf("offloads %s: %v; the TAP keeps %s", choice, err, set)}
@@ -273,17 +246,23 @@ func (s *CtlServer) handle(line string, who []any) *Response {
 		resp.Applied = append(resp.Applied, s.describeOffloads(choice, set))
 	}
 	if req.gro != nil {
-		n := s.eng.SetGRO(*req.gro)
+		active, err := s.dp.setGRO(*req.gro)
+		if err != nil {
+			return &Response{Error: err.Error(), Applied: resp.Applied}
+		}
 		msg := "gro " + onoff.String(*req.gro)
-		if *req.gro && n.P2T&datapath.StepGRO == 0 {
+		if *req.gro && !active {
 			msg += ", but it stays inactive: the kernel refused a GSO write earlier (sticky until restart)"
 		}
 		resp.Applied = append(resp.Applied, msg)
 	}
 	if req.udpGRO != nil {
-		n := s.eng.SetUDPGRO(*req.udpGRO)
+		active, err := s.dp.setUDPGRO(*req.udpGRO)
+		if err != nil {
+			return &Response{Error: err.Error(), Applied: resp.Applied}
+		}
 		msg := "udp-gro " + onoff.String(*req.udpGRO)
-		if *req.udpGRO && n.P2T&datapath.StepUDPGRO == 0 {
+		if *req.udpGRO && !active {
 			msg += ", but it is inactive: it needs gro on and a TAP that accepts USO on write"
 		}
 		resp.Applied = append(resp.Applied, msg)
@@ -304,7 +283,7 @@ func (s *CtlServer) setPcap(req *request, resp *Response) error {
 		if x.path == nil {
 			continue
 		}
-		if err := s.pcap(x.side, *x.path); err != nil {
+		if err := s.dp.setCapture(x.side, *x.path); err != nil {
 			return fmt.Errorf("pcap %s: %w", x.name, err)
 		}
 		if *x.path == "" {
@@ -320,8 +299,7 @@ func (s *CtlServer) setPcap(req *request, resp *Response) error {
 // choice with its per-offload edits. Edits turn "auto" into the explicit set auto
 // stands for on this kernel, so `tso4=off` means "what I have, without tso4".
 func (s *CtlServer) editedChoice(req *request) (vnethdr.Choice, error) {
-	snap := s.eng.Snapshot()
-	c := snap.Offload
+	c, probed := s.dp.offloads()
 	if req.choice != nil {
 		c = *req.choice
 	}
@@ -330,7 +308,7 @@ func (s *CtlServer) editedChoice(req *request) (vnethdr.Choice, error) {
 	}
 	set := c.Set
 	if c.Auto {
-		set = datapath.AutoOffloads & snap.TapProbed
+		set = datapath.AutoOffloads & probed
 	}
 	set = (set | req.on) &^ req.off
 	if set != 0 && set&vnethdr.OffloadCSUM == 0 {
@@ -352,7 +330,7 @@ func (s *CtlServer) describeOffloads(c vnethdr.Choice, set vnethdr.Offloads) str
 	if missing == 0 {
 		return msg
 	}
-	probed := s.eng.Snapshot().TapProbed
+	_, probed := s.dp.offloads()
 	if k := missing &^ probed; k != 0 {
 		msg += fmt.Sprintf(" (%s: not offered by this kernel)", k)
 	}

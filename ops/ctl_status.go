@@ -7,89 +7,10 @@ import (
 
 	"tapgro/datapath"
 	"tapgro/onoff"
-	"tapgro/vhostnet"
-	"tapgro/virtio"
 )
 
 // What `tapgro ctl status` shows, built from the engine's Snapshot or from vhostnet's
 // state, and its text form.
-
-// vhostStatus is a vhost-user datapath's state.
-func (s *CtlServer) vhostStatus() *Status {
-	vs, st, bs := s.vn.State(), s.vn.Stats(), s.vn.BackendStats()
-	v := &VhostStatus{
-		Offered: virtio.Names(vs.Offered), HdrLen: vs.Acked.HdrLen,
-		TapOffloads: vs.TapOffloads.String(), GuestMTU: vs.GuestMTU,
-		Sessions: bs.Sessions.Load(), Kicks: bs.Kicks.Load(), Calls: bs.Calls.Load(),
-		RXStalls: st.RXStalls.Load(), GSOToTap: st.TXGSO.Load(), GSOToGuest: st.RXGSO.Load(),
-		QueuePairs: vs.QueuePairs, QueuesAttached: []int{},
-	}
-	for i, a := range vs.Attached {
-		if a {
-			v.QueuesAttached = append(v.QueuesAttached, i)
-		}
-	}
-	if vs.AckedValid {
-		v.Acked = virtio.Names(vs.Acked.Bits)
-	}
-	for r := range bs.Rejected {
-		v.Rejected += bs.Rejected[r].Load()
-	}
-	var txDrop, rxDrop uint64
-	for r := vhostnet.Drop(0); r < vhostnet.NumDrops; r++ {
-		if r.IsRX() {
-			rxDrop += st.Drops[r].Load()
-		} else {
-			txDrop += st.Drops[r].Load()
-		}
-	}
-	tx, rx := st.TXFrames.Load(), st.RXFrames.Load()
-	return &Status{
-		Version: s.ver, Tap: s.tap, Listen: s.listen, PortConnected: vs.Connected,
-		TapProbed: vs.TapProbed.String(), TapOffloads: v.TapOffloads,
-		PcapTap: "off", PcapPort: s.vn.Capture().Describe(),
-		Counters: Counters{
-			PortToTap: DirCounters{Reads: tx + txDrop, Frames: tx, Bytes: st.TXBytes.Load(), Dropped: txDrop},
-			TapToPort: DirCounters{Reads: rx + rxDrop, Frames: rx, Bytes: st.RXBytes.Load(), Dropped: rxDrop},
-		},
-		Vhost: v,
-	}
-}
-
-// engineStatus is the engine's state from one Snapshot.
-func (s *CtlServer) engineStatus() *Status {
-	snap := s.eng.Snapshot()
-	st := &Status{
-		Version: s.ver, Tap: s.tap, Listen: s.listen,
-		PortConnected: snap.Connected, Peer: snap.Peer,
-		GRO: snap.GROOn, GROKilled: snap.GROKilled, UDPGRO: snap.UDPGROOn,
-		OffloadsKilled: snap.OffloadsKilled.String(),
-		PcapTap:        snap.CaptureTap.State, PcapPort: snap.CapturePort.State,
-		OffloadChoice: snap.Offload.String(), TapProbed: snap.TapProbed.String(),
-	}
-	if n := snap.Negotiation; n != nil {
-		st.Negotiated = n.String()
-		st.TapOffloads = n.TapOffloads.String()
-		st.TapWrite = n.TapWrite.String()
-		st.PortState = n.Port.State
-		st.PortAccepts = n.Port.Accepts.String()
-		st.StepsTapToPort = n.T2P.String()
-		st.StepsPortToTap = n.P2T.String()
-		st.GROActive = n.P2T&datapath.StepGRO != 0
-		st.UDPGROActive = n.P2T&datapath.StepUDPGRO != 0
-	}
-	c := &st.Counters
-	t2p, p2t := &snap.TapToPort, &snap.PortToTap
-	c.TapToPort = DirCounters{Reads: t2p.Reads, Frames: t2p.Frames, Bytes: t2p.Bytes, Dropped: snap.Dropped(t2p)}
-	c.PortToTap = DirCounters{Reads: p2t.Reads, Frames: p2t.Frames, Bytes: p2t.Bytes, Dropped: snap.Dropped(p2t)}
-	if g := snap.GRO; g != nil {
-		c.GROSegments, c.GROPackets = g.Segments.Load(), g.Packets.Load()
-	}
-	c.GSOSegmented = t2p.GSOSegmented
-	c.CsumCompleted = t2p.CsumCompleted
-	c.GSOWriteFallback = p2t.GSOFallback
-	return st
-}
 
 // lines is status as "key: value" pairs in the order `tapgro ctl status` prints them.
 func (st *Status) lines() [][2]string {

@@ -90,7 +90,7 @@ func newCtlTestProbed(t testing.TB, probed vnethdr.Offloads) (*CtlServer, *datap
 	if _, fuzz := t.(*testing.F); fuzz {
 		log.t = nil // F.Log may not be called from the fuzz function
 	}
-	return NewCtlServer(eng, "tg0", "unix:/test.sock", "test", log), eng, tap
+	return NewCtlServer(engineDatapath(eng), "test", log), eng, tap
 }
 
 // The handler changes exactly what each request asks for, refuses bad requests without
@@ -171,7 +171,7 @@ func TestCtlStatusCounters(t *testing.T) {
 	e.Snap.PortToTap.Drops[datapath.DropTapEIO] = 1
 	e.Snap.GRO.Segments.Add(40)
 	e.Snap.GRO.Packets.Add(2)
-	s := NewCtlServer(e, "tg0", "unix:/test.sock", "test", datapath.NopLogger{})
+	s := NewCtlServer(engineDatapath(e), "test", datapath.NopLogger{})
 	st := s.status()
 	c := st.Counters
 	if !st.PortConnected || c.TapToPort.Frames != 7 || c.TapToPort.Bytes != 7000 || c.TapToPort.Dropped != 2 ||

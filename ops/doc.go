@@ -1,6 +1,10 @@
-// Package ops lets an operator see and steer a running tapgro. It reads the engine
-// (package datapath) only through its API: Snapshot for everything it shows, the
-// switches (SetGRO, SetUDPGRO, SetOffloads, SetCapture) for everything it changes.
+// Package ops lets an operator see and steer a running tapgro, whatever its port kind.
+// Each surface exists once and takes a Datapath (datapath.go): the engine's
+// (EngineDatapath, for the socket and netmap ports; it reads package datapath only
+// through its API, Snapshot for everything it shows and the switches SetGRO, SetUDPGRO,
+// SetOffloads and SetCapture for everything it changes) or vhost-user's (VhostDatapath,
+// vhostnet's counters). What differs between kinds lives in the kind's file
+// (dp_engine.go, dp_vhost.go); what they share, under one name, in shared.go.
 //
 // # Theory of operation
 //

@@ -7,10 +7,6 @@ import (
 	"strings"
 	"sync"
 	"time"
-
-	"tapgro/datapath"
-	"tapgro/rxpool"
-	"tapgro/vhostnet"
 )
 
 // A daemon that is alive but no longer forwards is the failure users of similar tools
@@ -24,7 +20,7 @@ import (
 //   - port→TAP has work while the port's socket has unread bytes (SIOCINQ); it has moved
 //     when a frame was read from the port.
 //
-// On a vhost-user port (NewVhostHealthMonitor) the same question is asked of vhostnet:
+// On a vhost-user port (VhostDatapath) the same question is asked of vhostnet:
 //
 //   - TAP→guest has work while the RX worker waits for the guest to post receive
 //     buffers with frames waiting in the TAP (vhostnet.Stats.RXWaiting); it has moved
@@ -76,64 +72,9 @@ type HealthMonitor struct {
 	dirs    []dirHealth // one per watch, same order every sample
 }
 
-// NewHealthMonitor watches the engine eng.
-func NewHealthMonitor(eng Snapshotter, stall time.Duration) *HealthMonitor {
-	return &HealthMonitor{probe: func(w []watch) []watch { return engineWork(eng, w) }, stall: stall}
-}
-
-// NewVhostHealthMonitor watches a vhost-user datapath's counters st, pair by pair.
-func NewVhostHealthMonitor(st *vhostnet.Stats, stall time.Duration) *HealthMonitor {
-	return &HealthMonitor{probe: func(w []watch) []watch { return vhostWork(st, w) }, stall: stall}
-}
-
-// vhostWork is NewVhostHealthMonitor's probe: each pair's wait flags and the counters
-// that move when its work gets done. Drops count as progress for every pair of their
-// direction (they are counted per port; a waiting worker drops nothing).
-func vhostWork(st *vhostnet.Stats, w []watch) []watch {
-	var drops [numDirs]uint64
-	for r := vhostnet.Drop(0); r < vhostnet.NumDrops; r++ {
-		if r.IsRX() {
-			drops[dirTapToPort] += st.Drops[r].Load()
-		} else {
-			drops[dirPortToTap] += st.Drops[r].Load()
-		}
-	}
-	for i := range st.Queues {
-		q := &st.Queues[i]
-		pair := ""
-		if len(st.Queues) > 1 {
-			pair = fmt.Sprintf(" (queue pair %d)", i)
-		}
-		rx := watch{dir: dirTapToPort, name: dirNames[dirTapToPort] + pair, progress: q.RXFrames.Load() + drops[dirTapToPort]}
-		if q.RXWaiting.Load() {
-			rx.pending, rx.detail = true, "frames wait in the TAP and the guest posts no receive buffers"
-		}
-		tx := watch{dir: dirPortToTap, name: dirNames[dirPortToTap] + pair, progress: q.TXFrames.Load() + drops[dirPortToTap]}
-		if q.TXWaiting.Load() {
-			tx.pending, tx.detail = true, "a guest frame waits for the TAP to take it"
-		}
-		w = append(w, rx, tx)
-	}
-	return w
-}
-
-// engineWork reads, from one Snapshot, whether each direction has work pending and the
-// counter that moves when it gets done.
-func engineWork(eng Snapshotter, w []watch) []watch {
-	snap := eng.Snapshot()
-	rs := snap.Pool
-	out := watch{dir: dirTapToPort, name: dirNames[dirTapToPort], progress: rs.FramesSent.Load() + snap.TapToPort.Drops[datapath.DropPortError]}
-	for d := rxpool.Drop(0); d < rxpool.NumDrops; d++ {
-		out.progress += rs.Drops[d].Load()
-	}
-	if inUse := rs.InUse.Load(); snap.Connected && inUse > 0 {
-		out.pending, out.detail = true, fmt.Sprintf("%d receive-pool buffers queued for the port", inUse)
-	}
-	in := watch{dir: dirPortToTap, name: dirNames[dirPortToTap], progress: snap.PortToTap.Reads}
-	if snap.PeerUnread > 0 {
-		in.pending, in.detail = true, fmt.Sprintf("%d bytes unread on the port", snap.PeerUnread)
-	}
-	return append(w, out, in)
+// NewHealthMonitor watches dp's directions (each queue pair's, where it has several).
+func NewHealthMonitor(dp Datapath, stall time.Duration) *HealthMonitor {
+	return &HealthMonitor{probe: dp.work, stall: stall}
 }
 
 func (h *HealthMonitor) sample(now time.Time) {

@@ -32,7 +32,7 @@ func (p *stubPort) ReadBatch([][]byte, []int) (int, error) { return 0, io.EOF }
 // as soon as it moves.
 func TestHealthStall(t *testing.T) {
 	e := datapathtest.NewStub()
-	h := NewHealthMonitor(e, 5*time.Second)
+	h := NewHealthMonitor(engineDatapath(e), 5*time.Second)
 	get := func() (int, string) {
 		w := httptest.NewRecorder()
 		h.ServeHTTP(w, httptest.NewRequest("GET", "/healthz", nil))
@@ -93,7 +93,7 @@ func TestHealthStall(t *testing.T) {
 // being dropped) ends it; and a TX wait for the TAP is watched the same way.
 func TestVhostHealthStall(t *testing.T) {
 	st := &vhostnet.Stats{Queues: make([]vhostnet.QueueStats, 1)}
-	h := NewVhostHealthMonitor(st, 5*time.Second)
+	h := NewHealthMonitor(vhostDatapath(st), 5*time.Second)
 	get := func() (int, string) {
 		w := httptest.NewRecorder()
 		h.ServeHTTP(w, httptest.NewRequest("GET", "/healthz", nil))
@@ -135,7 +135,7 @@ func TestVhostHealthStall(t *testing.T) {
 // pair's receive ring is a stall even while the other pair moves frames.
 func TestVhostHealthPerPair(t *testing.T) {
 	st := &vhostnet.Stats{Queues: make([]vhostnet.QueueStats, 2)}
-	h := NewVhostHealthMonitor(st, 5*time.Second)
+	h := NewHealthMonitor(vhostDatapath(st), 5*time.Second)
 	t0 := time.Unix(1000, 0)
 	h.sample(t0)
 	st.Queues[1].RXWaiting.Store(true)
@@ -163,9 +163,8 @@ func TestVhostHealthPerPair(t *testing.T) {
 func TestHealthMetricsDocumented(t *testing.T) {
 	e := datapathtest.NewStub()
 	e.Snap.Connected, e.Snap.Peer = true, "unix:/run/t.sock pid=1 uid=0 gid=0"
-	h := NewHealthMonitor(e, time.Second)
-	c := &Metrics{eng: e}
-	c.addHealth(h)
+	dp := engineDatapath(e)
+	c := NewMetrics(dp, NewHealthMonitor(dp, time.Second), "t")
 	readme, err := os.ReadFile("../docs/metrics.md")
 	if err != nil {
 		t.Fatal(err)

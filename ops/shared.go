@@ -4,7 +4,7 @@ import "tapgro/vnethdr"
 
 // The families every port kind exports under one name, with one help text, so that a
 // dashboard built on a stream port reads a vhost-user port unchanged. Each port kind's
-// catalogue (NewMetrics for the engine, NewVhostMetrics for vhost-user) feeds them from
+// Datapath.catalogue (dp_engine.go for the engine, dp_vhost.go for vhost-user) feeds them from
 // its own counters; what only one kind has keeps a name of its own (tapgro_vhost_*,
 // tapgro_netmap_*, tapgro_rx_* for the engine's receive pool). Directions are the
 // engine's: tap_to_port is TAP → peer (for vhost-user, TAP → guest), port_to_tap the

@@ -7,6 +7,9 @@ import (
 	"tapgro/vnethdr"
 )
 
+// The engine's own series (engineDP.catalogue), each read from the Snapshot Collect takes
+// once per scrape, or from the TAP's and the port's counters.
+
 func (m *Metrics) addDatapath() {
 	for _, d := range []struct {
 		dir string
@@ -100,8 +103,10 @@ func (m *Metrics) addGRO(gro func(*Source) *coalescer.Stats, hist bool) {
 	})
 }
 
-func (m *Metrics) addDevice(eng Snapshotter) {
-	ts := eng.Snapshot().Tap // the TAP's counters live as long as the engine
+// addDevice: the TAP's counters (snap.Tap) live as long as the engine, so one Snapshot
+// at start gives them.
+func (m *Metrics) addDevice(snap datapath.Snapshot) {
+	ts := snap.Tap
 	m.add("tapgro_tap_read_syscalls_total", "read(2) calls on the TAP.", Counter, nil, u(ts.ReadCalls.Load))
 	m.add("tapgro_tap_write_syscalls_total", "write(2) calls on the TAP.", Counter, nil, u(ts.WriteCalls.Load))
 	m.add("tapgro_tap_write_errors_total", "TAP writes refused, by errno.", Counter, Labels{"errno": "EINVAL"}, u(ts.WriteErrEINVAL.Load))
@@ -222,8 +227,8 @@ func (m *Metrics) addOffload() {
 		Counter, nil, u(m.port.ShmRingFull.Load))
 }
 
-func (m *Metrics) addHealth(h *HealthMonitor) {
-	m.addStalled(h)
+// addPeer is the connected peer's identity, a series present only while connected.
+func (m *Metrics) addPeer() {
 	m.custom = append(m.custom, func(src *Source) *Sample {
 		snap := src.Snap
 		if !snap.Connected {

@@ -1,0 +1,232 @@
+package ops
+
+import (
+	"errors"
+	"fmt"
+	"strconv"
+
+	"tapgro/coalescer"
+	"tapgro/datapath"
+	"tapgro/pcapio"
+	"tapgro/vhostnet"
+	"tapgro/vhostuser"
+	"tapgro/virtio"
+	"tapgro/vnethdr"
+)
+
+// VhostNet is what the operator surfaces read of a vhost-user datapath (*vhostnet.Net).
+type VhostNet interface {
+	Stats() *vhostnet.Stats
+	BackendStats() *vhostuser.Stats
+	State() vhostnet.State
+	Capture() *pcapio.Point
+	SetCapture(path string) error
+}
+
+var _ VhostNet = (*vhostnet.Net)(nil)
+
+// vhostDP is vhostnet behind --netdev vhost-user. It has no engine: its state is
+// vhostnet's and the back-end's counters. Directions are the engine's: port_to_tap is
+// guest → TAP (vhostnet TX), tap_to_port TAP → guest (RX); a session is a connection.
+type vhostDP struct {
+	vn          VhostNet
+	tap, listen string
+}
+
+// VhostDatapath is vn as the operator surfaces see it; tap names its (first) TAP queue
+// and listen is the vhost-user socket's address.
+func VhostDatapath(vn VhostNet, tap, listen string) Datapath {
+	return &vhostDP{vn: vn, tap: tap, listen: listen}
+}
+
+func (v *vhostDP) names() (string, string) { return v.tap, v.listen }
+
+// refuse: vhost-user has one switch, capture of the port side. The TAP's offloads follow
+// what the guest acked (SET_FEATURES), GRO toward the TAP and RSC toward the guest are
+// fixed at start (--gro), and a capture of the TAP side would show the port side's frames
+// again.
+func (v *vhostDP) refuse(need ctlCaps) error {
+	switch {
+	case need&(capOffloads|capGRO) != 0:
+		return errNoOffloadSwitch
+	case need&capPcapTap != 0:
+		return errNoPcapTap
+	}
+	return nil
+}
+
+var (
+	errNoOffloadSwitch = errors.New("vhost-user: the TAP's offloads follow the features the guest acked (SET_FEATURES), and GRO/RSC on this port are set at start (--gro), so there is nothing to switch at run time; `tapgro ctl status` shows them")
+	errNoPcapTap       = errors.New("vhost-user: capture has one side, port= (each frame as the guest sent or received it; the TAP sees the same frames)")
+)
+
+func (v *vhostDP) offloads() (vnethdr.Choice, vnethdr.Offloads) {
+	s := v.vn.State()
+	return vnethdr.Choice{Set: s.TapOffloads}, s.TapProbed
+}
+
+func (v *vhostDP) setOffloads(vnethdr.Choice) (vnethdr.Offloads, error) {
+	return v.vn.State().TapOffloads, errNoOffloadSwitch
+}
+func (v *vhostDP) setGRO(bool) (bool, error)    { return false, errNoOffloadSwitch }
+func (v *vhostDP) setUDPGRO(bool) (bool, error) { return false, errNoOffloadSwitch }
+
+func (v *vhostDP) setCapture(side datapath.CaptureSide, path string) error {
+	if side != datapath.CapturePort {
+		return errNoPcapTap
+	}
+	return v.vn.SetCapture(path)
+}
+
+// catalogue: the shared families first, fed from vhostnet's counters, then vhost-user's
+// own (tapgro_vhost_*).
+func (v *vhostDP) catalogue(m *Metrics) {
+	vn := v.vn
+	st, bs := vn.Stats(), vn.BackendStats()
+	for _, d := range []struct {
+		dir                string
+		frames, bytes, gso func() uint64
+	}{
+		{"port_to_tap", st.TXFrames.Load, st.TXBytes.Load, st.TXGSO.Load},
+		{"tap_to_port", st.RXFrames.Load, st.RXBytes.Load, st.RXGSO.Load},
+	} {
+		m.addFrames(d.dir, u(d.frames), u(d.bytes))
+		m.addGSOPassthrough(d.dir, u(d.gso))
+	}
+	for r := vhostnet.Drop(0); r < vhostnet.NumDrops; r++ {
+		m.addDropped(r.Dir(), r.String(), u(st.Drops[r].Load))
+	}
+	m.addConnected(func(*Source) float64 { return b2f(vn.State().Connected) })
+	m.addConnections(u(bs.Sessions.Load), u(bs.Ended.Load), u(bs.Refused.Load))
+	c := vn.Capture().Stats()
+	m.addPcap("port", u(c.Frames.Load), u(c.Dropped.Load))
+	// side=tap: what TUNSETOFFLOAD set; side=port: what the guest acked it can receive
+	// (while a session has acked). vhost-user kills no offload: the TAP's write path
+	// takes what the guest sends, validated.
+	m.addOffloadState(func(*Source) vnethdr.Offloads { return vn.State().TapOffloads },
+		func(*Source) vnethdr.Offloads {
+			if s := vn.State(); s.AckedValid {
+				return vhostnet.RXOffloads(s.Acked)
+			}
+			return 0
+		},
+		func(*Source) vnethdr.Offloads { return 0 })
+	// Per queue pair: the TAP steers each flow to one queue (drivers/net/tun.c
+	// tun_automq_select_queue), so these show how the flows spread over the pairs.
+	for i := range st.Queues {
+		q := &st.Queues[i]
+		ql := strconv.Itoa(i)
+		for _, d := range []struct {
+			dir           string
+			frames, bytes func() uint64
+		}{
+			{"port_to_tap", q.TXFrames.Load, q.TXBytes.Load},
+			{"tap_to_port", q.RXFrames.Load, q.RXBytes.Load},
+		} {
+			l := Labels{"queue": ql, "direction": d.dir}
+			m.add("tapgro_vhost_queue_frames_total", "vhost-user: frames moved by one queue pair (its rings and its TAP queue).", Counter, l, u(d.frames))
+			m.add("tapgro_vhost_queue_bytes_total", "vhost-user: Ethernet bytes moved by one queue pair, virtio-net header excluded.", Counter, l, u(d.bytes))
+		}
+		m.add("tapgro_vhost_queue_attached", "vhost-user: 1 while the queue pair's TAP queue is attached (the guest enabled the pair).", Gauge,
+			Labels{"queue": ql}, func(*Source) float64 { return b2f(q.Attached.Load()) })
+	}
+	for r := vhostuser.Reason(0); r < vhostuser.NumReasons; r++ {
+		m.add("tapgro_vhost_rejected_total", "vhost-user: chains or rings the guest broke, by reason (each stops that ring until the device is reset; a fault also ends the session).",
+			Counter, Labels{"reason": r.String()}, u(bs.Rejected[r].Load))
+	}
+	m.add("tapgro_vhost_rx_chains_total", "vhost-user: receive descriptor chains filled (more than frames with mergeable buffers).", Counter, nil, u(st.RXChains.Load))
+	m.add("tapgro_vhost_rx_stalls_total", "vhost-user: times TAP → guest waited for the guest to post buffers.", Counter, nil, u(st.RXStalls.Load))
+	m.add("tapgro_vhost_tx_blocked_total", "vhost-user: times guest → TAP waited for the TAP to take a frame.", Counter, nil, u(st.TXBlocked.Load))
+	m.add("tapgro_vhost_tx_linearized_total", "vhost-user: guest frames of more segments than one writev takes, copied.", Counter, nil, u(st.Linearized.Load))
+	m.add("tapgro_vhost_kicks_total", "vhost-user: kick eventfd reads (the guest posted work).", Counter, nil, u(bs.Kicks.Load))
+	m.add("tapgro_vhost_calls_total", "vhost-user: call eventfd signals (interrupts to the guest).", Counter, nil, u(bs.Calls.Load))
+	m.add("tapgro_vhost_calls_deferred_total", "vhost-user: calls to the guest moderation held back (--call-interval); each was sent later, merged with the next, or found unneeded.", Counter, nil, u(bs.CallsDeferred.Load))
+	m.add("tapgro_vhost_calls_dropped_total", "vhost-user: calls the front-end's call eventfd refused (its counter full); the count already in it wakes the guest.", Counter, nil, u(bs.CallsDropped.Load))
+	m.add("tapgro_vhost_messages_unknown_total", "vhost-user: front-end requests refused as unknown or not negotiated.", Counter, nil, u(bs.Unknown.Load))
+	m.add("tapgro_vhost_messages_failed_total", "vhost-user: front-end requests answered with a failure.", Counter, nil, u(bs.Failed.Load))
+	// GRO toward the TAP: the engine's series, same names and meaning, except the
+	// segments-per-packet histogram (segments_total / packets_total gives the mean;
+	// integration's TestQEMUVhostUser checks every scraped name, histogram suffixes
+	// included, against docs/metrics.md). RSC toward the guest has its own (the engine's
+	// are port → TAP only).
+	m.addGRO(func(*Source) *coalescer.Stats { return &st.GRO }, false)
+	rsc := &st.RSC
+	m.add("tapgro_vhost_rsc_segments_total", "vhost-user: frames from the TAP that entered the coalescer toward the guest.", Counter, nil, u(rsc.Segments.Load))
+	m.add("tapgro_vhost_rsc_packets_total", "vhost-user: packets the coalescer toward the guest handed to it (GSO packets and frames passed through).", Counter, nil, u(rsc.Packets.Load))
+	m.add("tapgro_vhost_rsc_coalesced_total", "vhost-user: TAP frames merged into an existing aggregate toward the guest.", Counter, nil, u(rsc.Coalesced.Load))
+	m.add("tapgro_vhost_rsc_gso_packets_total", "vhost-user: GSO packets (2 or more segments) the coalescer handed the guest.", Counter, nil, u(rsc.GSOOut.Load))
+}
+
+// work is each queue pair's wait flags and the counters that move when its work gets
+// done. Drops count as progress for every pair of their direction (they are counted per
+// port; a waiting worker drops nothing).
+func (v *vhostDP) work(w []watch) []watch {
+	st := v.vn.Stats()
+	var drops [numDirs]uint64
+	for r := vhostnet.Drop(0); r < vhostnet.NumDrops; r++ {
+		if r.IsRX() {
+			drops[dirTapToPort] += st.Drops[r].Load()
+		} else {
+			drops[dirPortToTap] += st.Drops[r].Load()
+		}
+	}
+	for i := range st.Queues {
+		q := &st.Queues[i]
+		pair := ""
+		if len(st.Queues) > 1 {
+			pair = fmt.Sprintf(" (queue pair %d)", i)
+		}
+		rx := watch{dir: dirTapToPort, name: dirNames[dirTapToPort] + pair, progress: q.RXFrames.Load() + drops[dirTapToPort]}
+		if q.RXWaiting.Load() {
+			rx.pending, rx.detail = true, "frames wait in the TAP and the guest posts no receive buffers"
+		}
+		tx := watch{dir: dirPortToTap, name: dirNames[dirPortToTap] + pair, progress: q.TXFrames.Load() + drops[dirPortToTap]}
+		if q.TXWaiting.Load() {
+			tx.pending, tx.detail = true, "a guest frame waits for the TAP to take it"
+		}
+		w = append(w, rx, tx)
+	}
+	return w
+}
+
+// status is vhost-user's part of `tapgro ctl status`.
+func (v *vhostDP) status() *Status {
+	vs, st, bs := v.vn.State(), v.vn.Stats(), v.vn.BackendStats()
+	vst := &VhostStatus{
+		Offered: virtio.Names(vs.Offered), HdrLen: vs.Acked.HdrLen,
+		TapOffloads: vs.TapOffloads.String(), GuestMTU: vs.GuestMTU,
+		Sessions: bs.Sessions.Load(), Kicks: bs.Kicks.Load(), Calls: bs.Calls.Load(),
+		RXStalls: st.RXStalls.Load(), GSOToTap: st.TXGSO.Load(), GSOToGuest: st.RXGSO.Load(),
+		QueuePairs: vs.QueuePairs, QueuesAttached: []int{},
+	}
+	for i, a := range vs.Attached {
+		if a {
+			vst.QueuesAttached = append(vst.QueuesAttached, i)
+		}
+	}
+	if vs.AckedValid {
+		vst.Acked = virtio.Names(vs.Acked.Bits)
+	}
+	for r := range bs.Rejected {
+		vst.Rejected += bs.Rejected[r].Load()
+	}
+	var txDrop, rxDrop uint64
+	for r := vhostnet.Drop(0); r < vhostnet.NumDrops; r++ {
+		if r.IsRX() {
+			rxDrop += st.Drops[r].Load()
+		} else {
+			txDrop += st.Drops[r].Load()
+		}
+	}
+	tx, rx := st.TXFrames.Load(), st.RXFrames.Load()
+	return &Status{
+		PortConnected: vs.Connected,
+		TapProbed:     vs.TapProbed.String(), TapOffloads: vst.TapOffloads,
+		PcapTap: "off", PcapPort: v.vn.Capture().Describe(),
+		Counters: Counters{
+			PortToTap: DirCounters{Reads: tx + txDrop, Frames: tx, Bytes: st.TXBytes.Load(), Dropped: txDrop},
+			TapToPort: DirCounters{Reads: rx + rxDrop, Frames: rx, Bytes: st.RXBytes.Load(), Dropped: rxDrop},
+		},
+		Vhost: vst,
+	}
+}
