@@ -43,7 +43,7 @@ func newReservation(ringSize int) *rxReservation {
 // exactly one chain, whatever its size (the caller checks the capacity it got); with
 // mrg it is all or nothing: if the ring runs out first, everything is handed back and
 // vhostuser.ErrEmpty returned. An uncommitted earlier reservation goes back first.
-func (r *rxReservation) reserve(v *vhostuser.Vring, need int, iov [][]byte, mrg bool) ([][]byte, int, error) {
+func (r *rxReservation) reserve(v vhostuser.Queue, need int, iov [][]byte, mrg bool) ([][]byte, int, error) {
 	r.release(v)
 	k, capTotal := 0, 0
 	for {
@@ -68,7 +68,7 @@ func (r *rxReservation) reserve(v *vhostuser.Vring, need int, iov [][]byte, mrg 
 }
 
 // release hands every reserved chain back to the ring (they are popped again later).
-func (r *rxReservation) release(v *vhostuser.Vring) {
+func (r *rxReservation) release(v vhostuser.Queue) {
 	if r.n > 0 {
 		v.Rewind(r.n)
 		r.n = 0
@@ -84,7 +84,7 @@ func (r *rxReservation) forget() { r.n = 0 }
 // chains not needed are handed back. It returns the number of chains used; End
 // publishes them with one used->idx store, so the guest never sees num_buffers before
 // the chains it counts.
-func (r *rxReservation) commit(v *vhostuser.Vring, n, hdrLen int) int {
+func (r *rxReservation) commit(v vhostuser.Queue, n, hdrLen int) int {
 	if r.n == 0 {
 		return 0
 	}

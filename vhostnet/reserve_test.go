@@ -18,10 +18,10 @@ import (
 // the real back-end, with no TAP.
 type echo struct {
 	vhostuser.NopHandler
-	rx, tx chan *vhostuser.Vring
+	rx, tx chan vhostuser.Queue
 }
 
-func (e *echo) RingStarted(v *vhostuser.Vring) {
+func (e *echo) RingStarted(v vhostuser.Queue) {
 	if isRX(v.Index()) {
 		e.rx <- v
 	} else {
@@ -40,7 +40,7 @@ func TestFrontendDouble(t *testing.T) {
 		{"legacy10", 1<<virtio.Version1 | 1<<virtio.NetMrgRxbuf, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			e := &echo{rx: make(chan *vhostuser.Vring, 1), tx: make(chan *vhostuser.Vring, 1)}
+			e := &echo{rx: make(chan vhostuser.Queue, 1), tx: make(chan vhostuser.Queue, 1)}
 			b, err := vhostuser.NewBackend(vhostuser.Config{
 				Features: 1<<virtio.Version1 | 1<<virtio.NetMrgRxbuf |
 					1<<virtio.RingEventIdx | 1<<virtio.RingIndirectDesc,
@@ -120,7 +120,7 @@ func TestFrontendDouble(t *testing.T) {
 // TestWaitMore: with chains available but too few, WaitMore sleeps until the driver
 // adds one and kicks (with EVENT_IDX it asks for that kick through avail_event).
 func TestWaitMore(t *testing.T) {
-	e := &echo{rx: make(chan *vhostuser.Vring, 1), tx: make(chan *vhostuser.Vring, 1)}
+	e := &echo{rx: make(chan vhostuser.Queue, 1), tx: make(chan vhostuser.Queue, 1)}
 	b, err := vhostuser.NewBackend(vhostuser.Config{
 		Features: 1<<virtio.Version1 | 1<<virtio.NetMrgRxbuf | 1<<virtio.RingEventIdx,
 		Rings:    2, Writable: isRX, HeaderLen: hdrLenFor, Handler: e})
@@ -162,9 +162,9 @@ func TestWaitMore(t *testing.T) {
 
 // startEcho starts a bare Backend configured as New configures it, with the double as
 // the front-end, and returns the session and its two started rings.
-func startEcho(t testing.TB, o vhostusertest.Options) (*vhostusertest.Session, *vhostuser.Vring, *vhostuser.Vring) {
+func startEcho(t testing.TB, o vhostusertest.Options) (*vhostusertest.Session, vhostuser.Queue, vhostuser.Queue) {
 	t.Helper()
-	e := &echo{rx: make(chan *vhostuser.Vring, 1), tx: make(chan *vhostuser.Vring, 1)}
+	e := &echo{rx: make(chan vhostuser.Queue, 1), tx: make(chan vhostuser.Queue, 1)}
 	b, err := vhostuser.NewBackend(vhostuser.Config{
 		Features: 1<<virtio.Version1 | 1<<virtio.NetMrgRxbuf | 1<<virtio.RingEventIdx | 1<<virtio.RingIndirectDesc,
 		Rings:    2, Writable: isRX, HeaderLen: hdrLenFor, Handler: e})
@@ -265,7 +265,7 @@ func TestReservationShortage(t *testing.T) {
 }
 
 // batch runs fn inside Begin/End on v.
-func batch(t *testing.T, v *vhostuser.Vring, fn func()) {
+func batch(t *testing.T, v vhostuser.Queue, fn func()) {
 	t.Helper()
 	if err := v.Begin(); err != nil {
 		t.Fatalf("Begin: %v", err)

@@ -43,7 +43,7 @@ const rscStash = 3
 type rxRSC struct {
 	n    *Net
 	q    *queuePair // the worker's pair: its TAP queue and counters
-	v    *vhostuser.Vring
+	v    vhostuser.Queue
 	c    *coalescer.Coalescer
 	buf  []byte         // [12 headroom][frame]: the TAP reads into buf[12-hl:]
 	rd   [][]byte       // TryReadv's one segment
@@ -63,7 +63,7 @@ type rxRSC struct {
 	interval int64 // --rsc-interval, ns
 }
 
-func (n *Net) newRXRSC(v *vhostuser.Vring, iov [][]byte, resv *rxReservation, q *queuePair) *rxRSC {
+func (n *Net) newRXRSC(v vhostuser.Queue, iov [][]byte, resv *rxReservation, q *queuePair) *rxRSC {
 	r := &rxRSC{n: n, q: q, v: v, buf: make([]byte, groHdrLen+MaxFrame+vnethdr.LenMrgRxbuf), rd: make([][]byte, 1), iov: iov, resv: resv}
 	for i := range r.stash {
 		r.stash[i] = make([]byte, 0, groHdrLen+MaxFrame)

@@ -88,7 +88,7 @@ func (n *Net) rxLoop(w *worker) {
 // rxBatch moves up to rxBudget frames from the TAP into the ring, under the read lock
 // (a fault in guest memory unwinds through it, releasing the lock, to the worker's
 // Guard), and says what the worker should wait for next.
-func (n *Net) rxBatch(v *vhostuser.Vring, st *rxState) int {
+func (n *Net) rxBatch(v vhostuser.Queue, st *rxState) int {
 	ringHL := v.HdrLen()
 	n.mu.RLock()
 	defer n.mu.RUnlock()
@@ -106,7 +106,7 @@ func (n *Net) rxBatch(v *vhostuser.Vring, st *rxState) int {
 	return state
 }
 
-func (n *Net) rxFrames(v *vhostuser.Vring, st *rxState, ringHL int) int {
+func (n *Net) rxFrames(v vhostuser.Queue, st *rxState, ringHL int) int {
 	if rsc := st.rsc; n.rscMode || (rsc != nil && rsc.pending()) {
 		// Coalescing toward the guest; also while packets from it are pending after
 		// the mode ended, so that nothing is overtaken.
@@ -172,7 +172,7 @@ func (n *Net) rxReadFailed(err error) int {
 
 // rxHeld moves the frame held in st.bounce into the ring, reserving exactly its length;
 // false if the ring has too few buffers still (the frame stays held).
-func (n *Net) rxHeld(v *vhostuser.Vring, st *rxState, ringHL int) bool {
+func (n *Net) rxHeld(v vhostuser.Queue, st *rxState, ringHL int) bool {
 	segs, capTot, err := st.resv.reserve(v, st.held, st.iov, n.mrg)
 	if err != nil {
 		return false
@@ -197,14 +197,14 @@ func (n *Net) rxHeld(v *vhostuser.Vring, st *rxState, ringHL int) bool {
 }
 
 // rxDeliver completes a frame of k bytes (header included) the TAP wrote into segs.
-func (n *Net) rxDeliver(v *vhostuser.Vring, st *rxState, segs [][]byte, k, ringHL int) {
+func (n *Net) rxDeliver(v vhostuser.Queue, st *rxState, segs [][]byte, k, ringHL int) {
 	gso, ok := n.rxCheck(segs, st.hdr[:], ringHL)
 	n.rxCommit(v, st, segs, k, ringHL, gso, ok)
 }
 
 // rxCommit commits a checked frame, or hands its chains back and counts it if the
 // check refused it.
-func (n *Net) rxCommit(v *vhostuser.Vring, st *rxState, segs [][]byte, k, ringHL int, gso, ok bool) {
+func (n *Net) rxCommit(v vhostuser.Queue, st *rxState, segs [][]byte, k, ringHL int, gso, ok bool) {
 	if !ok {
 		st.resv.release(v)
 		n.stats.Drops[DropRXOffload].Add(1)

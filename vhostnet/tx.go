@@ -75,7 +75,7 @@ func (n *Net) txLoop(w *worker) {
 // txBatch moves up to txBudget chains to the TAP under the read lock (a fault in guest
 // memory unwinds through it, releasing the lock, to the worker's Guard). blocked says
 // the TAP could not take a frame: the worker waits for it before the next batch.
-func (n *Net) txBatch(v *vhostuser.Vring, st *txState) (blocked bool, err error) {
+func (n *Net) txBatch(v vhostuser.Queue, st *txState) (blocked bool, err error) {
 	ringHL := v.HdrLen()
 	n.mu.RLock()
 	defer n.mu.RUnlock()

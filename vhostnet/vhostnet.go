@@ -196,7 +196,7 @@ type Net struct {
 	rscECN   bool             // GUEST_ECN acked: RSC may emit GSO_ECN (under mu)
 
 	wmu     sync.Mutex
-	workers map[*vhostuser.Vring]*worker
+	workers map[vhostuser.Queue]*worker
 
 	// waitMu orders the updates of the shared wait flags from several workers.
 	waitMu               sync.Mutex
@@ -239,7 +239,7 @@ func New(cfg Config) (*Net, error) {
 		}
 	}
 	n := &Net{stats: cfg.Stats, logf: cfg.Logf, mtu: cfg.MTU, pcapOpt: cfg.Pcap,
-		workers: map[*vhostuser.Vring]*worker{}}
+		workers: map[vhostuser.Queue]*worker{}}
 	if n.stats == nil {
 		n.stats = new(Stats)
 	}
@@ -443,7 +443,7 @@ func (n *Net) FeaturesAcked(f vhostuser.Features) {
 
 // worker is one ring's goroutine; q is its pair (the TAP queue it uses).
 type worker struct {
-	v    *vhostuser.Vring
+	v    vhostuser.Queue
 	q    *queuePair
 	stop atomic.Bool
 	done chan struct{}
@@ -452,7 +452,7 @@ type worker struct {
 // pair is ring v's queue pair: ring 2·i is pair i's RX, 2·i+1 its TX (virtio spec
 // "Network Device / Virtqueues"). The Backend has exactly 2·len(pairs) rings, so the
 // index is in range; nil otherwise, defensively.
-func (n *Net) pair(v *vhostuser.Vring) *queuePair {
+func (n *Net) pair(v vhostuser.Queue) *queuePair {
 	if i := v.Index() / 2; i >= 0 && i < len(n.pairs) {
 		return n.pairs[i]
 	}
@@ -461,7 +461,7 @@ func (n *Net) pair(v *vhostuser.Vring) *queuePair {
 
 // RingStarted starts the ring's worker on its pair's TAP queue. An RX ring that starts
 // enabled (no PROTOCOL_FEATURES: vhost-user.rst "Ring states") gets its queue attached.
-func (n *Net) RingStarted(v *vhostuser.Vring) {
+func (n *Net) RingStarted(v vhostuser.Queue) {
 	q := n.pair(v)
 	if q == nil {
 		return
@@ -488,7 +488,7 @@ func (n *Net) RingStarted(v *vhostuser.Vring) {
 // RingStopped joins the ring's worker. The ring is already stopped (Wait and Begin
 // return ErrStopped); a worker parked on the TAP is woken with a deadline in the past,
 // cleared once it has returned.
-func (n *Net) RingStopped(v *vhostuser.Vring) {
+func (n *Net) RingStopped(v vhostuser.Queue) {
 	n.wmu.Lock()
 	w := n.workers[v]
 	delete(n.workers, v)
@@ -520,7 +520,7 @@ func (n *Net) RingStopped(v *vhostuser.Vring) {
 // enables and disables both rings of a pair together (hw/virtio/vhost-user.c
 // vhost_user_set_vring_enable); the TX ring's state needs no TAP change, since TX on a
 // disabled ring is discarded before the TAP.
-func (n *Net) VringEnabled(v *vhostuser.Vring, on bool) {
+func (n *Net) VringEnabled(v vhostuser.Queue, on bool) {
 	if q := n.pair(v); q != nil && isRX(v.Index()) {
 		n.setAttached(q, on)
 	}

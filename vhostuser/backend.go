@@ -57,17 +57,17 @@ type Handler interface {
 	FeaturesAcked(f Features)
 	// RingStarted: the ring is running; the owner starts its worker, which loops on
 	// Wait / Begin … End until they return ErrStopped or ErrBroken.
-	RingStarted(v *Vring)
+	RingStarted(q Queue)
 	// RingStopped: the ring is stopped (GET_VRING_BASE, or the session ended). The
-	// owner must not use v after returning; join the worker here (it is already
+	// owner must not use q after returning; join the worker here (it is already
 	// being woken with ErrStopped).
-	RingStopped(v *Vring)
-	// VringEnabled reports SET_VRING_ENABLE for v (on: num 1), whether or not v is
+	RingStopped(q Queue)
+	// VringEnabled reports SET_VRING_ENABLE for q (on: num 1), whether or not q is
 	// running: QEMU sends it before the rings start and again whenever the guest
 	// changes its number of queue pairs (hw/net/virtio-net.c peer_attach/peer_detach →
 	// vhost_set_vring_enable). A started ring's Enabled follows it already; this is for
 	// an owner that maps the state onto something outside the ring (a TAP queue).
-	VringEnabled(v *Vring, on bool)
+	VringEnabled(q Queue, on bool)
 	// SetMTU reports NET_SET_MTU (only sent if Config.NetMTU); an error refuses it.
 	SetMTU(mtu int) error
 	// Unknown reports a request this back-end does not handle; the session goes on.
@@ -80,9 +80,9 @@ type Handler interface {
 type NopHandler struct{}
 
 func (NopHandler) FeaturesAcked(Features)    {}
-func (NopHandler) RingStarted(*Vring)        {}
-func (NopHandler) RingStopped(*Vring)        {}
-func (NopHandler) VringEnabled(*Vring, bool) {}
+func (NopHandler) RingStarted(Queue)        {}
+func (NopHandler) RingStopped(Queue)        {}
+func (NopHandler) VringEnabled(Queue, bool) {}
 func (NopHandler) SetMTU(int) error          { return nil }
 func (NopHandler) Unknown(uint32, int)       {}
 func (NopHandler) SessionEnded(error)        {}

@@ -44,10 +44,11 @@
 // descriptor checked, Push and Rewind; notify.go publishing and calls, with
 // moderation; wait.go sleeping for kicks. The descriptor table, avail ring and used ring
 // are each translated for their full size, event words included. A ring runs from
-// SET_VRING_KICK to GET_VRING_BASE (vhost-user.rst "Ring states"). Only the split layout
-// exists; a packed one (VIRTIO_F_RING_PACKED) would be a second batch.go / notify.go
-// pair behind the same Vring methods, and the device would not change: it sees chains
-// (Pop), used entries (Push) and hand-backs (Rewind), never ring indices.
+// SET_VRING_KICK to GET_VRING_BASE (vhost-user.rst "Ring states"). The device sees a
+// ring only as a Queue (queue.go): chains (Pop), used entries (Push), hand-backs
+// (Rewind), batches and waits, never ring indices. Vring is the split layout's Queue,
+// the only layout today; a packed one (VIRTIO_F_RING_PACKED) would be a second Queue the
+// session builds at start, and the device would not change.
 //
 // # Concurrency and unmapping
 //

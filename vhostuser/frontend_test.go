@@ -368,13 +368,15 @@ func (r *recorder) FeaturesAcked(f Features) {
 	r.feats = append(r.feats, f)
 	r.mu.Unlock()
 }
-func (r *recorder) RingStarted(v *Vring) {
+func (r *recorder) RingStarted(q Queue) {
+	v := q.(*Vring)
 	if r.onStart != nil {
 		r.onStart(v)
 	}
 	r.started <- v
 }
-func (r *recorder) RingStopped(v *Vring) {
+func (r *recorder) RingStopped(q Queue) {
+	v := q.(*Vring)
 	if r.onStop != nil {
 		r.onStop(v)
 	}
@@ -382,7 +384,7 @@ func (r *recorder) RingStopped(v *Vring) {
 	r.stopped = append(r.stopped, v.Index())
 	r.mu.Unlock()
 }
-func (r *recorder) VringEnabled(v *Vring, on bool) {
+func (r *recorder) VringEnabled(v Queue, on bool) {
 	r.mu.Lock()
 	r.enables = append(r.enables, VringState{uint32(v.Index()), map[bool]uint32{true: 1}[on]})
 	r.mu.Unlock()

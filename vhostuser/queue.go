@@ -1,0 +1,69 @@
+//go:build linux
+
+package vhostuser
+
+import "time"
+
+// Queue is a started virtqueue as a device's worker uses it, whatever the ring's memory
+// layout. The device (vhostnet) sees only this: the session hands each started ring to
+// the Handler as a Queue, so a second layout is a second implementation chosen by the
+// session, and the device does not change.
+//
+// The split layout (virtio spec 1.x §2.7 "Split Virtqueues") is Vring, the only one
+// tapgro offers today: the device leaves VIRTIO_F_RING_PACKED (34) out of its offer
+// (Config.Features; offering it is then one bit in vhostnet).
+// A packed ring (§2.8 "Packed Virtqueues") would be a type beside Vring keeping the same
+// contract — its descriptors carry the avail/used state and wrap counters instead of
+// the two index rings, its event suppression is the two structures of §2.8.10 instead
+// of VRING_F_NO_NOTIFY / EVENT_IDX's words — that the session builds instead of Vring at
+// start when the driver acked RING_PACKED. What is not the layout's stays shared:
+// configuration and fds (the session), guest memory and its fault handling (mem.go,
+// fault.go), kick waiting with the poll backoff (wait.go) and call moderation
+// (notify.go).
+//
+// The contract, for every layout: one worker uses a Queue, between Begin and End for
+// everything that touches guest memory; Pop returns chains in the driver's order with
+// every descriptor checked; Push reports them used in the order popped; nothing is
+// visible to the driver before End or Publish; a guest that breaks the protocol gets a
+// *RingError and the ring stops until the front-end resets it.
+type Queue interface {
+	// Index is the vhost-user ring index (SET_VRING_*'s index).
+	Index() int
+	// Writable reports whether the device writes this ring's chains (Config.Writable).
+	Writable() bool
+	// Enabled reports SET_VRING_ENABLE's state: a started, disabled ring is not served.
+	Enabled() bool
+	// HdrLen is the device's header length for this start's features; no chain shorter
+	// is popped.
+	HdrLen() int
+	// Num is the ring size: no more chains than this are ever outstanding.
+	Num() int
+
+	// Begin starts a batch; ErrStopped or ErrBroken end the worker.
+	Begin() error
+	// End hands back what was popped and not pushed, publishes, and notifies the driver
+	// at most once.
+	End()
+	// Pop takes the next available chain, filling iov[:cap(iov)] with views of guest
+	// memory valid until End; ErrEmpty when there is none.
+	Pop(iov [][]byte) (Chain, error)
+	// Push records chain head as used, with n bytes written into it.
+	Push(head uint16, n uint32)
+	// Rewind hands the last n popped, unpushed chains back, to be popped again.
+	Rewind(n int)
+	// Publish makes what was pushed visible to the driver now, within the batch.
+	Publish()
+
+	// Wait sleeps until the driver makes a chain available (or the ring stops).
+	Wait() error
+	// WaitMore sleeps until a chain beyond those the last Pop saw is available: for a
+	// worker whose reservation ran out part-way.
+	WaitMore() error
+	// SetCallModeration bounds the calls under load to one per d (0: none held back).
+	SetCallModeration(d time.Duration)
+	// Guard, deferred by a worker that touches guest memory, turns a fault there into
+	// the end of the session (fault.go) and sets *faulted.
+	Guard(faulted *bool)
+}
+
+var _ Queue = (*Vring)(nil)
