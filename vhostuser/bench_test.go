@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"tapgro/vhostuser/vuproto"
 )
 
 // republish puts heads back on the avail ring without the test allocator (0 allocs on
@@ -104,9 +106,9 @@ func BenchmarkIdlePolledRing(b *testing.B) {
 func benchIdleRing(b *testing.B, polled bool) {
 	h := startSession(b, opts{skipKick: true})
 	if polled {
-		h.fe.send(ReqSetVringKick, flagVersion, u64(1|vringFdNoFd))
+		h.fe.send(ReqSetVringKick, vuproto.FlagVersion, u64(1|vuproto.VringNoFd))
 	} else {
-		h.fe.send(ReqSetVringKick, flagVersion, u64(1), h.rings[1].kick)
+		h.fe.send(ReqSetVringKick, vuproto.FlagVersion, u64(1), h.rings[1].kick)
 	}
 	v := <-h.rec.started
 	done := make(chan struct{})

@@ -13,6 +13,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"tapgro/vhostuser/vuproto"
 	"tapgro/virtio"
 )
 
@@ -37,11 +38,11 @@ type guest struct {
 	t       testing.TB
 	fd      int
 	mem     []byte
-	regions []MemRegion
+	regions []vuproto.MemRegion
 	next    uint64 // bump allocator (GPA)
 }
 
-func newGuest(t testing.TB, layout []MemRegion) *guest {
+func newGuest(t testing.TB, layout []vuproto.MemRegion) *guest {
 	fd, err := unix.MemfdCreate("guest-ram", unix.MFD_CLOEXEC)
 	if err != nil {
 		t.Fatal(err)
@@ -64,8 +65,8 @@ func newGuest(t testing.TB, layout []MemRegion) *guest {
 }
 
 // measuredLayout is QEMU 7.2's two regions of one memfd for a pc machine.
-func measuredLayout() []MemRegion {
-	return []MemRegion{{GPA: 0, Size: regAEnd, MmapOffset: 0},
+func measuredLayout() []vuproto.MemRegion {
+	return []vuproto.MemRegion{{GPA: 0, Size: regAEnd, MmapOffset: 0},
 		{GPA: regBBase, Size: memSize - regBBase, MmapOffset: regBBase}}
 }
 
@@ -264,11 +265,11 @@ type frontend struct {
 }
 
 func (f *frontend) send(req, flags uint32, payload []byte, fds ...int) {
-	b := make([]byte, hdrSize+len(payload))
+	b := make([]byte, vuproto.HeaderSize+len(payload))
 	binary.LittleEndian.PutUint32(b, req)
 	binary.LittleEndian.PutUint32(b[4:], flags)
 	binary.LittleEndian.PutUint32(b[8:], uint32(len(payload)))
-	copy(b[hdrSize:], payload)
+	copy(b[vuproto.HeaderSize:], payload)
 	var oob []byte
 	if len(fds) > 0 {
 		oob = unix.UnixRights(fds...)
@@ -281,13 +282,13 @@ func (f *frontend) send(req, flags uint32, payload []byte, fds ...int) {
 // reply reads one reply and checks it the way QEMU 7.2 does (vhost_user_read_header:
 // flags exactly 0x5; vhost_user_read: same request, exact size).
 func (f *frontend) reply(req uint32, size int) []byte {
-	var h [hdrSize]byte
+	var h [vuproto.HeaderSize]byte
 	f.readFull(h[:])
 	if r := binary.LittleEndian.Uint32(h[:]); r != req {
 		f.t.Fatalf("reply to %d has request %d", req, r)
 	}
-	if fl := binary.LittleEndian.Uint32(h[4:]); fl != replyFlags {
-		f.t.Fatalf("reply flags %#x instead of %#x", fl, replyFlags)
+	if fl := binary.LittleEndian.Uint32(h[4:]); fl != vuproto.ReplyFlags {
+		f.t.Fatalf("reply flags %#x instead of %#x", fl, vuproto.ReplyFlags)
 	}
 	n := int(binary.LittleEndian.Uint32(h[8:]))
 	if n != size {
@@ -315,17 +316,17 @@ func state(i, n uint32) []byte {
 }
 
 func (f *frontend) get(req uint32) uint64 {
-	f.send(req, flagVersion, nil)
+	f.send(req, vuproto.FlagVersion, nil)
 	return binary.LittleEndian.Uint64(f.reply(req, 8))
 }
 
 // ack sends with NEED_REPLY and returns the REPLY_ACK value.
 func (f *frontend) ack(req uint32, payload []byte, fds ...int) uint64 {
-	f.send(req, flagVersion|flagNeedReply, payload, fds...)
+	f.send(req, vuproto.FlagVersion|vuproto.FlagNeedReply, payload, fds...)
 	return binary.LittleEndian.Uint64(f.reply(req, 8))
 }
 
-func memTablePayload(regs []MemRegion) []byte {
+func memTablePayload(regs []vuproto.MemRegion) []byte {
 	p := binary.LittleEndian.AppendUint32(nil, uint32(len(regs)))
 	p = binary.LittleEndian.AppendUint32(p, 0)
 	for _, r := range regs {
@@ -352,7 +353,7 @@ type recorder struct {
 	started chan *Vring
 	stopped []int
 	unknown []uint32
-	enables []VringState // SET_VRING_ENABLE as reported: ring index, 0 or 1
+	enables []vuproto.VringState // SET_VRING_ENABLE as reported: ring index, 0 or 1
 	mtu     int
 	ended   chan error
 	onStop  func(*Vring)
@@ -384,7 +385,7 @@ func (r *recorder) RingStopped(v *Vring) {
 }
 func (r *recorder) VringEnabled(v *Vring, on bool) {
 	r.mu.Lock()
-	r.enables = append(r.enables, VringState{uint32(v.Index()), map[bool]uint32{true: 1}[on]})
+	r.enables = append(r.enables, vuproto.VringState{Index: uint32(v.Index()), Num: map[bool]uint32{true: 1}[on]})
 	r.mu.Unlock()
 }
 func (r *recorder) SetMTU(m int) error { r.mu.Lock(); r.mtu = m; r.mu.Unlock(); return nil }
@@ -412,7 +413,7 @@ type opts struct {
 	ack      uint64 // guest-acked virtio bits; 0 = everything offered
 	pairs    int
 	num      int
-	layout   []MemRegion
+	layout   []vuproto.MemRegion
 	stats    *Stats
 	guest    *guest
 	noEnable bool
@@ -486,29 +487,29 @@ func startSession(t testing.TB, o opts) *harness {
 		}
 		proto := fe.get(ReqGetProtocolFeatures)
 		// QEMU 7.2 keeps offered ∩ bits 0–16, minus F_CONFIG for net.
-		fe.send(ReqSetProtocolFeatures, flagVersion, u64(proto&0x1ffff&^(1<<9)))
+		fe.send(ReqSetProtocolFeatures, vuproto.FlagVersion, u64(proto&0x1ffff&^(1<<9)))
 		if pair == 0 {
-			if proto&(1<<ProtoMQ) != 0 {
+			if proto&(1<<vuproto.ProtoMQ) != 0 {
 				if q := fe.get(ReqGetQueueNum); q != uint64(o.pairs) {
 					t.Fatalf("GET_QUEUE_NUM %d, want %d", q, o.pairs)
 				}
 			}
-			fe.send(ReqSetOwner, flagVersion, nil)
+			fe.send(ReqSetOwner, vuproto.FlagVersion, nil)
 		}
 		fe.get(ReqGetFeatures)
 		for _, i := range []int{2 * pair, 2*pair + 1} {
 			// QEMU's masked notifier, not the guest's: a throwaway eventfd.
 			efd, _ := unix.Eventfd(0, unix.EFD_NONBLOCK|unix.EFD_CLOEXEC)
-			fe.send(ReqSetVringCall, flagVersion, u64(uint64(i)), efd)
+			fe.send(ReqSetVringCall, vuproto.FlagVersion, u64(uint64(i)), efd)
 			unix.Close(efd)
-			fe.send(ReqSetVringErr, flagVersion, u64(uint64(i)), h.rings[i].errfd)
+			fe.send(ReqSetVringErr, vuproto.FlagVersion, u64(uint64(i)), h.rings[i].errfd)
 		}
 	}
 	// Step 2, device reset and feature writes: enable repeated.
 	if !o.noEnable {
 		for rep := 0; rep < 2; rep++ {
 			for i := 0; i < nrings; i++ {
-				fe.send(ReqSetVringEnable, flagVersion, state(uint32(i), 1))
+				fe.send(ReqSetVringEnable, vuproto.FlagVersion, state(uint32(i), 1))
 			}
 		}
 	}
@@ -525,10 +526,10 @@ func startSession(t testing.TB, o opts) *harness {
 	}
 	if !o.noEnable {
 		for i := 0; i < nrings; i++ {
-			fe.send(ReqSetVringEnable, flagVersion, state(uint32(i), 1))
+			fe.send(ReqSetVringEnable, vuproto.FlagVersion, state(uint32(i), 1))
 		}
 	}
-	fe.send(ReqSetFeatures, flagVersion, u64(ack|1<<virtio.VhostUserProtocolFeatures))
+	fe.send(ReqSetFeatures, vuproto.FlagVersion, u64(ack|1<<virtio.VhostUserProtocolFeatures))
 	// SET_MEM_TABLE: flags 0x9 always in 7.2, one fd per region (the same memfd).
 	fds := make([]int, len(h.g.regions))
 	for i := range fds {
@@ -538,14 +539,14 @@ func startSession(t testing.TB, o opts) *harness {
 		t.Fatalf("SET_MEM_TABLE ack %d", r)
 	}
 	for i, r := range h.rings {
-		fe.send(ReqSetVringNum, flagVersion, state(uint32(i), uint32(o.num)))
-		fe.send(ReqSetVringBase, flagVersion, state(uint32(i), 0))
-		fe.send(ReqSetVringAddr, flagVersion, addrPayload(r))
+		fe.send(ReqSetVringNum, vuproto.FlagVersion, state(uint32(i), uint32(o.num)))
+		fe.send(ReqSetVringBase, vuproto.FlagVersion, state(uint32(i), 0))
+		fe.send(ReqSetVringAddr, vuproto.FlagVersion, addrPayload(r))
 		if o.skipKick {
 			continue
 		}
-		fe.send(ReqSetVringKick, flagVersion, u64(uint64(i)), r.kick)
-		fe.send(ReqSetVringCall, flagVersion, u64(uint64(i)), r.call)
+		fe.send(ReqSetVringKick, vuproto.FlagVersion, u64(uint64(i)), r.kick)
+		fe.send(ReqSetVringCall, vuproto.FlagVersion, u64(uint64(i)), r.call)
 	}
 	// A GET_FEATURES round trip is QEMU's own sync barrier; after it every ring that
 	// is going to start has started.
@@ -568,7 +569,7 @@ func startSession(t testing.TB, o opts) *harness {
 func (h *harness) stop() []uint32 {
 	var out []uint32
 	for i := range h.rings {
-		h.fe.send(ReqGetVringBase, flagVersion, state(uint32(i), 0))
+		h.fe.send(ReqGetVringBase, vuproto.FlagVersion, state(uint32(i), 0))
 		p := h.fe.reply(ReqGetVringBase, 8)
 		if binary.LittleEndian.Uint32(p) != uint32(i) {
 			h.t.Fatalf("GET_VRING_BASE reply index %d", binary.LittleEndian.Uint32(p))

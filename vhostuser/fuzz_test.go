@@ -11,6 +11,8 @@ import (
 	"testing"
 
 	"golang.org/x/sys/unix"
+
+	"tapgro/vhostuser/vuproto"
 )
 
 // FuzzDecode feeds arbitrary bytes to the header parser, the size/fd rules and the
@@ -32,18 +34,18 @@ func FuzzDecode(f *testing.F) {
 	f.Add(seed(ReqGetVringBase, 1, state(1, 0), 0))
 	f.Add(seed(99, 9, []byte{1, 2, 3}, 3))
 	f.Fuzz(func(t *testing.T, data []byte) {
-		if len(data) < hdrSize+1 {
+		if len(data) < vuproto.HeaderSize+1 {
 			return
 		}
 		nfds := int(data[len(data)-1] % (maxFds + 1))
-		req, flags, size, err := parseHeader(data[:hdrSize])
+		req, flags, size, err := parseHeader(data[:vuproto.HeaderSize])
 		if err != nil {
 			return
 		}
-		if size > maxPayload || flags&flagReply != 0 {
+		if size > maxPayload || flags&vuproto.FlagReply != 0 {
 			t.Fatalf("header accepted: size %d flags %#x", size, flags)
 		}
-		p := data[hdrSize : len(data)-1]
+		p := data[vuproto.HeaderSize : len(data)-1]
 		if uint32(len(p)) < size {
 			return
 		}
@@ -57,7 +59,7 @@ func FuzzDecode(f *testing.F) {
 		switch sizeRule(req) {
 		case -1:
 			mt, err := decodeMemTable(p)
-			if err != nil || mt.N != nfds || mt.N < 1 || mt.N > maxRegions {
+			if err != nil || mt.N != nfds || mt.N < 1 || mt.N > vuproto.MaxRegions {
 				t.Fatalf("memory table: %v n=%d fds=%d", err, mt.N, nfds)
 			}
 			if q := memTablePayload(mt.Regions[:mt.N]); string(q[8:]) != string(p[8:]) {
@@ -106,7 +108,7 @@ func getFuzzEnv(t testing.TB) *fuzzEnv {
 		e := &fuzzEnv{}
 		// Not t: the environment outlives one execution (its cleanup would unmap it).
 		e.g = newGuestNoCleanup(t, measuredLayout())
-		var mt MemTable
+		var mt vuproto.MemTable
 		mt.N = len(e.g.regions)
 		copy(mt.Regions[:], e.g.regions)
 		fds := make([]int, mt.N)
@@ -128,7 +130,7 @@ func getFuzzEnv(t testing.TB) *fuzzEnv {
 	return fuzzE
 }
 
-func newGuestNoCleanup(t testing.TB, layout []MemRegion) *guest {
+func newGuestNoCleanup(t testing.TB, layout []vuproto.MemRegion) *guest {
 	fd, err := unix.MemfdCreate("fuzz-ram", unix.MFD_CLOEXEC)
 	if err != nil {
 		t.Fatal(err)
@@ -217,7 +219,7 @@ func FuzzChain(f *testing.F) {
 		}
 		v := newVring(idx, idx == 0, &e.stats)
 		v.num = uint32(num)
-		v.addr = VringAddr{Index: uint32(idx), Desc: r.g.qva(r.descA), Used: r.g.qva(r.usedA), Avail: r.g.qva(r.availA)}
+		v.addr = vuproto.VringAddr{Index: uint32(idx), Desc: r.g.qva(r.descA), Used: r.g.qva(r.usedA), Avail: r.g.qva(r.availA)}
 		v.addrSet = true
 		v.base = base
 		v.mu.Lock()
@@ -364,8 +366,8 @@ func FuzzMemTable(f *testing.F) {
 		if len(data) < 1 {
 			return
 		}
-		var mt MemTable
-		mt.N = int(data[0]%maxRegions) + 1
+		var mt vuproto.MemTable
+		mt.N = int(data[0]%vuproto.MaxRegions) + 1
 		data = data[1:]
 		if len(data) < 33*mt.N {
 			return
@@ -374,7 +376,7 @@ func FuzzMemTable(f *testing.F) {
 		use := make([]memFuzzFile, mt.N)
 		for i := 0; i < mt.N; i++ {
 			p := data[33*i:]
-			r := MemRegion{GPA: binary.LittleEndian.Uint64(p), Size: binary.LittleEndian.Uint64(p[8:]),
+			r := vuproto.MemRegion{GPA: binary.LittleEndian.Uint64(p), Size: binary.LittleEndian.Uint64(p[8:]),
 				UserAddr: binary.LittleEndian.Uint64(p[16:]), MmapOffset: binary.LittleEndian.Uint64(p[24:])}
 			fb := p[32]
 			if fb&0x80 == 0 {

@@ -16,6 +16,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"tapgro/vhostuser/vuproto"
 )
 
 // These tests play a hostile front-end: each case breaks tapgro's assumptions about the
@@ -94,25 +96,25 @@ func TestMemTableRefused(t *testing.T) {
 	small.Truncate(1 << 20)
 	for _, tc := range []struct {
 		name string
-		regs func(g *guest) []MemRegion
+		regs func(g *guest) []vuproto.MemRegion
 		fd   func(t *testing.T) int
 	}{
-		{"offset past the end", func(g *guest) []MemRegion {
-			return []MemRegion{{GPA: 0, Size: 0x1000, UserAddr: g.regions[0].UserAddr, MmapOffset: memSize + 0x1000}}
+		{"offset past the end", func(g *guest) []vuproto.MemRegion {
+			return []vuproto.MemRegion{{GPA: 0, Size: 0x1000, UserAddr: g.regions[0].UserAddr, MmapOffset: memSize + 0x1000}}
 		}, nil},
-		{"region past the memfd, rings there", func(g *guest) []MemRegion {
+		{"region past the memfd, rings there", func(g *guest) []vuproto.MemRegion {
 			r := g.regions
-			return []MemRegion{r[0], {GPA: r[1].GPA, Size: 2 * memSize, UserAddr: r[1].UserAddr, MmapOffset: r[1].MmapOffset}}
+			return []vuproto.MemRegion{r[0], {GPA: r[1].GPA, Size: 2 * memSize, UserAddr: r[1].UserAddr, MmapOffset: r[1].MmapOffset}}
 		}, nil},
-		{"region past the memfd, buffers only", func(g *guest) []MemRegion {
+		{"region past the memfd, buffers only", func(g *guest) []vuproto.MemRegion {
 			r := g.regions
-			return []MemRegion{r[0], {GPA: r[1].GPA, Size: r[1].Size + 0x1000, UserAddr: r[1].UserAddr, MmapOffset: r[1].MmapOffset}}
+			return []vuproto.MemRegion{r[0], {GPA: r[1].GPA, Size: r[1].Size + 0x1000, UserAddr: r[1].UserAddr, MmapOffset: r[1].MmapOffset}}
 		}, nil},
-		{"regular file smaller than the region", func(g *guest) []MemRegion {
-			return []MemRegion{{GPA: 0, Size: 2 << 20, UserAddr: g.regions[0].UserAddr}}
+		{"regular file smaller than the region", func(g *guest) []vuproto.MemRegion {
+			return []vuproto.MemRegion{{GPA: 0, Size: 2 << 20, UserAddr: g.regions[0].UserAddr}}
 		}, func(*testing.T) int { return int(small.Fd()) }},
-		{"a pipe", func(g *guest) []MemRegion {
-			return []MemRegion{{GPA: 0, Size: 0x1000, UserAddr: g.regions[0].UserAddr}}
+		{"a pipe", func(g *guest) []vuproto.MemRegion {
+			return []vuproto.MemRegion{{GPA: 0, Size: 0x1000, UserAddr: g.regions[0].UserAddr}}
 		}, func(t *testing.T) int {
 			var p [2]int
 			unix.Pipe2(p[:], unix.O_CLOEXEC)
@@ -203,7 +205,7 @@ func TestGuestMemoryFault(t *testing.T) {
 		{"truncated after SET_MEM_TABLE", func(t *testing.T, h *harness) {
 			unix.Ftruncate(h.g.fd, 0x100000) // the rings go
 			r := h.rings[1]
-			h.fe.send(ReqSetVringKick, flagVersion, u64(1), r.kick) // the session ends at once
+			h.fe.send(ReqSetVringKick, vuproto.FlagVersion, u64(1), r.kick) // the session ends at once
 		}, true},
 		{"truncated under running rings", func(t *testing.T, h *harness) {
 			r := h.rings[1]
@@ -338,7 +340,7 @@ func TestRingFdsMustBeEventfds(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			h := startSession(t, opts{})
 			start := time.Now()
-			h.fe.send(tc.req, flagVersion, u64(1), tc.fd(t))
+			h.fe.send(tc.req, vuproto.FlagVersion, u64(1), tc.fd(t))
 			var err error
 			select {
 			case err = <-h.done:
@@ -384,7 +386,7 @@ func TestSaturatedEventfds(t *testing.T) {
 		{"call", func(t *testing.T, h *harness) {
 			r, v := h.rings[1], h.vr[1]
 			fd := saturated(t)
-			h.fe.send(ReqSetVringCall, flagVersion, u64(1), fd)
+			h.fe.send(ReqSetVringCall, vuproto.FlagVersion, u64(1), fd)
 			unix.Close(fd) // nobody else will ever read it
 			h.fe.get(ReqGetFeatures)
 			r.publish(r.addChain([]seg{{h.g.alloc(256, 64), 100, false}}))
@@ -411,13 +413,13 @@ func TestSaturatedEventfds(t *testing.T) {
 			})
 			fd := saturated(t)
 			// Entries are published, so the new fd is signalled at once.
-			h.fe.send(ReqSetVringCall, flagVersion, u64(1), fd)
+			h.fe.send(ReqSetVringCall, vuproto.FlagVersion, u64(1), fd)
 			unix.Close(fd)
 		}},
 		{"err", func(t *testing.T, h *harness) {
 			r, v := h.rings[1], h.vr[1]
 			fd := saturated(t)
-			h.fe.send(ReqSetVringErr, flagVersion, u64(1), fd)
+			h.fe.send(ReqSetVringErr, vuproto.FlagVersion, u64(1), fd)
 			unix.Close(fd)
 			h.fe.get(ReqGetFeatures)
 			r.publish(uint16(r.num + 3)) // a head out of range: the ring breaks, err is signalled
@@ -504,8 +506,8 @@ func TestPollBackoff(t *testing.T) {
 // SET_VRING_BASE set, as libvhost-user, DPDK and rust-vmm do.
 func TestBaseOfUnstartedRing(t *testing.T) {
 	h := startSession(t, opts{skipKick: true})
-	h.fe.send(ReqSetVringBase, flagVersion, state(0, 77))
-	h.fe.send(ReqGetVringBase, flagVersion, state(0, 0))
+	h.fe.send(ReqSetVringBase, vuproto.FlagVersion, state(0, 77))
+	h.fe.send(ReqGetVringBase, vuproto.FlagVersion, state(0, 0))
 	p := h.fe.reply(ReqGetVringBase, 8)
 	if got := binary.LittleEndian.Uint32(p[4:]); got != 77 {
 		t.Fatalf("GET_VRING_BASE of an unstarted ring: %d, want 77", got)
@@ -577,9 +579,9 @@ func TestUnsealedMemfdReported(t *testing.T) {
 	if _, err := unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, unix.F_SEAL_SHRINK|unix.F_SEAL_GROW); err != nil {
 		t.Fatal(err)
 	}
-	var mt MemTable
+	var mt vuproto.MemTable
 	mt.N = 1
-	mt.Regions[0] = MemRegion{GPA: 0, Size: 1 << 20, UserAddr: 1 << 30}
+	mt.Regions[0] = vuproto.MemRegion{GPA: 0, Size: 1 << 20, UserAddr: 1 << 30}
 	dup, _ := unix.Dup(fd)
 	g, warn, err := mapMemTable(&mt, []int{dup})
 	if err != nil || warn != "" {

@@ -8,6 +8,7 @@ import (
 	"math"
 	"testing"
 
+	"tapgro/vhostuser/vuproto"
 	"tapgro/virtio"
 )
 
@@ -249,8 +250,8 @@ func TestRingAddr(t *testing.T) {
 			r := h.rings[1]
 			p := addrPayload(r)
 			tc.mod(p, r)
-			h.fe.send(ReqSetVringAddr, flagVersion, p)
-			h.fe.send(ReqSetVringKick, flagVersion, u64(1), r.kick)
+			h.fe.send(ReqSetVringAddr, vuproto.FlagVersion, p)
+			h.fe.send(ReqSetVringKick, vuproto.FlagVersion, u64(1), r.kick)
 			h.fe.get(ReqGetFeatures)
 			if n := stats.Rejected[RejectRingAddr].Load(); n != 1 {
 				t.Fatalf("ring_addr = %d", n)

@@ -12,6 +12,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"tapgro/vhostuser/vuproto"
 	"tapgro/virtio"
 )
 
@@ -84,9 +85,9 @@ func TestRestartResumes(t *testing.T) {
 	}
 	kick, _ := unix.Eventfd(1, unix.EFD_NONBLOCK|unix.EFD_CLOEXEC)
 	defer unix.Close(kick)
-	h.fe.send(ReqSetVringBase, flagVersion, state(1, b[1]))
-	h.fe.send(ReqSetVringKick, flagVersion, u64(1), kick)
-	h.fe.send(ReqSetVringCall, flagVersion, u64(1), r.call)
+	h.fe.send(ReqSetVringBase, vuproto.FlagVersion, state(1, b[1]))
+	h.fe.send(ReqSetVringKick, vuproto.FlagVersion, u64(1), kick)
+	h.fe.send(ReqSetVringCall, vuproto.FlagVersion, u64(1), r.call)
 	v2 := <-h.rec.started
 	if v2 != v {
 		t.Fatal("different Vring")
@@ -113,7 +114,7 @@ func TestMultiqueue(t *testing.T) {
 	if len(h.vr) != 4 {
 		t.Fatalf("%d rings", len(h.vr))
 	}
-	if p := h.fe.get(ReqGetProtocolFeatures); p&(1<<ProtoMQ) == 0 {
+	if p := h.fe.get(ReqGetProtocolFeatures); p&(1<<vuproto.ProtoMQ) == 0 {
 		t.Fatalf("protocol %#x lacks MQ", p)
 	}
 	if f := h.fe.get(ReqGetFeatures); f&(1<<virtio.NetMQ) == 0 {
@@ -127,7 +128,7 @@ func TestMultiqueue(t *testing.T) {
 	h.stop()
 	// One pair: no MQ, GET_QUEUE_NUM is not negotiated and is answered as unknown.
 	h1 := startSession(t, opts{})
-	if p := h1.fe.get(ReqGetProtocolFeatures); p != 1<<ProtoReplyAck|1<<ProtoNetMTU {
+	if p := h1.fe.get(ReqGetProtocolFeatures); p != 1<<vuproto.ProtoReplyAck|1<<vuproto.ProtoNetMTU {
 		t.Fatalf("protocol %#x", p)
 	}
 	if r := h1.fe.ack(ReqGetQueueNum, nil); r != 1 {
@@ -145,8 +146,8 @@ func TestUnknownRequest(t *testing.T) {
 	if r := h.fe.ack(99, make([]byte, 300), efd, efd); r != 1 {
 		t.Fatalf("ack %d", r)
 	}
-	h.fe.send(41, flagVersion, []byte{1, 2, 3})
-	h.fe.send(ReqSetLogBase, flagVersion, make([]byte, 16), efd) // LOG_SHMFD not offered
+	h.fe.send(41, vuproto.FlagVersion, []byte{1, 2, 3})
+	h.fe.send(ReqSetLogBase, vuproto.FlagVersion, make([]byte, 16), efd) // LOG_SHMFD not offered
 	unix.Close(efd)
 	if f := h.fe.get(ReqGetFeatures); f&(1<<virtio.VhostUserProtocolFeatures) == 0 {
 		t.Fatal("session broken after unknown requests")
@@ -193,20 +194,20 @@ func TestProtocolErrors(t *testing.T) {
 		{"get-with-payload", raw(ReqGetFeatures, 0x1, 8, make([]byte, 8))},
 		{"addr-size", raw(ReqSetVringAddr, 0x1, 32, make([]byte, 32))},
 		{"memtable-count", func(f *frontend) {
-			p := memTablePayload(make([]MemRegion, 9))
+			p := memTablePayload(make([]vuproto.MemRegion, 9))
 			raw(ReqSetMemTable, 0x1, uint32(len(p)), p)(f)
 		}},
 		{"memtable-fds", func(f *frontend) {
-			f.send(ReqSetMemTable, flagVersion, memTablePayload(make([]MemRegion, 2)), efd)
+			f.send(ReqSetMemTable, vuproto.FlagVersion, memTablePayload(make([]vuproto.MemRegion, 2)), efd)
 		}},
-		{"kick-no-fd", func(f *frontend) { f.send(ReqSetVringKick, flagVersion, u64(1)) }},
-		{"kick-nofd-with-fd", func(f *frontend) { f.send(ReqSetVringKick, flagVersion, u64(1|vringFdNoFd), efd) }},
-		{"fd-on-owner", func(f *frontend) { f.send(ReqSetOwner, flagVersion, nil, efd) }},
+		{"kick-no-fd", func(f *frontend) { f.send(ReqSetVringKick, vuproto.FlagVersion, u64(1)) }},
+		{"kick-nofd-with-fd", func(f *frontend) { f.send(ReqSetVringKick, vuproto.FlagVersion, u64(1|vuproto.VringNoFd), efd) }},
+		{"fd-on-owner", func(f *frontend) { f.send(ReqSetOwner, vuproto.FlagVersion, nil, efd) }},
 		{"nine-fds", func(f *frontend) {
-			f.send(99, flagVersion, nil, efd, efd, efd, efd, efd, efd, efd, efd, efd)
+			f.send(99, vuproto.FlagVersion, nil, efd, efd, efd, efd, efd, efd, efd, efd, efd)
 		}},
-		{"ring-index", func(f *frontend) { f.send(ReqSetVringNum, flagVersion, state(7, 256)) }},
-		{"features-not-offered", func(f *frontend) { f.send(ReqSetFeatures, flagVersion, u64(1<<63)) }},
+		{"ring-index", func(f *frontend) { f.send(ReqSetVringNum, vuproto.FlagVersion, state(7, 256)) }},
+		{"features-not-offered", func(f *frontend) { f.send(ReqSetFeatures, vuproto.FlagVersion, u64(1<<63)) }},
 		{"truncated", func(f *frontend) {
 			raw(ReqSetFeatures, 0x1, 8, make([]byte, 3))(f)
 			unix.Shutdown(f.fd, unix.SHUT_WR)
@@ -244,7 +245,7 @@ func TestRequestFailure(t *testing.T) {
 	efd, _ := unix.Eventfd(0, unix.EFD_CLOEXEC)
 	defer unix.Close(efd)
 	// An eventfd cannot be mmapped: the table is refused, the session survives.
-	bad := []MemRegion{{GPA: 0, Size: 4096, UserAddr: 0x1000, MmapOffset: 0}}
+	bad := []vuproto.MemRegion{{GPA: 0, Size: 4096, UserAddr: 0x1000, MmapOffset: 0}}
 	if r := h.fe.ack(ReqSetMemTable, memTablePayload(bad), efd); r == 0 {
 		t.Fatal("unmappable region accepted")
 	}
@@ -314,8 +315,8 @@ func TestMemTableSwap(t *testing.T) {
 func TestNoFdKickPolls(t *testing.T) {
 	h := startSession(t, opts{skipKick: true})
 	r := h.rings[1]
-	h.fe.send(ReqSetVringKick, flagVersion, u64(1|vringFdNoFd))
-	h.fe.send(ReqSetVringCall, flagVersion, u64(1|vringFdNoFd))
+	h.fe.send(ReqSetVringKick, vuproto.FlagVersion, u64(1|vuproto.VringNoFd))
+	h.fe.send(ReqSetVringCall, vuproto.FlagVersion, u64(1|vuproto.VringNoFd))
 	v := <-h.rec.started
 	buf := h.g.alloc(128, 64)
 	r.publish(r.addChain([]seg{{buf, 100, false}}))
@@ -335,7 +336,7 @@ func TestNoFdKickPolls(t *testing.T) {
 	stopped := make(chan struct{})
 	go func() {
 		time.Sleep(20 * time.Millisecond)
-		h.fe.send(ReqGetVringBase, flagVersion, state(1, 0))
+		h.fe.send(ReqGetVringBase, vuproto.FlagVersion, state(1, 0))
 		close(stopped)
 	}()
 	if err := v.Wait(); !errors.Is(err, ErrStopped) {
@@ -353,13 +354,13 @@ func TestDisabledRing(t *testing.T) {
 	if v.Enabled() {
 		t.Fatal("enabled without SET_VRING_ENABLE")
 	}
-	h.fe.send(ReqSetVringEnable, flagVersion, state(0, 1))
+	h.fe.send(ReqSetVringEnable, vuproto.FlagVersion, state(0, 1))
 	h.fe.get(ReqGetFeatures)
 	if !v.Enabled() {
 		t.Fatal("not enabled")
 	}
 	// The owner hears of every SET_VRING_ENABLE (vhostnet maps it onto the TAP queue).
-	h.fe.send(ReqSetVringEnable, flagVersion, state(1, 0))
+	h.fe.send(ReqSetVringEnable, vuproto.FlagVersion, state(1, 0))
 	h.fe.get(ReqGetFeatures)
 	h.rec.mu.Lock()
 	got := fmt.Sprint(h.rec.enables)

@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"tapgro/vhostuser/vuproto"
 )
 
 // Split-ring layout (virtio spec "Split Virtqueues"; linux include/uapi/linux/virtio_ring.h).
@@ -117,7 +119,7 @@ type Vring struct {
 
 	// Configuration from the front-end (SET_VRING_*), kept across stop/start.
 	num       uint32
-	addr      VringAddr
+	addr      vuproto.VringAddr
 	addrSet   bool
 	base      uint16
 	kick      *os.File // nil: none yet, or polling when kickNoFd

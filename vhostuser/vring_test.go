@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"tapgro/vhostuser/vuproto"
 	"tapgro/virtio"
 )
 
@@ -295,7 +296,7 @@ func TestWorkerKick(t *testing.T) {
 // TestCrossRegion: a buffer contiguous in guest-physical space but spanning two
 // regions (backed by unrelated fd offsets) becomes two iovecs with the right bytes.
 func TestCrossRegion(t *testing.T) {
-	layout := []MemRegion{
+	layout := []vuproto.MemRegion{
 		{GPA: 0, Size: regAEnd, MmapOffset: 0},
 		{GPA: regBBase, Size: 0x100000, MmapOffset: 0x300000},
 		{GPA: regBBase + 0x100000, Size: 0x100000, MmapOffset: regBBase},
