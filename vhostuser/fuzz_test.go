@@ -12,6 +12,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"tapgro/vhostuser/vhostusertest"
 	"tapgro/vhostuser/vuproto"
 )
 
@@ -26,12 +27,12 @@ func FuzzDecode(f *testing.F) {
 		return append(append(b, p...), nfds)
 	}
 	f.Add(seed(ReqGetFeatures, 1, nil, 0))
-	f.Add(seed(ReqSetFeatures, 1, u64(1<<32), 0))
-	f.Add(seed(ReqSetVringKick, 1, u64(1), 1))
-	f.Add(seed(ReqSetVringCall, 1, u64(0x100), 0))
+	f.Add(seed(ReqSetFeatures, 1, vhostusertest.U64(1<<32), 0))
+	f.Add(seed(ReqSetVringKick, 1, vhostusertest.U64(1), 1))
+	f.Add(seed(ReqSetVringCall, 1, vhostusertest.U64(0x100), 0))
 	f.Add(seed(ReqSetVringAddr, 1, make([]byte, 40), 0))
-	f.Add(seed(ReqSetMemTable, 9, memTablePayload(measuredLayout()), 2))
-	f.Add(seed(ReqGetVringBase, 1, state(1, 0), 0))
+	f.Add(seed(ReqSetMemTable, 9, vhostusertest.MemTablePayload(vhostusertest.MeasuredLayout(memSize)), 2))
+	f.Add(seed(ReqGetVringBase, 1, vhostusertest.State(1, 0), 0))
 	f.Add(seed(99, 9, []byte{1, 2, 3}, 3))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		if len(data) < vuproto.HeaderSize+1 {
@@ -62,7 +63,7 @@ func FuzzDecode(f *testing.F) {
 			if err != nil || mt.N != nfds || mt.N < 1 || mt.N > vuproto.MaxRegions {
 				t.Fatalf("memory table: %v n=%d fds=%d", err, mt.N, nfds)
 			}
-			if q := memTablePayload(mt.Regions[:mt.N]); string(q[8:]) != string(p[8:]) {
+			if q := vhostusertest.MemTablePayload(mt.Regions[:mt.N]); string(q[8:]) != string(p[8:]) {
 				t.Fatal("memory table does not round-trip")
 			}
 		case 40:
@@ -89,10 +90,10 @@ func FuzzDecode(f *testing.F) {
 // measured two-region layout, mapped by the back-end code under test (mapMemTable) and
 // separately by the "guest".
 type fuzzEnv struct {
-	g     *guest
+	g     *vhostusertest.Guest
 	mem   *guestMem
 	stats Stats
-	ring  *gring
+	ring  *vhostusertest.Ring
 	indA  uint64
 }
 
@@ -106,47 +107,33 @@ const fuzzMaxNum = 64
 func getFuzzEnv(t testing.TB) *fuzzEnv {
 	fuzzOnce.Do(func() {
 		e := &fuzzEnv{}
-		// Not t: the environment outlives one execution (its cleanup would unmap it).
-		e.g = newGuestNoCleanup(t, measuredLayout())
+		// Not t's cleanup: the environment outlives one execution (it would unmap it).
+		e.g = vhostusertest.NewGuest(outlive{t}, memSize, nil)
 		var mt vuproto.MemTable
-		mt.N = len(e.g.regions)
-		copy(mt.Regions[:], e.g.regions)
+		mt.N = len(e.g.Regions)
+		copy(mt.Regions[:], e.g.Regions)
 		fds := make([]int, mt.N)
 		for i := range fds {
-			fds[i], _ = unix.Dup(e.g.fd)
+			fds[i], _ = unix.Dup(e.g.FD)
 		}
 		m, _, err := mapMemTable(&mt, fds)
 		if err != nil {
 			t.Fatal(err)
 		}
 		e.mem = m
-		e.ring = &gring{g: e.g, num: fuzzMaxNum}
-		e.ring.descA = e.g.alloc(16*fuzzMaxNum, 4096)
-		e.ring.availA = e.g.alloc(6+2*fuzzMaxNum, 4)
-		e.ring.usedA = e.g.alloc(6+8*fuzzMaxNum, 4096)
-		e.indA = e.g.alloc(4096, 4096)
+		// The ring's layout only: its eventfds go unused (the ring never runs a session).
+		e.ring = vhostusertest.NewRing(e.g, 1, fuzzMaxNum, 0)
+		e.indA = e.g.Alloc(4096, 4096)
 		fuzzE = e
 	})
 	return fuzzE
 }
 
-func newGuestNoCleanup(t testing.TB, layout []vuproto.MemRegion) *guest {
-	fd, err := unix.MemfdCreate("fuzz-ram", unix.MFD_CLOEXEC)
-	if err != nil {
-		t.Fatal(err)
-	}
-	unix.Ftruncate(fd, memSize)
-	m, err := unix.Mmap(fd, 0, memSize, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
-	if err != nil {
-		t.Fatal(err)
-	}
-	g := &guest{t: t, fd: fd, mem: m, next: regBBase + 0x40000}
-	for _, r := range layout {
-		r.UserAddr = uint64(addrOf(m)) + r.MmapOffset
-		g.regions = append(g.regions, r)
-	}
-	return g
-}
+// outlive is a TB whose cleanups never run, for what outlives the execution that made
+// it.
+type outlive struct{ testing.TB }
+
+func (outlive) Cleanup(func()) {}
 
 // FuzzChain builds random descriptor tables, avail rings and indirect tables in guest
 // memory and pops everything. Invariants: no panic; a popped chain's Len is the sum of
@@ -165,7 +152,7 @@ func FuzzChain(f *testing.F) {
 		num := 1 << (lognum % 7)
 		d := make([]byte, 16*num)
 		for i, x := range descs {
-			putDesc(d[16*i:], x[0], uint32(x[1]), uint16(x[2]), uint16(x[3]))
+			vhostusertest.PutDesc(d[16*i:], x[0], uint32(x[1]), uint16(x[2]), uint16(x[3]))
 		}
 		b = append(b, d...)
 		r := make([]byte, 2*num)
@@ -186,10 +173,10 @@ func FuzzChain(f *testing.F) {
 		fl := data[0]
 		num := 1 << (data[1] % 7)
 		r := e.ring
-		desc := r.g.at(r.descA, 16*fuzzMaxNum)
-		avail := r.g.at(r.availA, 6+2*fuzzMaxNum)
-		used := r.g.at(r.usedA, 6+8*fuzzMaxNum)
-		ind := r.g.at(e.indA, 4096)
+		desc := r.G.At(r.DescA, 16*fuzzMaxNum)
+		avail := r.G.At(r.AvailA, 6+2*fuzzMaxNum)
+		used := r.G.At(r.UsedA, 6+8*fuzzMaxNum)
+		ind := r.G.At(e.indA, 4096)
 		clear(desc)
 		clear(avail)
 		clear(used)
@@ -219,7 +206,7 @@ func FuzzChain(f *testing.F) {
 		}
 		v := newVring(idx, idx == 0, &e.stats)
 		v.num = uint32(num)
-		v.addr = vuproto.VringAddr{Index: uint32(idx), Desc: r.g.qva(r.descA), Used: r.g.qva(r.usedA), Avail: r.g.qva(r.availA)}
+		v.addr = vuproto.VringAddr{Index: uint32(idx), Desc: r.G.QVA(r.DescA), Used: r.G.QVA(r.UsedA), Avail: r.G.QVA(r.AvailA)}
 		v.addrSet = true
 		v.base = base
 		v.mu.Lock()

@@ -19,18 +19,18 @@ import (
 
 // Options shape a Session. Zero values are QEMU 7.2's defaults.
 type Options struct {
-	Ack      uint64 // guest-acked virtio bits; 0 = everything offered (minus bit 30)
-	AckMask  uint64 // bits removed from Ack (applied after the default)
-	Pairs    int    // queue pairs, 1
-	Num      int    // ring size, 256
-	MemSize  uint64 // guest RAM, 64 MiB
-	Layout   []vuproto.MemRegion
-	Guest    *Guest // reuse guest RAM (a reconnect)
-	TXSlot   int    // bytes per TX chain slot, 64 KiB + 4 KiB
-	RXSlot   int    // bytes per RX chain slot, 64 KiB + 4 KiB
-	MTU      uint64 // NET_SET_MTU if the backend offers it and F_MTU is acked; 1500
-	NoEnable bool   // no SET_VRING_ENABLE
-	SkipKick bool   // stop before SET_VRING_KICK
+	Ack      uint64              // guest-acked virtio bits; 0 = everything offered (minus bit 30)
+	AckMask  uint64              // bits removed from Ack (applied after the default)
+	Pairs    int                 // queue pairs, 1
+	Num      int                 // ring size, 256
+	MemSize  uint64              // guest RAM, 64 MiB
+	Layout   []vuproto.MemRegion // nil: MeasuredLayout(MemSize)
+	Guest    *Guest              // reuse guest RAM (a reconnect)
+	TXSlot   int                 // bytes per TX chain slot, 64 KiB + 4 KiB; -1: none (the test lays out buffers)
+	RXSlot   int                 // bytes per RX chain slot, 64 KiB + 4 KiB; -1: none
+	MTU      uint64              // NET_SET_MTU if the backend offers it and F_MTU is acked; 1500
+	NoEnable bool                // no SET_VRING_ENABLE
+	SkipKick bool                // stop before SET_VRING_KICK
 	// ConnectWait is how long Dial retries a socket that is not listening yet: a
 	// back-end's socket file exists from bind(2) on, and a connect before its listen(2)
 	// is refused. 0: one attempt.
@@ -132,7 +132,7 @@ func run(tb TB, fd int, done chan error, o Options) *Session {
 		if i%2 == 0 {
 			slot = o.RXSlot
 		}
-		s.Rings = append(s.Rings, NewRing(s.G, i, o.Num, slot))
+		s.Rings = append(s.Rings, NewRing(s.G, i, o.Num, max(slot, 0)))
 	}
 
 	// Step 1, connect (vhost_user_backend_init, vhost_dev_init).
