@@ -154,8 +154,9 @@ func batch(t testing.TB, v *Vring, fn func()) {
 	v.End()
 }
 
-// Accessors: the session goroutine writes the recorder; the socket ordering between
-// them is invisible to the race detector, so reads take the lock too.
+// getFeats and the accessors after it read the recorder under its lock: the session
+// goroutine writes it, and the socket ordering between them is invisible to the race
+// detector.
 func (r *recorder) getFeats() []Features {
 	r.mu.Lock()
 	defer r.mu.Unlock()

@@ -81,7 +81,8 @@ type RingError struct{ Reason Reason }
 func (e *RingError) Error() string { return "vhost-user: ring broken: " + e.Reason.String() }
 func (e *RingError) Unwrap() error { return ErrBroken }
 
-// Preallocated so that a violation on the data path does not allocate either.
+// ringErrs are the RingErrors by Reason, preallocated so that a violation on the data
+// path does not allocate either.
 var ringErrs = func() (a [NumReasons]*RingError) {
 	for i := range a {
 		a[i] = &RingError{Reason(i)}
