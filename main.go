@@ -5,6 +5,8 @@
 // segments the host's TSO packets for a guest that cannot take them; as a vhost-user-net
 // back-end it moves frames between the guest's rings and the TAP with the guest's
 // virtio-net header passed straight through, coalescing where the two ends differ.
+// Between two tapgro, a stream with vnet-hdr=on (tapgro's own extension) carries GSO
+// frames whole, through shared-memory rings over an AF_UNIX socket unless shm=off.
 //
 // The root package is the process: flags and environment, logging, privilege drop and
 // signals, the control socket's client, metrics and health, and run(), which opens the

@@ -22,8 +22,6 @@ func statPair(t testing.TB) (near, far *sockport.StreamPort, st *port.Stats) {
 	return near, far, st
 }
 
-// drain reads far until it is closed and sends every frame's TCP sequence number and
-// length on the channel (when it is not nil).
 // fillMixed fills p's read buffers as a TAP read would: 64 KB TSO frames, every fourth
 // a plain MTU frame.
 func fillMixed(p *tapToPort) {
@@ -40,6 +38,8 @@ func fillMixed(p *tapToPort) {
 	}
 }
 
+// drain reads far until it is closed and sends every frame's TCP sequence number and
+// length on the channel (when it is not nil).
 func drain(far port.Port, seqs chan<- [2]uint32) {
 	bufs := make([][]byte, 64)
 	for i := range bufs {

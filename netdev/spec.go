@@ -148,7 +148,7 @@ const MaxVhostQueues = 128
 // QueuePairs is the number of vhost-user queue pairs: Queues, at least 1.
 func (s Spec) QueuePairs() int { return max(1, s.Queues) }
 
-// keys each backend accepts; anything else is rejected by name.
+// specKeys are the keys each backend accepts; anything else is rejected by name.
 var specKeys = map[Backend][]string{
 	BackendStream: {"id", "server", "addr.type", "addr.path", "addr.host", "addr.port", "addr.str", "vnet-hdr", "shm"},
 	BackendSocket: {"id", "listen", "connect", "udp", "localaddr", "fd"},

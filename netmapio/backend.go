@@ -16,5 +16,5 @@ func (p *NetmapPort) SetOffloads(o vnethdr.Offloads) (vnethdr.Offloads, error) {
 	return p.Accepts() & o, nil
 }
 
-// State implements VnetBackend.
+// State implements port.Backend.
 func (p *NetmapPort) State() string { return port.Describe("netmap", p.hdrLen, p.Accepts()) }

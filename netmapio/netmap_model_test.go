@@ -398,7 +398,8 @@ func TestNetmapModelLayout(t *testing.T) {
 	}
 }
 
-// corruptLayout applies f to a fresh model region and checks mapRings refuses it.
+// TestNetmapBogusLayout applies each case's f to a fresh model region and checks
+// mapRings refuses it.
 func TestNetmapBogusLayout(t *testing.T) {
 	le := binary.NativeEndian
 	cases := []struct {

@@ -119,7 +119,8 @@ func (p *NetmapPort) HasVnetHdrLen(n int) bool {
 	return n == 0 || (p.vale && (n == vnethdr.Len || n == vnethdr.LenMrgRxbuf))
 }
 
-// HasUFO is HasVnetHdr, by QEMU's rule (net/netmap.c uses netmap_has_vnet_hdr as has_ufo).
+// HasUFO is whether the port takes a vnet header (a VALE port), by QEMU's rule
+// (net/netmap.c uses netmap_has_vnet_hdr as has_ufo).
 func (p *NetmapPort) HasUFO() bool { return p.vale }
 
 // HasUSO is false: see Accepts.

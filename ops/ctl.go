@@ -119,7 +119,7 @@ func (s *CtlServer) Serve(ln *net.UnixListener) {
 		select {
 		case s.busy <- struct{}{}:
 			// Turned away rather than queued, after a short read of the request, with
-			// the same care as a refusal (refuseCtl) so the client reads why.
+			// the same care as a refusal (refuse) so the client reads why.
 			go func() {
 				defer func() { <-s.busy }()
 				defer c.Close()
@@ -158,7 +158,7 @@ func (s *CtlServer) serveConn(c *net.UnixConn) {
 	WriteResponse(c, resp)
 }
 
-// refuseCtl answers a client that will not be served with r and makes sure it can read
+// refuse answers a client that will not be served with r and makes sure it can read
 // the answer. Closing an AF_UNIX socket with input still unread in its receive queue
 // makes the kernel reset the peer (unix_release_sock in net/unix/af_unix.c sets
 // ECONNRESET on it), so a client whose request arrived but was never read gets

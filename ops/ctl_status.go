@@ -99,7 +99,7 @@ func (st *Status) lines() [][2]string {
 	}
 }
 
-// writeStatus prints st aligned.
+// WriteStatus prints st aligned.
 func WriteStatus(w io.Writer, st *Status) {
 	ls := st.lines()
 	width := 0

@@ -15,7 +15,7 @@ import (
 // per packet: counters are the truth (/metrics), this is for whoever reads only the log.
 
 // ProblemCounts names every per-packet problem counter ("direction/reason") with its
-// value in snap. The port's own counters come from portStats, nil before a port exists.
+// value in snap. The port's own counters come from ps, nil before a port exists.
 func ProblemCounts(snap datapath.Snapshot, ps PortProblemStats) map[string]uint64 {
 	m := map[string]uint64{}
 	for _, d := range []struct {

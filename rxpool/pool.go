@@ -167,7 +167,7 @@ type Pool struct {
 	// must not reuse that memory while it is > 0 (Borrowing).
 	borrowed int
 
-	// The frame ring: descs[dHead:] holds dLen committed frames, then dRes reservations.
+	// The frame ring: descs[dHead:] holds dLen committed frames, then dRs reservations.
 	descs            []desc
 	dHead, dLen, dRs int
 	queued           int // bytes committed and not yet released

@@ -22,7 +22,8 @@ func vecsOf(frames [][]byte, cut func(i int) int) []port.Vec {
 	return v
 }
 
-// cuts: a header of a few bytes, none (body only), all (head only).
+// mixedCut is where vecsOf cuts frame i into Head and Body: after a header of a few
+// bytes, nowhere (body only), after the end (head only).
 func mixedCut(i int) int { return []int{54, 0, 1 << 20, 7}[i%4] }
 
 // Short writes: a stream socket with a small send buffer takes records in part; every

@@ -2,6 +2,7 @@
 
 package tapdev
 
-// The race detector makes sync.Pool drop a share of Puts on purpose, so allocation
-// counts of pooled scratch are meaningless under -race.
+// raceEnabled says the tests run under -race, where allocation counts of pooled
+// scratch are meaningless: the race detector makes sync.Pool drop a share of Puts on
+// purpose.
 const raceEnabled = true

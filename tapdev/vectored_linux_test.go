@@ -95,7 +95,7 @@ func TestReadvExactFit(t *testing.T) {
 	}
 }
 
-// TestTryReadv: no frame → ErrWouldBlock at once; WaitReadable obeys the deadline.
+// TestTryReadvAndWait: no frame → ErrWouldBlock at once; WaitReadable obeys the deadline.
 func TestTryReadvAndWait(t *testing.T) {
 	_, d, _ := upTAP(t, "vectry", Config{Name: "tgtap0"}, 1500)
 	buf := make([]byte, bufSize)

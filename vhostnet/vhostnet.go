@@ -178,7 +178,7 @@ type Net struct {
 	// (--pcap-port, `tapgro ctl pcap port=…`).
 	capture pcapio.Point
 	pcapOpt pcapio.Options
-	// acked is the last SET_FEATURES, for status (tapTX the TAP offloads it set).
+	// acked is the last SET_FEATURES, for status (tapOffl the TAP offloads it set).
 	acked    atomic.Uint64
 	ackedOK  atomic.Bool
 	tapOffl  atomic.Uint64

@@ -26,7 +26,7 @@ import (
 
 var sizes = []int{60, 61, 64, 1514, 1515, 4000, 9014, 32768, 65000, 65535}
 
-// splits cut header and frame in the ways a driver may: header alone, header split,
+// splitsFor cuts header and frame in the ways a driver may: header alone, header split,
 // the frame starting inside the header's descriptor, many small pieces.
 func splitsFor(hl int) [][]int {
 	return [][]int{nil, {hl}, {3, hl - 3}, {hl + 20}, {5, 20, 100}, {1, 1, 1, 1, hl, 7, 1000, 1, 2000}}

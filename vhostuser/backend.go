@@ -13,6 +13,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"tapgro/vhostuser/vuproto"
 	"tapgro/virtio"
 )
 
@@ -79,13 +80,13 @@ type Handler interface {
 // NopHandler implements Handler with no-ops, for embedding.
 type NopHandler struct{}
 
-func (NopHandler) FeaturesAcked(Features)    {}
+func (NopHandler) FeaturesAcked(Features)   {}
 func (NopHandler) RingStarted(Queue)        {}
 func (NopHandler) RingStopped(Queue)        {}
 func (NopHandler) VringEnabled(Queue, bool) {}
-func (NopHandler) SetMTU(int) error          { return nil }
-func (NopHandler) Unknown(uint32, int)       {}
-func (NopHandler) SessionEnded(error)        {}
+func (NopHandler) SetMTU(int) error         { return nil }
+func (NopHandler) Unknown(uint32, int)      {}
+func (NopHandler) SessionEnded(error)       {}
 
 // Config says what a Backend offers: the device behind it decides everything that is
 // not the protocol's or the ring's (which rings carry what, the header every chain
@@ -155,12 +156,12 @@ func (b *Backend) Stats() *Stats { return b.stats }
 // an answer to SET_MEM_TABLE instead of a GET_FEATURES round trip), MQ with more than
 // one pair, NET_MTU if configured. Nothing that needs features not implemented here.
 func (b *Backend) protocolFeatures() uint64 {
-	p := uint64(1) << ProtoReplyAck
+	p := uint64(1) << vuproto.ProtoReplyAck
 	if b.cfg.QueueNum > 1 {
-		p |= 1 << ProtoMQ
+		p |= 1 << vuproto.ProtoMQ
 	}
 	if b.cfg.NetMTU {
-		p |= 1 << ProtoNetMTU
+		p |= 1 << vuproto.ProtoNetMTU
 	}
 	return p
 }
@@ -298,9 +299,9 @@ func (s *Session) dispatch(m *message) error {
 func (s *Session) negotiated(req uint32) bool {
 	switch req {
 	case ReqGetQueueNum:
-		return s.b.protocolFeatures()&(1<<ProtoMQ) != 0
+		return s.b.protocolFeatures()&(1<<vuproto.ProtoMQ) != 0
 	case ReqNetSetMTU:
-		return s.b.protocolFeatures()&(1<<ProtoNetMTU) != 0
+		return s.b.protocolFeatures()&(1<<vuproto.ProtoNetMTU) != 0
 	case ReqSetLogBase, ReqSetLogFd, ReqSendRARP:
 		return false // LOG_SHMFD, RARP not offered
 	}
@@ -438,7 +439,7 @@ func (s *Session) setMemTable(m *message, p []byte) error {
 	return nil
 }
 
-func (s *Session) vringState(req uint32, v *Vring, st VringState) (bool, error) {
+func (s *Session) vringState(req uint32, v *Vring, st vuproto.VringState) (bool, error) {
 	switch req {
 	case ReqSetVringEnable:
 		// Kept per index, independent of ring setup: QEMU sends it before
@@ -463,7 +464,7 @@ func (s *Session) vringState(req uint32, v *Vring, st VringState) (bool, error) 
 		if wasAnnounced {
 			s.h.RingStopped(v)
 		}
-		return true, s.c.replyState(req, VringState{st.Index, uint32(last)})
+		return true, s.c.replyState(req, vuproto.VringState{Index: st.Index, Num: uint32(last)})
 	}
 	v.mu.Lock()
 	defer v.mu.Unlock()
@@ -497,15 +498,15 @@ func (s *Session) vringState(req uint32, v *Vring, st VringState) (bool, error) 
 // that says what the fd was: QEMU only ever sends eventfds (event_notifier_init).
 func (s *Session) vringFile(m *message, p []byte) error {
 	u, _ := decodeU64(p)
-	if u&^uint64(vringIndexMask|vringFdNoFd) != 0 {
+	if u&^uint64(vuproto.VringIndexMask|vuproto.VringNoFd) != 0 {
 		return protoErr("request %d payload %#x", m.req, u)
 	}
-	v, err := s.ring(uint32(u & vringIndexMask))
+	v, err := s.ring(uint32(u & vuproto.VringIndexMask))
 	if err != nil {
 		return err
 	}
 	fd := -1
-	if u&vringFdNoFd == 0 {
+	if u&vuproto.VringNoFd == 0 {
 		fd = m.takeFd(0)
 		err := checkEventfd(fd, m.req == ReqSetVringKick)
 		if err == nil {

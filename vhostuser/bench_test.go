@@ -3,22 +3,14 @@
 package vhostuser
 
 import (
-	"encoding/binary"
 	"testing"
 	"time"
 
 	"golang.org/x/sys/unix"
-)
 
-// republish puts heads back on the avail ring without the test allocator (0 allocs on
-// the guest side too, so -benchmem measures the back-end).
-func (r *gring) republish(heads []uint16) {
-	for _, h := range heads {
-		binary.LittleEndian.PutUint16(r.avail[4+2*(int(r.availIdx)%r.num):], h)
-		r.availIdx++
-	}
-	store32(r.avail, 0, uint32(r.availIdx)<<16)
-}
+	"tapgro/vhostuser/vhostusertest"
+	"tapgro/vhostuser/vuproto"
+)
 
 // BenchmarkTX pops and pushes TX chains (header descriptor + frame descriptor), batch
 // chains per Begin/End, one call per batch. ns/op and allocs/op are per chain.
@@ -26,18 +18,18 @@ func BenchmarkTX(b *testing.B) {
 	for _, bs := range []int{1, 32} {
 		b.Run(map[int]string{1: "batch1", 32: "batch32"}[bs], func(b *testing.B) {
 			h := startSession(b, opts{num: 256})
-			r, v := h.rings[1], h.vr[1]
-			buf := h.g.alloc(1600, 64)
+			r, v := h.Rings[1], h.vr[1]
+			buf := h.G.Alloc(1600, 64)
 			heads := make([]uint16, bs)
 			for i := range heads {
-				heads[i] = r.addChain([]seg{{buf, 12, false}, {buf + 12, 1514, false}})
+				heads[i] = r.AddChain([]vhostusertest.Seg{{GPA: buf, Len: 12}, {GPA: buf + 12, Len: 1514}})
 			}
 			iov := make([][]byte, 0, 64)
 			b.ReportAllocs()
 			b.SetBytes(1526)
 			b.ResetTimer()
 			for i := 0; i < b.N; i += bs { // one op = one chain
-				r.republish(heads)
+				r.Republish(heads)
 				if err := v.Begin(); err != nil {
 					b.Fatal(err)
 				}
@@ -49,7 +41,7 @@ func BenchmarkTX(b *testing.B) {
 					v.Push(c.Head, 0)
 				}
 				v.End()
-				readEventfd(r.call)
+				r.Called()
 			}
 		})
 	}
@@ -61,10 +53,10 @@ func BenchmarkTX(b *testing.B) {
 // net device's: vhostnet BenchmarkReservation.
 func BenchmarkRX(b *testing.B) {
 	h := startSession(b, opts{num: 256})
-	r, v := h.rings[0], h.vr[0]
+	r, v := h.Rings[0], h.vr[0]
 	heads := make([]uint16, 128)
 	for i := range heads {
-		heads[i] = r.addChain([]seg{{h.g.alloc(1536, 64), 1536, true}})
+		heads[i] = r.AddChain([]vhostusertest.Seg{{GPA: h.G.Alloc(1536, 64), Len: 1536, Write: true}})
 	}
 	frame := make([]byte, 12+1514)
 	const frames = 32
@@ -75,7 +67,7 @@ func BenchmarkRX(b *testing.B) {
 	b.ResetTimer()
 	for i := 0; i < b.N; i += frames {
 		for range frames {
-			r.republish(heads[cur : cur+1])
+			r.Republish(heads[cur : cur+1])
 			cur = (cur + 1) % len(heads)
 		}
 		if err := v.Begin(); err != nil {
@@ -87,7 +79,7 @@ func BenchmarkRX(b *testing.B) {
 			}
 		}
 		v.End()
-		readEventfd(r.call)
+		r.Called()
 	}
 }
 
@@ -104,9 +96,9 @@ func BenchmarkIdlePolledRing(b *testing.B) {
 func benchIdleRing(b *testing.B, polled bool) {
 	h := startSession(b, opts{skipKick: true})
 	if polled {
-		h.fe.send(ReqSetVringKick, flagVersion, u64(1|vringFdNoFd))
+		h.FE.Send(ReqSetVringKick, vuproto.FlagVersion, vhostusertest.U64(1|vuproto.VringNoFd))
 	} else {
-		h.fe.send(ReqSetVringKick, flagVersion, u64(1), h.rings[1].kick)
+		h.FE.Send(ReqSetVringKick, vuproto.FlagVersion, vhostusertest.U64(1), h.Rings[1].Kick)
 	}
 	v := <-h.rec.started
 	done := make(chan struct{})
@@ -132,6 +124,6 @@ func benchIdleRing(b *testing.B, polled bool) {
 	unix.Getrusage(unix.RUSAGE_SELF, &ru1)
 	cpu := time.Duration(ru1.Utime.Nano()+ru1.Stime.Nano()-ru0.Utime.Nano()-ru0.Stime.Nano()) * time.Nanosecond
 	b.ReportMetric(100*cpu.Seconds()/wall.Seconds(), "%cpu")
-	h.stop()
+	h.Stop()
 	<-done
 }

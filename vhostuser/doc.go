@@ -11,8 +11,10 @@
 //
 // # Layers
 //
-// proto.go frames messages: a 12-byte header {request, flags, size} read with
-// recvmsg(2) (fds ride on the first byte as one SCM_RIGHTS message, received with
+// The wire format's names and layouts (header flags, request codes, protocol feature
+// bits, payload structs) are package vuproto's, shared with the front-end double
+// vhostusertest. proto.go frames messages: a 12-byte header {request, flags, size} read
+// with recvmsg(2) (fds ride on the first byte as one SCM_RIGHTS message, received with
 // MSG_CMSG_CLOEXEC; MSG_CTRUNC is fatal), then exactly size bytes, bounded by QEMU's own
 // VhostUserPayload size. Each known request has an exact size and fd count. Replies carry
 // flags 0x5, the request's type and the exact size QEMU checks (hw/virtio/vhost-user.c

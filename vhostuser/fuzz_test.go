@@ -11,6 +11,9 @@ import (
 	"testing"
 
 	"golang.org/x/sys/unix"
+
+	"tapgro/vhostuser/vhostusertest"
+	"tapgro/vhostuser/vuproto"
 )
 
 // FuzzDecode feeds arbitrary bytes to the header parser, the size/fd rules and the
@@ -24,26 +27,26 @@ func FuzzDecode(f *testing.F) {
 		return append(append(b, p...), nfds)
 	}
 	f.Add(seed(ReqGetFeatures, 1, nil, 0))
-	f.Add(seed(ReqSetFeatures, 1, u64(1<<32), 0))
-	f.Add(seed(ReqSetVringKick, 1, u64(1), 1))
-	f.Add(seed(ReqSetVringCall, 1, u64(0x100), 0))
+	f.Add(seed(ReqSetFeatures, 1, vhostusertest.U64(1<<32), 0))
+	f.Add(seed(ReqSetVringKick, 1, vhostusertest.U64(1), 1))
+	f.Add(seed(ReqSetVringCall, 1, vhostusertest.U64(0x100), 0))
 	f.Add(seed(ReqSetVringAddr, 1, make([]byte, 40), 0))
-	f.Add(seed(ReqSetMemTable, 9, memTablePayload(measuredLayout()), 2))
-	f.Add(seed(ReqGetVringBase, 1, state(1, 0), 0))
+	f.Add(seed(ReqSetMemTable, 9, vhostusertest.MemTablePayload(vhostusertest.MeasuredLayout(memSize)), 2))
+	f.Add(seed(ReqGetVringBase, 1, vhostusertest.State(1, 0), 0))
 	f.Add(seed(99, 9, []byte{1, 2, 3}, 3))
 	f.Fuzz(func(t *testing.T, data []byte) {
-		if len(data) < hdrSize+1 {
+		if len(data) < vuproto.HeaderSize+1 {
 			return
 		}
 		nfds := int(data[len(data)-1] % (maxFds + 1))
-		req, flags, size, err := parseHeader(data[:hdrSize])
+		req, flags, size, err := parseHeader(data[:vuproto.HeaderSize])
 		if err != nil {
 			return
 		}
-		if size > maxPayload || flags&flagReply != 0 {
+		if size > maxPayload || flags&vuproto.FlagReply != 0 {
 			t.Fatalf("header accepted: size %d flags %#x", size, flags)
 		}
-		p := data[hdrSize : len(data)-1]
+		p := data[vuproto.HeaderSize : len(data)-1]
 		if uint32(len(p)) < size {
 			return
 		}
@@ -57,10 +60,10 @@ func FuzzDecode(f *testing.F) {
 		switch sizeRule(req) {
 		case -1:
 			mt, err := decodeMemTable(p)
-			if err != nil || mt.N != nfds || mt.N < 1 || mt.N > maxRegions {
+			if err != nil || mt.N != nfds || mt.N < 1 || mt.N > vuproto.MaxRegions {
 				t.Fatalf("memory table: %v n=%d fds=%d", err, mt.N, nfds)
 			}
-			if q := memTablePayload(mt.Regions[:mt.N]); string(q[8:]) != string(p[8:]) {
+			if q := vhostusertest.MemTablePayload(mt.Regions[:mt.N]); string(q[8:]) != string(p[8:]) {
 				t.Fatal("memory table does not round-trip")
 			}
 		case 40:
@@ -87,10 +90,10 @@ func FuzzDecode(f *testing.F) {
 // measured two-region layout, mapped by the back-end code under test (mapMemTable) and
 // separately by the "guest".
 type fuzzEnv struct {
-	g     *guest
+	g     *vhostusertest.Guest
 	mem   *guestMem
 	stats Stats
-	ring  *gring
+	ring  *vhostusertest.Ring
 	indA  uint64
 }
 
@@ -104,47 +107,33 @@ const fuzzMaxNum = 64
 func getFuzzEnv(t testing.TB) *fuzzEnv {
 	fuzzOnce.Do(func() {
 		e := &fuzzEnv{}
-		// Not t: the environment outlives one execution (its cleanup would unmap it).
-		e.g = newGuestNoCleanup(t, measuredLayout())
-		var mt MemTable
-		mt.N = len(e.g.regions)
-		copy(mt.Regions[:], e.g.regions)
+		// Not t's cleanup: the environment outlives one execution (it would unmap it).
+		e.g = vhostusertest.NewGuest(outlive{t}, memSize, nil)
+		var mt vuproto.MemTable
+		mt.N = len(e.g.Regions)
+		copy(mt.Regions[:], e.g.Regions)
 		fds := make([]int, mt.N)
 		for i := range fds {
-			fds[i], _ = unix.Dup(e.g.fd)
+			fds[i], _ = unix.Dup(e.g.FD)
 		}
 		m, _, err := mapMemTable(&mt, fds)
 		if err != nil {
 			t.Fatal(err)
 		}
 		e.mem = m
-		e.ring = &gring{g: e.g, num: fuzzMaxNum}
-		e.ring.descA = e.g.alloc(16*fuzzMaxNum, 4096)
-		e.ring.availA = e.g.alloc(6+2*fuzzMaxNum, 4)
-		e.ring.usedA = e.g.alloc(6+8*fuzzMaxNum, 4096)
-		e.indA = e.g.alloc(4096, 4096)
+		// The ring's layout only: its eventfds go unused (the ring never runs a session).
+		e.ring = vhostusertest.NewRing(e.g, 1, fuzzMaxNum, 0)
+		e.indA = e.g.Alloc(4096, 4096)
 		fuzzE = e
 	})
 	return fuzzE
 }
 
-func newGuestNoCleanup(t testing.TB, layout []MemRegion) *guest {
-	fd, err := unix.MemfdCreate("fuzz-ram", unix.MFD_CLOEXEC)
-	if err != nil {
-		t.Fatal(err)
-	}
-	unix.Ftruncate(fd, memSize)
-	m, err := unix.Mmap(fd, 0, memSize, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
-	if err != nil {
-		t.Fatal(err)
-	}
-	g := &guest{t: t, fd: fd, mem: m, next: regBBase + 0x40000}
-	for _, r := range layout {
-		r.UserAddr = uint64(addrOf(m)) + r.MmapOffset
-		g.regions = append(g.regions, r)
-	}
-	return g
-}
+// outlive is a TB whose cleanups never run, for what outlives the execution that made
+// it.
+type outlive struct{ testing.TB }
+
+func (outlive) Cleanup(func()) {}
 
 // FuzzChain builds random descriptor tables, avail rings and indirect tables in guest
 // memory and pops everything. Invariants: no panic; a popped chain's Len is the sum of
@@ -163,7 +152,7 @@ func FuzzChain(f *testing.F) {
 		num := 1 << (lognum % 7)
 		d := make([]byte, 16*num)
 		for i, x := range descs {
-			putDesc(d[16*i:], x[0], uint32(x[1]), uint16(x[2]), uint16(x[3]))
+			vhostusertest.PutDesc(d[16*i:], x[0], uint32(x[1]), uint16(x[2]), uint16(x[3]))
 		}
 		b = append(b, d...)
 		r := make([]byte, 2*num)
@@ -184,10 +173,10 @@ func FuzzChain(f *testing.F) {
 		fl := data[0]
 		num := 1 << (data[1] % 7)
 		r := e.ring
-		desc := r.g.at(r.descA, 16*fuzzMaxNum)
-		avail := r.g.at(r.availA, 6+2*fuzzMaxNum)
-		used := r.g.at(r.usedA, 6+8*fuzzMaxNum)
-		ind := r.g.at(e.indA, 4096)
+		desc := r.G.At(r.DescA, 16*fuzzMaxNum)
+		avail := r.G.At(r.AvailA, 6+2*fuzzMaxNum)
+		used := r.G.At(r.UsedA, 6+8*fuzzMaxNum)
+		ind := r.G.At(e.indA, 4096)
 		clear(desc)
 		clear(avail)
 		clear(used)
@@ -217,7 +206,7 @@ func FuzzChain(f *testing.F) {
 		}
 		v := newVring(idx, idx == 0, &e.stats)
 		v.num = uint32(num)
-		v.addr = VringAddr{Index: uint32(idx), Desc: r.g.qva(r.descA), Used: r.g.qva(r.usedA), Avail: r.g.qva(r.availA)}
+		v.addr = vuproto.VringAddr{Index: uint32(idx), Desc: r.G.QVA(r.DescA), Used: r.G.QVA(r.UsedA), Avail: r.G.QVA(r.AvailA)}
 		v.addrSet = true
 		v.base = base
 		v.mu.Lock()
@@ -364,8 +353,8 @@ func FuzzMemTable(f *testing.F) {
 		if len(data) < 1 {
 			return
 		}
-		var mt MemTable
-		mt.N = int(data[0]%maxRegions) + 1
+		var mt vuproto.MemTable
+		mt.N = int(data[0]%vuproto.MaxRegions) + 1
 		data = data[1:]
 		if len(data) < 33*mt.N {
 			return
@@ -374,7 +363,7 @@ func FuzzMemTable(f *testing.F) {
 		use := make([]memFuzzFile, mt.N)
 		for i := 0; i < mt.N; i++ {
 			p := data[33*i:]
-			r := MemRegion{GPA: binary.LittleEndian.Uint64(p), Size: binary.LittleEndian.Uint64(p[8:]),
+			r := vuproto.MemRegion{GPA: binary.LittleEndian.Uint64(p), Size: binary.LittleEndian.Uint64(p[8:]),
 				UserAddr: binary.LittleEndian.Uint64(p[16:]), MmapOffset: binary.LittleEndian.Uint64(p[24:])}
 			fb := p[32]
 			if fb&0x80 == 0 {

@@ -16,6 +16,9 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"tapgro/vhostuser/vhostusertest"
+	"tapgro/vhostuser/vuproto"
 )
 
 // These tests play a hostile front-end: each case breaks tapgro's assumptions about the
@@ -62,9 +65,9 @@ func warmup(t *testing.T) {
 func nextSessionWorks(t *testing.T) {
 	t.Helper()
 	h := startSession(t, opts{})
-	r, v := h.rings[1], h.vr[1]
-	b := h.g.alloc(256, 64)
-	r.publish(r.addChain([]seg{{b, 100, false}}))
+	r, v := h.Rings[1], h.vr[1]
+	b := h.G.Alloc(256, 64)
+	r.Publish(r.AddChain([]vhostusertest.Seg{{GPA: b, Len: 100}}))
 	iov := make([][]byte, 0, 8)
 	batch(t, v, func() {
 		c, err := v.Pop(iov)
@@ -73,11 +76,11 @@ func nextSessionWorks(t *testing.T) {
 		}
 		v.Push(c.Head, 0)
 	})
-	if len(r.reap()) != 1 {
+	if len(r.Reap()) != 1 {
 		t.Fatal("next session: no used entry")
 	}
-	h.stop()
-	if err := h.close(); err != nil {
+	h.Stop()
+	if err := h.Close(); err != nil {
 		t.Fatalf("next session ended with %v", err)
 	}
 }
@@ -94,25 +97,25 @@ func TestMemTableRefused(t *testing.T) {
 	small.Truncate(1 << 20)
 	for _, tc := range []struct {
 		name string
-		regs func(g *guest) []MemRegion
+		regs func(g *vhostusertest.Guest) []vuproto.MemRegion
 		fd   func(t *testing.T) int
 	}{
-		{"offset past the end", func(g *guest) []MemRegion {
-			return []MemRegion{{GPA: 0, Size: 0x1000, UserAddr: g.regions[0].UserAddr, MmapOffset: memSize + 0x1000}}
+		{"offset past the end", func(g *vhostusertest.Guest) []vuproto.MemRegion {
+			return []vuproto.MemRegion{{GPA: 0, Size: 0x1000, UserAddr: g.Regions[0].UserAddr, MmapOffset: memSize + 0x1000}}
 		}, nil},
-		{"region past the memfd, rings there", func(g *guest) []MemRegion {
-			r := g.regions
-			return []MemRegion{r[0], {GPA: r[1].GPA, Size: 2 * memSize, UserAddr: r[1].UserAddr, MmapOffset: r[1].MmapOffset}}
+		{"region past the memfd, rings there", func(g *vhostusertest.Guest) []vuproto.MemRegion {
+			r := g.Regions
+			return []vuproto.MemRegion{r[0], {GPA: r[1].GPA, Size: 2 * memSize, UserAddr: r[1].UserAddr, MmapOffset: r[1].MmapOffset}}
 		}, nil},
-		{"region past the memfd, buffers only", func(g *guest) []MemRegion {
-			r := g.regions
-			return []MemRegion{r[0], {GPA: r[1].GPA, Size: r[1].Size + 0x1000, UserAddr: r[1].UserAddr, MmapOffset: r[1].MmapOffset}}
+		{"region past the memfd, buffers only", func(g *vhostusertest.Guest) []vuproto.MemRegion {
+			r := g.Regions
+			return []vuproto.MemRegion{r[0], {GPA: r[1].GPA, Size: r[1].Size + 0x1000, UserAddr: r[1].UserAddr, MmapOffset: r[1].MmapOffset}}
 		}, nil},
-		{"regular file smaller than the region", func(g *guest) []MemRegion {
-			return []MemRegion{{GPA: 0, Size: 2 << 20, UserAddr: g.regions[0].UserAddr}}
+		{"regular file smaller than the region", func(g *vhostusertest.Guest) []vuproto.MemRegion {
+			return []vuproto.MemRegion{{GPA: 0, Size: 2 << 20, UserAddr: g.Regions[0].UserAddr}}
 		}, func(*testing.T) int { return int(small.Fd()) }},
-		{"a pipe", func(g *guest) []MemRegion {
-			return []MemRegion{{GPA: 0, Size: 0x1000, UserAddr: g.regions[0].UserAddr}}
+		{"a pipe", func(g *vhostusertest.Guest) []vuproto.MemRegion {
+			return []vuproto.MemRegion{{GPA: 0, Size: 0x1000, UserAddr: g.Regions[0].UserAddr}}
 		}, func(t *testing.T) int {
 			var p [2]int
 			unix.Pipe2(p[:], unix.O_CLOEXEC)
@@ -123,24 +126,24 @@ func TestMemTableRefused(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			stats := new(Stats)
 			h := startSession(t, opts{stats: stats})
-			regs := tc.regs(h.g)
+			regs := tc.regs(h.G)
 			fds := make([]int, len(regs))
 			for i := range fds {
-				fds[i] = h.g.fd
+				fds[i] = h.G.FD
 				if tc.fd != nil {
 					fds[i] = tc.fd(t)
 				}
 			}
-			if r := h.fe.ack(ReqSetMemTable, memTablePayload(regs), fds...); r == 0 {
+			if r := h.FE.Ack(ReqSetMemTable, vhostusertest.MemTablePayload(regs), fds...); r == 0 {
 				t.Fatal("SET_MEM_TABLE accepted")
 			}
 			if stats.Failed.Load() != 1 {
 				t.Fatalf("Failed = %d", stats.Failed.Load())
 			}
 			// The old table is still in force: a chain goes through.
-			r, v := h.rings[1], h.vr[1]
-			b := h.g.alloc(256, 64)
-			r.publish(r.addChain([]seg{{b, 100, false}}))
+			r, v := h.Rings[1], h.vr[1]
+			b := h.G.Alloc(256, 64)
+			r.Publish(r.AddChain([]vhostusertest.Seg{{GPA: b, Len: 100}}))
 			batch(t, v, func() {
 				c, err := v.Pop(make([][]byte, 0, 8))
 				if err != nil {
@@ -148,8 +151,8 @@ func TestMemTableRefused(t *testing.T) {
 				}
 				v.Push(c.Head, 0)
 			})
-			h.stop()
-			if err := h.close(); err != nil {
+			h.Stop()
+			if err := h.Close(); err != nil {
 				t.Fatalf("session: %v", err)
 			}
 			nextSessionWorks(t)
@@ -201,28 +204,30 @@ func TestGuestMemoryFault(t *testing.T) {
 		skipKick bool
 	}{
 		{"truncated after SET_MEM_TABLE", func(t *testing.T, h *harness) {
-			unix.Ftruncate(h.g.fd, 0x100000) // the rings go
-			r := h.rings[1]
-			h.fe.send(ReqSetVringKick, flagVersion, u64(1), r.kick) // the session ends at once
+			unix.Ftruncate(h.G.FD, 0x100000) // the rings go
+			r := h.Rings[1]
+			h.FE.Send(ReqSetVringKick, vuproto.FlagVersion, vhostusertest.U64(1), r.Kick) // the session ends at once
 		}, true},
 		{"truncated under running rings", func(t *testing.T, h *harness) {
-			r := h.rings[1]
-			b := h.g.alloc(256, 64)
-			r.publish(r.addChain([]seg{{b, 100, false}}))
-			kickEventfd(r.kick)
+			r := h.Rings[1]
+			b := h.G.Alloc(256, 64)
+			r.Publish(r.AddChain([]vhostusertest.Seg{{GPA: b, Len: 100}}))
+			r.KickNow()
 			if !waitUsed(r, 1) {
 				t.Fatal("first chain never used")
 			}
-			unix.Ftruncate(h.g.fd, 0x100000)
-			kickEventfd(r.kick) // the worker wakes and re-arms kicks in the used ring
+			unix.Ftruncate(h.G.FD, 0x100000)
+			r.KickNow() // the worker wakes and re-arms kicks in the used ring
 		}, false},
 		{"buffers truncated under running rings", func(t *testing.T, h *harness) {
-			r := h.rings[1]
-			h.g.next = max(h.g.next, ringsEnd)
-			b := h.g.alloc(4096, 4096)
-			unix.Ftruncate(h.g.fd, int64(b)) // region B's offsets are its GPAs
-			r.publish(r.addChain([]seg{{b, 100, false}}))
-			kickEventfd(r.kick)
+			r := h.Rings[1]
+			b := h.G.Alloc(4096, 4096)
+			for b < ringsEnd { // past the rings
+				b = h.G.Alloc(4096, 4096)
+			}
+			unix.Ftruncate(h.G.FD, int64(b)) // region B's offsets are its GPAs
+			r.Publish(r.AddChain([]vhostusertest.Seg{{GPA: b, Len: 100}}))
+			r.KickNow()
 		}, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -257,7 +262,7 @@ func TestGuestMemoryFault(t *testing.T) {
 			if n := stats.Rejected[RejectFault].Load(); n != 1 {
 				t.Fatalf("fault counted %d times", n)
 			}
-			if !readEventfd(h.rings[1].errfd) {
+			if !h.Rings[1].Errored() {
 				t.Fatal("err eventfd not written")
 			}
 			nextSessionWorks(t)
@@ -266,9 +271,9 @@ func TestGuestMemoryFault(t *testing.T) {
 	checkBaseline(t, fds0, maps0)
 }
 
-func waitUsed(r *gring, n int) bool {
+func waitUsed(r *vhostusertest.Ring, n int) bool {
 	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
-		if int(uint16(load32(r.used, 0)>>16)) >= n {
+		if int(uint16(load32(r.Used, 0)>>16)) >= n {
 			return true
 		}
 	}
@@ -338,7 +343,7 @@ func TestRingFdsMustBeEventfds(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			h := startSession(t, opts{})
 			start := time.Now()
-			h.fe.send(tc.req, flagVersion, u64(1), tc.fd(t))
+			h.FE.Send(tc.req, vuproto.FlagVersion, vhostusertest.U64(1), tc.fd(t))
 			var err error
 			select {
 			case err = <-h.done:
@@ -382,12 +387,12 @@ func TestSaturatedEventfds(t *testing.T) {
 		run  func(t *testing.T, h *harness)
 	}{
 		{"call", func(t *testing.T, h *harness) {
-			r, v := h.rings[1], h.vr[1]
+			r, v := h.Rings[1], h.vr[1]
 			fd := saturated(t)
-			h.fe.send(ReqSetVringCall, flagVersion, u64(1), fd)
+			h.FE.Send(ReqSetVringCall, vuproto.FlagVersion, vhostusertest.U64(1), fd)
 			unix.Close(fd) // nobody else will ever read it
-			h.fe.get(ReqGetFeatures)
-			r.publish(r.addChain([]seg{{h.g.alloc(256, 64), 100, false}}))
+			h.FE.Get(ReqGetFeatures)
+			r.Publish(r.AddChain([]vhostusertest.Seg{{GPA: h.G.Alloc(256, 64), Len: 100}}))
 			inBackground(t, "a batch that calls", func() {
 				batch(t, v, func() {
 					c, err := v.Pop(make([][]byte, 0, 8))
@@ -403,24 +408,24 @@ func TestSaturatedEventfds(t *testing.T) {
 			}
 		}},
 		{"call replaced on a running ring", func(t *testing.T, h *harness) {
-			r, v := h.rings[1], h.vr[1]
-			r.publish(r.addChain([]seg{{h.g.alloc(256, 64), 100, false}}))
+			r, v := h.Rings[1], h.vr[1]
+			r.Publish(r.AddChain([]vhostusertest.Seg{{GPA: h.G.Alloc(256, 64), Len: 100}}))
 			batch(t, v, func() {
 				c, _ := v.Pop(make([][]byte, 0, 8))
 				v.Push(c.Head, 0)
 			})
 			fd := saturated(t)
 			// Entries are published, so the new fd is signalled at once.
-			h.fe.send(ReqSetVringCall, flagVersion, u64(1), fd)
+			h.FE.Send(ReqSetVringCall, vuproto.FlagVersion, vhostusertest.U64(1), fd)
 			unix.Close(fd)
 		}},
 		{"err", func(t *testing.T, h *harness) {
-			r, v := h.rings[1], h.vr[1]
+			r, v := h.Rings[1], h.vr[1]
 			fd := saturated(t)
-			h.fe.send(ReqSetVringErr, flagVersion, u64(1), fd)
+			h.FE.Send(ReqSetVringErr, vuproto.FlagVersion, vhostusertest.U64(1), fd)
 			unix.Close(fd)
-			h.fe.get(ReqGetFeatures)
-			r.publish(uint16(r.num + 3)) // a head out of range: the ring breaks, err is signalled
+			h.FE.Get(ReqGetFeatures)
+			r.Publish(uint16(r.Num + 3)) // a head out of range: the ring breaks, err is signalled
 			inBackground(t, "a batch that breaks the ring", func() {
 				batch(t, v, func() { v.Pop(make([][]byte, 0, 8)) })
 			})
@@ -429,9 +434,9 @@ func TestSaturatedEventfds(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			h := startSession(t, opts{stats: new(Stats)})
 			tc.run(t, h)
-			inBackground(t, "GET_FEATURES", func() { h.fe.get(ReqGetFeatures) })
-			inBackground(t, "GET_VRING_BASE", func() { h.stop() })
-			if err := h.close(); err != nil {
+			inBackground(t, "GET_FEATURES", func() { h.FE.Get(ReqGetFeatures) })
+			inBackground(t, "GET_VRING_BASE", func() { h.Stop() })
+			if err := h.Close(); err != nil {
 				t.Fatalf("session: %v", err)
 			}
 			nextSessionWorks(t)
@@ -472,10 +477,10 @@ func TestKickStorm(t *testing.T) {
 	if n := stats.Rejected[RejectKick].Load(); n != 1 {
 		t.Fatalf("kick counted %d times", n)
 	}
-	if !readEventfd(h.rings[1].errfd) {
+	if !h.Rings[1].Errored() {
 		t.Fatal("err eventfd not written")
 	}
-	h.stop()
+	h.Stop()
 }
 
 // TestPollBackoff: a ring kicked by polling (no kick fd) sleeps 50 µs after work and
@@ -504,9 +509,9 @@ func TestPollBackoff(t *testing.T) {
 // SET_VRING_BASE set, as libvhost-user, DPDK and rust-vmm do.
 func TestBaseOfUnstartedRing(t *testing.T) {
 	h := startSession(t, opts{skipKick: true})
-	h.fe.send(ReqSetVringBase, flagVersion, state(0, 77))
-	h.fe.send(ReqGetVringBase, flagVersion, state(0, 0))
-	p := h.fe.reply(ReqGetVringBase, 8)
+	h.FE.Send(ReqSetVringBase, vuproto.FlagVersion, vhostusertest.State(0, 77))
+	h.FE.Send(ReqGetVringBase, vuproto.FlagVersion, vhostusertest.State(0, 0))
+	p := h.FE.Reply(ReqGetVringBase, 8)
 	if got := binary.LittleEndian.Uint32(p[4:]); got != 77 {
 		t.Fatalf("GET_VRING_BASE of an unstarted ring: %d, want 77", got)
 	}
@@ -517,25 +522,25 @@ func TestBaseOfUnstartedRing(t *testing.T) {
 func TestInFlightLimit(t *testing.T) {
 	stats := new(Stats)
 	h := startSession(t, opts{stats: stats, num: 16})
-	r, v := h.rings[1], h.vr[1]
-	b := h.g.alloc(256, 64)
+	r, v := h.Rings[1], h.vr[1]
+	b := h.G.Alloc(256, 64)
 	var heads []uint16
-	for range r.num {
-		heads = append(heads, r.addChain([]seg{{b, 100, false}}))
+	for range r.Num {
+		heads = append(heads, r.AddChain([]vhostusertest.Seg{{GPA: b, Len: 100}}))
 	}
-	r.publish(heads...)
+	r.Publish(heads...)
 	iov := make([][]byte, 0, 8)
 	if err := v.Begin(); err != nil {
 		t.Fatal(err)
 	}
-	for range r.num {
+	for range r.Num {
 		c, err := v.Pop(iov)
 		if err != nil {
 			t.Fatal(err)
 		}
 		v.Push(c.Head, 0) // pushed, not yet published
 	}
-	r.publish(heads[0]) // a 17th chain while 16 are unpublished: a head reused
+	r.Publish(heads[0]) // a 17th chain while 16 are unpublished: a head reused
 	_, err := v.Pop(iov)
 	v.End()
 	var re *RingError
@@ -565,8 +570,8 @@ func TestUnsealedMemfdReported(t *testing.T) {
 	if n != 1 || !strings.Contains(lines[0], "not sealed against shrinking") {
 		t.Fatalf("log %q, want one line about the unsealed memfd", lines)
 	}
-	h.stop()
-	h.close()
+	h.Stop()
+	h.Close()
 
 	fd, err := unix.MemfdCreate("guest-ram", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
 	if err != nil {
@@ -577,9 +582,9 @@ func TestUnsealedMemfdReported(t *testing.T) {
 	if _, err := unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, unix.F_SEAL_SHRINK|unix.F_SEAL_GROW); err != nil {
 		t.Fatal(err)
 	}
-	var mt MemTable
+	var mt vuproto.MemTable
 	mt.N = 1
-	mt.Regions[0] = MemRegion{GPA: 0, Size: 1 << 20, UserAddr: 1 << 30}
+	mt.Regions[0] = vuproto.MemRegion{GPA: 0, Size: 1 << 20, UserAddr: 1 << 30}
 	dup, _ := unix.Dup(fd)
 	g, warn, err := mapMemTable(&mt, []int{dup})
 	if err != nil || warn != "" {
@@ -615,5 +620,5 @@ func TestGuestMemoryNotDumped(t *testing.T) {
 	if guest != 3 || dd != 2 {
 		t.Fatalf("%d mappings of guest RAM, %d of them not dumped; want 3 and 2", guest, dd)
 	}
-	h.stop()
+	h.Stop()
 }

@@ -8,6 +8,8 @@ import (
 	"math"
 	"testing"
 
+	"tapgro/vhostuser/vhostusertest"
+	"tapgro/vhostuser/vuproto"
 	"tapgro/virtio"
 )
 
@@ -21,148 +23,147 @@ func TestHostile(t *testing.T) {
 		ack    uint64
 		iovCap int
 		want   Reason
-		build  func(r *gring, buf uint64) // writes descriptors and publishes
+		build  func(r *vhostusertest.Ring, buf uint64) // writes descriptors and publishes
 	}
-	d := func(r *gring, i int, addr uint64, n uint32, fl, next uint16) {
-		putDesc(r.desc[16*i:], addr, n, fl, next)
+	d := func(r *vhostusertest.Ring, i int, addr uint64, n uint32, fl, next uint16) {
+		vhostusertest.PutDesc(r.Desc[16*i:], addr, n, fl, next)
 	}
-	ind := func(r *gring, n int) (uint64, []byte) {
-		a := r.g.alloc(16*n, 16)
-		return a, r.g.at(a, 16*n)
+	ind := func(r *vhostusertest.Ring, n int) (uint64, []byte) {
+		a := r.G.Alloc(16*n, 16)
+		return a, r.G.At(a, 16*n)
 	}
 	cases := []hcase{
-		{name: "head", ring: 1, want: RejectHeadRange, build: func(r *gring, b uint64) {
-			r.publish(uint16(r.num + 5))
+		{name: "head", ring: 1, want: RejectHeadRange, build: func(r *vhostusertest.Ring, b uint64) {
+			r.Publish(uint16(r.Num + 5))
 		}},
-		{name: "next", ring: 1, want: RejectNextRange, build: func(r *gring, b uint64) {
-			d(r, 0, b, 100, descFNext, uint16(r.num))
-			r.publish(0)
+		{name: "next", ring: 1, want: RejectNextRange, build: func(r *vhostusertest.Ring, b uint64) {
+			d(r, 0, b, 100, descFNext, uint16(r.Num))
+			r.Publish(0)
 		}},
-		{name: "loop", ring: 1, want: RejectLoop, build: func(r *gring, b uint64) {
+		{name: "loop", ring: 1, want: RejectLoop, build: func(r *vhostusertest.Ring, b uint64) {
 			d(r, 0, b, 100, descFNext, 1)
 			d(r, 1, b, 100, descFNext, 0)
-			r.publish(0)
+			r.Publish(0)
 		}},
-		{name: "selfloop", ring: 1, want: RejectLoop, build: func(r *gring, b uint64) {
+		{name: "selfloop", ring: 1, want: RejectLoop, build: func(r *vhostusertest.Ring, b uint64) {
 			d(r, 3, b, 100, descFNext, 3)
-			r.publish(3)
+			r.Publish(3)
 		}},
-		{name: "zero", ring: 1, want: RejectZeroLen, build: func(r *gring, b uint64) {
+		{name: "zero", ring: 1, want: RejectZeroLen, build: func(r *vhostusertest.Ring, b uint64) {
 			d(r, 0, b, 12, descFNext, 1)
 			d(r, 1, b, 0, 0, 0)
-			r.publish(0)
+			r.Publish(0)
 		}},
-		{name: "tx-writable", ring: 1, want: RejectDirection, build: func(r *gring, b uint64) {
+		{name: "tx-writable", ring: 1, want: RejectDirection, build: func(r *vhostusertest.Ring, b uint64) {
 			d(r, 0, b, 12, descFNext, 1)
 			d(r, 1, b, 100, descFWrite, 0)
-			r.publish(0)
+			r.Publish(0)
 		}},
-		{name: "rx-readable", ring: 0, want: RejectDirection, build: func(r *gring, b uint64) {
+		{name: "rx-readable", ring: 0, want: RejectDirection, build: func(r *vhostusertest.Ring, b uint64) {
 			d(r, 0, b, 1536, 0, 0)
-			r.publish(0)
+			r.Publish(0)
 		}},
-		{name: "avail-jump", ring: 1, want: RejectAvailJump, build: func(r *gring, b uint64) {
+		{name: "avail-jump", ring: 1, want: RejectAvailJump, build: func(r *vhostusertest.Ring, b uint64) {
 			d(r, 0, b, 100, 0, 0)
-			r.availIdx = uint16(r.num + 1)
-			store32(r.avail, 0, uint32(r.availIdx)<<16)
+			store32(r.Avail, 0, uint32(r.Num+1)<<16) // avail->idx num+1 ahead of used
 		}},
-		{name: "hole", ring: 1, want: RejectAddress, build: func(r *gring, b uint64) {
-			d(r, 0, regAEnd+0x100, 100, 0, 0)
-			r.publish(0)
+		{name: "hole", ring: 1, want: RejectAddress, build: func(r *vhostusertest.Ring, b uint64) {
+			d(r, 0, vhostusertest.RegionAEnd+0x100, 100, 0, 0)
+			r.Publish(0)
 		}},
-		{name: "into-hole", ring: 1, want: RejectAddress, build: func(r *gring, b uint64) {
-			d(r, 0, regAEnd-50, 100, 0, 0) // starts mapped, runs into the hole
-			r.publish(0)
+		{name: "into-hole", ring: 1, want: RejectAddress, build: func(r *vhostusertest.Ring, b uint64) {
+			d(r, 0, vhostusertest.RegionAEnd-50, 100, 0, 0) // starts mapped, runs into the hole
+			r.Publish(0)
 		}},
-		{name: "beyond", ring: 1, want: RejectAddress, build: func(r *gring, b uint64) {
+		{name: "beyond", ring: 1, want: RejectAddress, build: func(r *vhostusertest.Ring, b uint64) {
 			d(r, 0, memSize-50, 100, 0, 0)
-			r.publish(0)
+			r.Publish(0)
 		}},
-		{name: "wrap-addr", ring: 1, want: RejectLenOverflow, build: func(r *gring, b uint64) {
+		{name: "wrap-addr", ring: 1, want: RejectLenOverflow, build: func(r *vhostusertest.Ring, b uint64) {
 			d(r, 0, math.MaxUint64-10, 100, 0, 0)
-			r.publish(0)
+			r.Publish(0)
 		}},
-		{name: "chain-len", ring: 1, want: RejectLenOverflow, build: func(r *gring, b uint64) {
+		{name: "chain-len", ring: 1, want: RejectLenOverflow, build: func(r *vhostusertest.Ring, b uint64) {
 			d(r, 0, b, 100, descFNext, 1)
 			d(r, 1, b, math.MaxUint32, 0, 0)
-			r.publish(0)
+			r.Publish(0)
 		}},
-		{name: "short", ring: 1, want: RejectShortChain, build: func(r *gring, b uint64) {
+		{name: "short", ring: 1, want: RejectShortChain, build: func(r *vhostusertest.Ring, b uint64) {
 			d(r, 0, b, 5, descFNext, 1)
 			d(r, 1, b, 6, 0, 0)
-			r.publish(0)
+			r.Publish(0)
 		}},
-		{name: "rx-short", ring: 0, want: RejectShortChain, build: func(r *gring, b uint64) {
+		{name: "rx-short", ring: 0, want: RejectShortChain, build: func(r *vhostusertest.Ring, b uint64) {
 			d(r, 0, b, 8, descFWrite, 0)
-			r.publish(0)
+			r.Publish(0)
 		}},
 		{name: "indirect-not-acked", ring: 1, ack: featsDefault &^ (1 << virtio.RingIndirectDesc),
-			want: RejectIndirect, build: func(r *gring, b uint64) {
+			want: RejectIndirect, build: func(r *vhostusertest.Ring, b uint64) {
 				ta, t := ind(r, 1)
-				putDesc(t, b, 100, 0, 0)
+				vhostusertest.PutDesc(t, b, 100, 0, 0)
 				d(r, 0, ta, 16, descFIndirect, 0)
-				r.publish(0)
+				r.Publish(0)
 			}},
-		{name: "indirect-len", ring: 1, want: RejectIndirect, build: func(r *gring, b uint64) {
+		{name: "indirect-len", ring: 1, want: RejectIndirect, build: func(r *vhostusertest.Ring, b uint64) {
 			ta, _ := ind(r, 2)
 			d(r, 0, ta, 24, descFIndirect, 0)
-			r.publish(0)
+			r.Publish(0)
 		}},
-		{name: "indirect-zero", ring: 1, want: RejectIndirect, build: func(r *gring, b uint64) {
+		{name: "indirect-zero", ring: 1, want: RejectIndirect, build: func(r *vhostusertest.Ring, b uint64) {
 			d(r, 0, b, 0, descFIndirect, 0)
-			r.publish(0)
+			r.Publish(0)
 		}},
-		{name: "indirect-huge", ring: 1, want: RejectIndirect, build: func(r *gring, b uint64) {
-			ta, _ := ind(r, r.num+1)
-			d(r, 0, ta, uint32(16*(r.num+1)), descFIndirect, 0)
-			r.publish(0)
+		{name: "indirect-huge", ring: 1, want: RejectIndirect, build: func(r *vhostusertest.Ring, b uint64) {
+			ta, _ := ind(r, r.Num+1)
+			d(r, 0, ta, uint32(16*(r.Num+1)), descFIndirect, 0)
+			r.Publish(0)
 		}},
-		{name: "indirect-next", ring: 1, want: RejectIndirect, build: func(r *gring, b uint64) {
+		{name: "indirect-next", ring: 1, want: RejectIndirect, build: func(r *vhostusertest.Ring, b uint64) {
 			ta, t := ind(r, 1)
-			putDesc(t, b, 100, 0, 0)
+			vhostusertest.PutDesc(t, b, 100, 0, 0)
 			d(r, 0, ta, 16, descFIndirect|descFNext, 1)
 			d(r, 1, b, 100, 0, 0)
-			r.publish(0)
+			r.Publish(0)
 		}},
-		{name: "indirect-nested", ring: 1, want: RejectIndirect, build: func(r *gring, b uint64) {
+		{name: "indirect-nested", ring: 1, want: RejectIndirect, build: func(r *vhostusertest.Ring, b uint64) {
 			ta, t := ind(r, 2)
 			tb, t2 := ind(r, 1)
-			putDesc(t2, b, 100, 0, 0)
-			putDesc(t, b, 12, descFNext, 1)
-			putDesc(t[16:], tb, 16, descFIndirect, 0)
+			vhostusertest.PutDesc(t2, b, 100, 0, 0)
+			vhostusertest.PutDesc(t, b, 12, descFNext, 1)
+			vhostusertest.PutDesc(t[16:], tb, 16, descFIndirect, 0)
 			d(r, 0, ta, 32, descFIndirect, 0)
-			r.publish(0)
+			r.Publish(0)
 		}},
-		{name: "indirect-not-head", ring: 1, want: RejectIndirect, build: func(r *gring, b uint64) {
+		{name: "indirect-not-head", ring: 1, want: RejectIndirect, build: func(r *vhostusertest.Ring, b uint64) {
 			ta, t := ind(r, 1)
-			putDesc(t, b, 100, 0, 0)
+			vhostusertest.PutDesc(t, b, 100, 0, 0)
 			d(r, 0, b, 12, descFNext, 1)
 			d(r, 1, ta, 16, descFIndirect, 0)
-			r.publish(0)
+			r.Publish(0)
 		}},
-		{name: "indirect-next-range", ring: 1, want: RejectNextRange, build: func(r *gring, b uint64) {
+		{name: "indirect-next-range", ring: 1, want: RejectNextRange, build: func(r *vhostusertest.Ring, b uint64) {
 			ta, t := ind(r, 2)
-			putDesc(t, b, 12, descFNext, 2)
+			vhostusertest.PutDesc(t, b, 12, descFNext, 2)
 			d(r, 0, ta, 32, descFIndirect, 0)
-			r.publish(0)
+			r.Publish(0)
 		}},
-		{name: "indirect-loop", ring: 1, want: RejectLoop, build: func(r *gring, b uint64) {
+		{name: "indirect-loop", ring: 1, want: RejectLoop, build: func(r *vhostusertest.Ring, b uint64) {
 			ta, t := ind(r, 2)
-			putDesc(t, b, 12, descFNext, 1)
-			putDesc(t[16:], b, 12, descFNext, 0)
+			vhostusertest.PutDesc(t, b, 12, descFNext, 1)
+			vhostusertest.PutDesc(t[16:], b, 12, descFNext, 0)
 			d(r, 0, ta, 32, descFIndirect, 0)
-			r.publish(0)
+			r.Publish(0)
 		}},
-		{name: "indirect-table-unmapped", ring: 1, want: RejectAddress, build: func(r *gring, b uint64) {
-			d(r, 0, regAEnd+0x10, 32, descFIndirect, 0)
-			r.publish(0)
+		{name: "indirect-table-unmapped", ring: 1, want: RejectAddress, build: func(r *vhostusertest.Ring, b uint64) {
+			d(r, 0, vhostusertest.RegionAEnd+0x10, 32, descFIndirect, 0)
+			r.Publish(0)
 		}},
-		{name: "iov-full", ring: 1, iovCap: 4, want: RejectIovFull, build: func(r *gring, b uint64) {
+		{name: "iov-full", ring: 1, iovCap: 4, want: RejectIovFull, build: func(r *vhostusertest.Ring, b uint64) {
 			for i := 0; i < 6; i++ {
 				d(r, i, b+uint64(20*i), 20, descFNext, uint16(i+1))
 			}
 			d(r, 6, b+200, 20, 0, 0)
-			r.publish(0)
+			r.Publish(0)
 		}},
 	}
 	stats := new(Stats)
@@ -170,8 +171,8 @@ func TestHostile(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			before := stats.Rejected[tc.want].Load()
 			h := startSession(t, opts{ack: tc.ack, stats: stats})
-			r, v := h.rings[tc.ring], h.vr[tc.ring]
-			buf := h.g.alloc(4096, 64)
+			r, v := h.Rings[tc.ring], h.vr[tc.ring]
+			buf := h.G.Alloc(4096, 64)
 			tc.build(r, buf)
 			iov := make([][]byte, 0, max(tc.iovCap, 1))
 			if tc.iovCap == 0 {
@@ -198,21 +199,21 @@ func TestHostile(t *testing.T) {
 			if err := v.Wait(); !errors.Is(err, ErrBroken) {
 				t.Fatalf("Wait after violation: %v", err)
 			}
-			if !readEventfd(r.errfd) {
+			if !r.Errored() {
 				t.Fatal("err eventfd not written")
 			}
 			// Nothing was consumed: QEMU restarts from the offending chain.
-			if b := h.stop(); b[tc.ring] != 0 {
+			if b := h.Stop(); b[tc.ring] != 0 {
 				t.Fatalf("base %d", b[tc.ring])
 			}
-			if err := h.close(); err != nil {
+			if err := h.Close(); err != nil {
 				t.Fatalf("session: %v", err)
 			}
 			// The next session works.
 			h2 := startSession(t, opts{stats: stats})
-			r2, v2 := h2.rings[1], h2.vr[1]
-			b2 := h2.g.alloc(256, 64)
-			r2.publish(r2.addChain([]seg{{b2, 100, false}}))
+			r2, v2 := h2.Rings[1], h2.vr[1]
+			b2 := h2.G.Alloc(256, 64)
+			r2.Publish(r2.AddChain([]vhostusertest.Seg{{GPA: b2, Len: 100}}))
 			batch(t, v2, func() {
 				c, err := v2.Pop(iov[:0:cap(iov)])
 				if err != nil {
@@ -220,7 +221,7 @@ func TestHostile(t *testing.T) {
 				}
 				v2.Push(c.Head, 0)
 			})
-			if len(r2.reap()) != 1 {
+			if len(r2.Reap()) != 1 {
 				t.Fatal("next session: no used entry")
 			}
 		})
@@ -232,26 +233,28 @@ func TestHostile(t *testing.T) {
 func TestRingAddr(t *testing.T) {
 	for _, tc := range []struct {
 		name string
-		mod  func(p []byte, r *gring)
+		mod  func(p []byte, r *vhostusertest.Ring)
 	}{
-		{"desc-in-hole", func(p []byte, r *gring) { binary.LittleEndian.PutUint64(p[8:], r.g.regions[0].UserAddr+regAEnd) }},
-		{"used-past-end", func(p []byte, r *gring) {
-			binary.LittleEndian.PutUint64(p[16:], r.g.regions[1].UserAddr+r.g.regions[1].Size-8)
+		{"desc-in-hole", func(p []byte, r *vhostusertest.Ring) {
+			binary.LittleEndian.PutUint64(p[8:], r.G.Regions[0].UserAddr+vhostusertest.RegionAEnd)
 		}},
-		{"avail-misaligned", func(p []byte, r *gring) { binary.LittleEndian.PutUint64(p[24:], r.g.qva(r.availA)+2) }},
-		{"desc-crosses-regions", func(p []byte, r *gring) {
-			binary.LittleEndian.PutUint64(p[8:], r.g.regions[0].UserAddr+regAEnd-16*16)
+		{"used-past-end", func(p []byte, r *vhostusertest.Ring) {
+			binary.LittleEndian.PutUint64(p[16:], r.G.Regions[1].UserAddr+r.G.Regions[1].Size-8)
+		}},
+		{"avail-misaligned", func(p []byte, r *vhostusertest.Ring) { binary.LittleEndian.PutUint64(p[24:], r.G.QVA(r.AvailA)+2) }},
+		{"desc-crosses-regions", func(p []byte, r *vhostusertest.Ring) {
+			binary.LittleEndian.PutUint64(p[8:], r.G.Regions[0].UserAddr+vhostusertest.RegionAEnd-16*16)
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			stats := new(Stats)
 			h := startSession(t, opts{skipKick: true, stats: stats})
-			r := h.rings[1]
-			p := addrPayload(r)
+			r := h.Rings[1]
+			p := vhostusertest.AddrPayload(r)
 			tc.mod(p, r)
-			h.fe.send(ReqSetVringAddr, flagVersion, p)
-			h.fe.send(ReqSetVringKick, flagVersion, u64(1), r.kick)
-			h.fe.get(ReqGetFeatures)
+			h.FE.Send(ReqSetVringAddr, vuproto.FlagVersion, p)
+			h.FE.Send(ReqSetVringKick, vuproto.FlagVersion, vhostusertest.U64(1), r.Kick)
+			h.FE.Get(ReqGetFeatures)
 			if n := stats.Rejected[RejectRingAddr].Load(); n != 1 {
 				t.Fatalf("ring_addr = %d", n)
 			}
@@ -260,7 +263,7 @@ func TestRingAddr(t *testing.T) {
 				t.Fatalf("ring %d started", v.Index())
 			default:
 			}
-			h.stop()
+			h.Stop()
 		})
 	}
 }

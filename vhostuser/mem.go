@@ -7,12 +7,14 @@ import (
 	"math"
 
 	"golang.org/x/sys/unix"
+
+	"tapgro/vhostuser/vuproto"
 )
 
 // region is one mapped VhostUserMemoryRegion. mem = mapping[mmap_offset:][:size]: the
 // bytes guest_phys_addr .. guest_phys_addr+size-1 (and userspace_addr .. in QEMU).
 type region struct {
-	MemRegion
+	vuproto.MemRegion
 	mapping []byte // whole mmap, kept for munmap
 	mem     []byte
 }
@@ -37,7 +39,7 @@ type guestMem struct {
 // this check; the workers recover that fault (Vring.Guard), and a memfd sealed with
 // F_SEAL_SHRINK (QEMU's memory-backend-memfd default, seal=on) cannot, so an unsealed
 // memfd is reported once.
-func mapMemTable(t *MemTable, fds []int) (g *guestMem, warn string, err error) {
+func mapMemTable(t *vuproto.MemTable, fds []int) (g *guestMem, warn string, err error) {
 	defer func() {
 		for _, fd := range fds {
 			unix.Close(fd)
@@ -75,7 +77,7 @@ func mapMemTable(t *MemTable, fds []int) (g *guestMem, warn string, err error) {
 
 // checkRegion rejects regions whose ends overflow in any of the three address spaces, so
 // that later translation arithmetic (a - start < size) needs no overflow care.
-func checkRegion(r MemRegion) error {
+func checkRegion(r vuproto.MemRegion) error {
 	switch {
 	case r.Size == 0:
 		return fmt.Errorf("empty region")
@@ -91,7 +93,7 @@ func checkRegion(r MemRegion) error {
 // ruled out overflow). sealed is false only for a memfd without F_SEAL_SHRINK; a file
 // that takes no seals at all (F_GET_SEALS fails: not a memfd) counts as sealed, since
 // nothing can be done about it here and the fault recovery covers it.
-func checkRegionFile(fd int, r MemRegion) (sealed bool, err error) {
+func checkRegionFile(fd int, r vuproto.MemRegion) (sealed bool, err error) {
 	var st unix.Stat_t
 	if err := unix.Fstat(fd, &st); err != nil {
 		return false, fmt.Errorf("fstat: %w", err)

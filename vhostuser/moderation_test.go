@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"tapgro/vhostuser/vhostusertest"
 	"tapgro/virtio"
 )
 
@@ -15,15 +16,15 @@ import (
 type modRing struct {
 	t    *testing.T
 	h    *harness
-	r    *gring
+	r    *vhostusertest.Ring
 	v    *Vring
-	bufs map[uint16][]seg
+	bufs map[uint16][]vhostusertest.Seg
 	iov  [][]byte
 }
 
 func newModRing(t *testing.T, ack uint64) *modRing {
 	h := startSession(t, opts{ack: ack})
-	m := &modRing{t: t, h: h, r: h.rings[0], v: h.vr[0], bufs: map[uint16][]seg{}, iov: make([][]byte, 0, 64)}
+	m := &modRing{t: t, h: h, r: h.Rings[0], v: h.vr[0], bufs: map[uint16][]vhostusertest.Seg{}, iov: make([][]byte, 0, 64)}
 	rxPost(m.r, 200, 2048, 1, m.bufs)
 	return m
 }
@@ -40,7 +41,7 @@ func (m *modRing) deliver(frames, n int) bool {
 			}
 		}
 	})
-	called := readEventfd(m.r.call)
+	called := m.r.Called()
 	if called {
 		m.rearm()
 	}
@@ -51,13 +52,13 @@ func (m *modRing) deliver(frames, n int) bool {
 // after processing (virtqueue_enable_cb_prepare).
 func (m *modRing) rearm() {
 	var heads []uint16
-	for _, u := range m.r.reap() {
-		nh := m.r.addChain(m.bufs[u.id])
-		m.bufs[nh] = m.bufs[u.id]
+	for _, u := range m.r.Reap() {
+		nh := m.r.AddChain(m.bufs[u.ID])
+		m.bufs[nh] = m.bufs[u.ID]
 		heads = append(heads, nh)
 	}
-	m.r.publish(heads...)
-	m.r.setUsedEvent(m.r.usedSeen)
+	m.r.Publish(heads...)
+	m.r.SetUsedEvent(m.r.Reaped())
 }
 
 func (m *modRing) deferred() uint64 { return m.h.b.Stats().CallsDeferred.Load() }
@@ -87,8 +88,8 @@ func TestCallModeration(t *testing.T) {
 				t.Fatalf("CallsDeferred %d, want 1 (one owed call covers the later batches)", d)
 			}
 			// Stopping the ring settles what is owed: the front-end takes over.
-			m.h.stop()
-			if !readEventfd(m.r.call) {
+			m.h.Stop()
+			if !m.r.Called() {
 				t.Fatal("the owed call was not sent at stop")
 			}
 		})
@@ -116,7 +117,7 @@ func TestCallModeration(t *testing.T) {
 		}
 		// Waiting here asserts delivery, not its timing: the timer sends the call.
 		deadline := time.Now().Add(10 * time.Second)
-		for !readEventfd(m.r.call) {
+		for !m.r.Called() {
 			if time.Now().After(deadline) {
 				t.Fatal("the owed call never came")
 			}
@@ -148,11 +149,11 @@ func TestCallModeration(t *testing.T) {
 			m.v.lastCall = time.Now().Add(-2 * time.Hour) // the interval is up
 			m.v.mu.Unlock()
 			m.v.deferredCall()
-			if got := readEventfd(m.r.call); got != tc.wantCall {
+			if got := m.r.Called(); got != tc.wantCall {
 				t.Fatalf("call when the interval was up: %v, want %v", got, tc.wantCall)
 			}
-			m.h.stop()
-			if readEventfd(m.r.call) {
+			m.h.Stop()
+			if m.r.Called() {
 				t.Fatal("stop sent a call no longer owed")
 			}
 		})
@@ -170,7 +171,7 @@ func TestPublishPerFrame(t *testing.T) {
 				t.Fatal(err)
 			}
 			m.v.Publish()
-			if u := m.r.reap(); len(u) != 1 {
+			if u := m.r.Reap(); len(u) != 1 {
 				t.Fatalf("frame %d: %d used entries visible after Publish", i, len(u))
 			}
 		}
@@ -184,7 +185,7 @@ func TestPublishPerFrame(t *testing.T) {
 // processing, so a batch that finds the ring empty sends the owed call at once.
 func TestCallModerationRingDry(t *testing.T) {
 	h := startSession(t, opts{})
-	m := &modRing{t: t, h: h, r: h.rings[0], v: h.vr[0], bufs: map[uint16][]seg{}, iov: make([][]byte, 0, 64)}
+	m := &modRing{t: t, h: h, r: h.Rings[0], v: h.vr[0], bufs: map[uint16][]vhostusertest.Seg{}, iov: make([][]byte, 0, 64)}
 	rxPost(m.r, 24, 2048, 1, m.bufs)
 	m.v.SetCallModeration(time.Hour)
 	m.deliver(12, 1500)
@@ -199,7 +200,7 @@ func TestCallModerationRingDry(t *testing.T) {
 			}
 		}
 	})
-	if !readEventfd(m.r.call) {
+	if !m.r.Called() {
 		t.Fatal("the ring ran dry with a call owed and none was sent")
 	}
 }

@@ -11,57 +11,40 @@ import (
 	"syscall"
 
 	"golang.org/x/sys/unix"
+
+	"tapgro/vhostuser/vuproto"
 )
 
-// Front-end → back-end request types (QEMU hw/virtio/vhost-user.c enum VhostUserRequest;
-// docs/interop/vhost-user.rst "Front-end message types").
+// The request codes, as the back-end's API names them: Stats.Messages is indexed by
+// them and Handler.Unknown reports one. They are vuproto's (the wire format's), which
+// also holds the header flags, the protocol feature bits and the payload layouts.
 const (
-	ReqGetFeatures         = 1
-	ReqSetFeatures         = 2
-	ReqSetOwner            = 3
-	ReqResetOwner          = 4
-	ReqSetMemTable         = 5
-	ReqSetLogBase          = 6
-	ReqSetLogFd            = 7
-	ReqSetVringNum         = 8
-	ReqSetVringAddr        = 9
-	ReqSetVringBase        = 10
-	ReqGetVringBase        = 11
-	ReqSetVringKick        = 12
-	ReqSetVringCall        = 13
-	ReqSetVringErr         = 14
-	ReqGetProtocolFeatures = 15
-	ReqSetProtocolFeatures = 16
-	ReqGetQueueNum         = 17
-	ReqSetVringEnable      = 18
-	ReqSendRARP            = 19
-	ReqNetSetMTU           = 20
+	ReqGetFeatures         = vuproto.ReqGetFeatures
+	ReqSetFeatures         = vuproto.ReqSetFeatures
+	ReqSetOwner            = vuproto.ReqSetOwner
+	ReqResetOwner          = vuproto.ReqResetOwner
+	ReqSetMemTable         = vuproto.ReqSetMemTable
+	ReqSetLogBase          = vuproto.ReqSetLogBase
+	ReqSetLogFd            = vuproto.ReqSetLogFd
+	ReqSetVringNum         = vuproto.ReqSetVringNum
+	ReqSetVringAddr        = vuproto.ReqSetVringAddr
+	ReqSetVringBase        = vuproto.ReqSetVringBase
+	ReqGetVringBase        = vuproto.ReqGetVringBase
+	ReqSetVringKick        = vuproto.ReqSetVringKick
+	ReqSetVringCall        = vuproto.ReqSetVringCall
+	ReqSetVringErr         = vuproto.ReqSetVringErr
+	ReqGetProtocolFeatures = vuproto.ReqGetProtocolFeatures
+	ReqSetProtocolFeatures = vuproto.ReqSetProtocolFeatures
+	ReqGetQueueNum         = vuproto.ReqGetQueueNum
+	ReqSetVringEnable      = vuproto.ReqSetVringEnable
+	ReqSendRARP            = vuproto.ReqSendRARP
+	ReqNetSetMTU           = vuproto.ReqNetSetMTU
 
 	// MaxRequest bounds the per-type message counters; higher IDs share the last slot.
 	MaxRequest = 64
 )
 
-// Header flags (QEMU hw/virtio/vhost-user.c VHOST_USER_VERSION_MASK, VHOST_USER_REPLY_MASK,
-// VHOST_USER_NEED_REPLY_MASK).
 const (
-	flagVersion   = 0x1
-	flagVersionMk = 0x3
-	flagReply     = 0x4
-	flagNeedReply = 0x8
-	replyFlags    = flagVersion | flagReply // QEMU vhost_user_read_header insists on exactly this
-)
-
-// Protocol feature bits (QEMU hw/virtio/vhost-user.c enum VhostUserProtocolFeature).
-const (
-	ProtoMQ       = 0
-	ProtoLogShmfd = 1
-	ProtoRARP     = 2
-	ProtoReplyAck = 3
-	ProtoNetMTU   = 4
-)
-
-const (
-	hdrSize = 12
 	// maxPayload is sizeof(VhostUserPayload) in QEMU 7.2 on x86_64 (its largest member is
 	// VhostUserCryptoSession): QEMU itself refuses larger replies in vhost_user_read, so a
 	// larger size can only be a broken or hostile front-end. Net requests need at most
@@ -69,15 +52,11 @@ const (
 	maxPayload = 632
 	// maxFds matches libvhost-user's VHOST_MEMORY_BASELINE_NREGIONS-sized control buffer
 	// (subprojects/libvhost-user/libvhost-user.c vu_message_read_default).
-	maxFds     = 8
-	maxRegions = 8
+	maxFds = 8
 
 	// oobSize is CMSG_SPACE(8*sizeof(int)) on 64-bit Linux: room for exactly maxFds, so
 	// a message with more fds comes back with MSG_CTRUNC and is refused.
 	oobSize = 48
-
-	vringFdNoFd    = 1 << 8 // VHOST_USER_VRING_NOFD_MASK
-	vringIndexMask = 0xff   // VHOST_USER_VRING_IDX_MASK
 )
 
 // ErrProtocol marks a malformed message. It ends the session: after a framing error the
@@ -101,7 +80,7 @@ type message struct {
 
 func (m *message) body() []byte { return m.payload[:m.size] }
 
-func (m *message) needReply() bool { return m.flags&flagNeedReply != 0 }
+func (m *message) needReply() bool { return m.flags&vuproto.FlagNeedReply != 0 }
 
 // takeFd hands fd i to the caller, who then owns it.
 func (m *message) takeFd(i int) int {
@@ -127,10 +106,10 @@ func parseHeader(h []byte) (req, flags, size uint32, err error) {
 	req = binary.LittleEndian.Uint32(h[0:])
 	flags = binary.LittleEndian.Uint32(h[4:])
 	size = binary.LittleEndian.Uint32(h[8:])
-	if flags&flagVersionMk != flagVersion {
-		return 0, 0, 0, protoErr("version %d in flags %#x", flags&flagVersionMk, flags)
+	if flags&vuproto.FlagVersionMask != vuproto.FlagVersion {
+		return 0, 0, 0, protoErr("version %d in flags %#x", flags&vuproto.FlagVersionMask, flags)
 	}
-	if flags&^(flagVersionMk|flagNeedReply) != 0 {
+	if flags&^(vuproto.FlagVersionMask|vuproto.FlagNeedReply) != 0 {
 		return 0, 0, 0, protoErr("unexpected flags %#x in request %d", flags, req)
 	}
 	if size > maxPayload {
@@ -165,7 +144,7 @@ func fdRule(req uint32, p []byte) int {
 	case ReqSetMemTable:
 		return int(binary.LittleEndian.Uint32(p))
 	case ReqSetVringKick, ReqSetVringCall, ReqSetVringErr:
-		if binary.LittleEndian.Uint64(p)&vringFdNoFd != 0 {
+		if binary.LittleEndian.Uint64(p)&vuproto.VringNoFd != 0 {
 			return 0
 		}
 		return 1
@@ -186,7 +165,7 @@ func validate(req uint32, p []byte, nfds int) error {
 			return protoErr("SET_MEM_TABLE size %d", len(p))
 		}
 		n := binary.LittleEndian.Uint32(p)
-		if n == 0 || n > maxRegions || len(p) != 8+32*int(n) {
+		if n == 0 || n > vuproto.MaxRegions || len(p) != 8+32*int(n) {
 			return protoErr("SET_MEM_TABLE with %d regions in %d bytes", n, len(p))
 		}
 	default:
@@ -200,37 +179,6 @@ func validate(req uint32, p []byte, nfds int) error {
 	return nil
 }
 
-// VringState is struct vhost_vring_state (linux include/uapi/linux/vhost_types.h).
-type VringState struct {
-	Index uint32
-	Num   uint32
-}
-
-// VringAddr is struct vhost_vring_addr: the ring parts as front-end virtual addresses.
-// Note the order: used before avail.
-type VringAddr struct {
-	Index uint32
-	Flags uint32
-	Desc  uint64
-	Used  uint64
-	Avail uint64
-	Log   uint64
-}
-
-// MemRegion is VhostUserMemoryRegion (QEMU hw/virtio/vhost-user.c).
-type MemRegion struct {
-	GPA        uint64 // guest_phys_addr
-	Size       uint64 // memory_size
-	UserAddr   uint64 // userspace_addr in the front-end
-	MmapOffset uint64 // where the region starts in its fd
-}
-
-// MemTable is VhostUserMemory without the padding.
-type MemTable struct {
-	N       int
-	Regions [maxRegions]MemRegion
-}
-
 func decodeU64(p []byte) (uint64, error) {
 	if len(p) != 8 {
 		return 0, protoErr("u64 payload of %d bytes", len(p))
@@ -238,36 +186,37 @@ func decodeU64(p []byte) (uint64, error) {
 	return binary.LittleEndian.Uint64(p), nil
 }
 
-func decodeState(p []byte) (VringState, error) {
+func decodeState(p []byte) (vuproto.VringState, error) {
 	if len(p) != 8 {
-		return VringState{}, protoErr("vring state of %d bytes", len(p))
+		return vuproto.VringState{}, protoErr("vring state of %d bytes", len(p))
 	}
-	return VringState{binary.LittleEndian.Uint32(p), binary.LittleEndian.Uint32(p[4:])}, nil
+	return vuproto.VringState{Index: binary.LittleEndian.Uint32(p), Num: binary.LittleEndian.Uint32(p[4:])}, nil
 }
 
-func decodeAddr(p []byte) (VringAddr, error) {
+func decodeAddr(p []byte) (vuproto.VringAddr, error) {
 	if len(p) != 40 {
-		return VringAddr{}, protoErr("vring addr of %d bytes", len(p))
+		return vuproto.VringAddr{}, protoErr("vring addr of %d bytes", len(p))
 	}
 	le := binary.LittleEndian
-	return VringAddr{le.Uint32(p), le.Uint32(p[4:]), le.Uint64(p[8:]), le.Uint64(p[16:]),
-		le.Uint64(p[24:]), le.Uint64(p[32:])}, nil
+	return vuproto.VringAddr{Index: le.Uint32(p), Flags: le.Uint32(p[4:]), Desc: le.Uint64(p[8:]),
+		Used: le.Uint64(p[16:]), Avail: le.Uint64(p[24:]), Log: le.Uint64(p[32:])}, nil
 }
 
-func decodeMemTable(p []byte) (MemTable, error) {
-	var t MemTable
+func decodeMemTable(p []byte) (vuproto.MemTable, error) {
+	var t vuproto.MemTable
 	if len(p) < 8 {
 		return t, protoErr("memory table of %d bytes", len(p))
 	}
 	n := binary.LittleEndian.Uint32(p)
-	if n == 0 || n > maxRegions || len(p) != 8+32*int(n) {
+	if n == 0 || n > vuproto.MaxRegions || len(p) != 8+32*int(n) {
 		return t, protoErr("memory table with %d regions in %d bytes", n, len(p))
 	}
 	t.N = int(n)
 	le := binary.LittleEndian
 	for i := 0; i < t.N; i++ {
 		r := p[8+32*i:]
-		t.Regions[i] = MemRegion{le.Uint64(r), le.Uint64(r[8:]), le.Uint64(r[16:]), le.Uint64(r[24:])}
+		t.Regions[i] = vuproto.MemRegion{GPA: le.Uint64(r), Size: le.Uint64(r[8:]), UserAddr: le.Uint64(r[16:]),
+			MmapOffset: le.Uint64(r[24:])}
 	}
 	return t, nil
 }
@@ -278,7 +227,7 @@ type conn struct {
 	uc  *net.UnixConn
 	raw syscall.RawConn
 	oob [oobSize]byte
-	out [hdrSize + 8]byte
+	out [vuproto.HeaderSize + 8]byte
 }
 
 func newConn(uc *net.UnixConn) (*conn, error) {
@@ -339,9 +288,9 @@ func (c *conn) recv(p []byte, fds *[maxFds]int, nfds *int) (int, error) {
 // io.EOF means the peer closed the socket between messages.
 func (c *conn) readMsg(m *message) error {
 	m.nfds = 0
-	var hdr [hdrSize]byte
+	var hdr [vuproto.HeaderSize]byte
 	got := 0
-	for got < hdrSize {
+	for got < vuproto.HeaderSize {
 		before := m.nfds
 		n, err := c.recv(hdr[got:], &m.fds, &m.nfds)
 		if err == nil && got > 0 && m.nfds != before {
@@ -386,12 +335,12 @@ func (c *conn) readMsg(m *message) error {
 // reply sends {req, flags 0x5, size, payload}. QEMU's vhost_user_read_header and
 // process_message_reply reject any other flags, another request type, or another size.
 func (c *conn) reply(req uint32, payload []byte) error {
-	n := hdrSize + len(payload)
+	n := vuproto.HeaderSize + len(payload)
 	b := c.out[:n]
 	binary.LittleEndian.PutUint32(b[0:], req)
-	binary.LittleEndian.PutUint32(b[4:], replyFlags)
+	binary.LittleEndian.PutUint32(b[4:], vuproto.ReplyFlags)
 	binary.LittleEndian.PutUint32(b[8:], uint32(len(payload)))
-	copy(b[hdrSize:], payload)
+	copy(b[vuproto.HeaderSize:], payload)
 	_, err := c.uc.Write(b)
 	return err
 }
@@ -402,7 +351,7 @@ func (c *conn) replyU64(req uint32, v uint64) error {
 	return c.reply(req, p[:])
 }
 
-func (c *conn) replyState(req uint32, s VringState) error {
+func (c *conn) replyState(req uint32, s vuproto.VringState) error {
 	var p [8]byte
 	binary.LittleEndian.PutUint32(p[:], s.Index)
 	binary.LittleEndian.PutUint32(p[4:], s.Num)

@@ -12,6 +12,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"tapgro/vhostuser/vhostusertest"
+	"tapgro/vhostuser/vuproto"
 	"tapgro/virtio"
 )
 
@@ -43,18 +45,18 @@ func TestStartupSequence(t *testing.T) {
 	if n := stats.Messages[ReqSetVringEnable].Load(); n != 6 {
 		t.Fatalf("SET_VRING_ENABLE counted %d", n)
 	}
-	if b := h.stop(); b[0] != 0 || b[1] != 0 {
+	if b := h.Stop(); b[0] != 0 || b[1] != 0 {
 		t.Fatalf("bases %v", b)
 	}
 	if len(h.rec.getStopped()) != 2 {
 		t.Fatalf("stopped %v", h.rec.getStopped())
 	}
 	// A second stop of a stopped ring answers again, without a callback.
-	h.stop()
+	h.Stop()
 	if len(h.rec.getStopped()) != 2 {
 		t.Fatalf("stopped %v", h.rec.getStopped())
 	}
-	if err := h.close(); err != nil {
+	if err := h.Close(); err != nil {
 		t.Fatal(err)
 	}
 	if err := <-h.rec.ended; err != nil {
@@ -66,11 +68,11 @@ func TestStartupSequence(t *testing.T) {
 // given (hw/virtio/vhost.c vhost_virtqueue_stop/start).
 func TestRestartResumes(t *testing.T) {
 	h := startSession(t, opts{})
-	r, v := h.rings[1], h.vr[1]
-	buf := h.g.alloc(128, 64)
+	r, v := h.Rings[1], h.vr[1]
+	buf := h.G.Alloc(128, 64)
 	iov := make([][]byte, 0, 8)
 	for i := 0; i < 5; i++ {
-		r.publish(r.addChain([]seg{{buf, 100, false}}))
+		r.Publish(r.AddChain([]vhostusertest.Seg{{GPA: buf, Len: 100}}))
 	}
 	batch(t, v, func() {
 		for i := 0; i < 3; i++ {
@@ -78,15 +80,15 @@ func TestRestartResumes(t *testing.T) {
 			v.Push(c.Head, 0)
 		}
 	})
-	b := h.stop()
+	b := h.Stop()
 	if b[1] != 3 {
 		t.Fatalf("base %d", b[1])
 	}
 	kick, _ := unix.Eventfd(1, unix.EFD_NONBLOCK|unix.EFD_CLOEXEC)
 	defer unix.Close(kick)
-	h.fe.send(ReqSetVringBase, flagVersion, state(1, b[1]))
-	h.fe.send(ReqSetVringKick, flagVersion, u64(1), kick)
-	h.fe.send(ReqSetVringCall, flagVersion, u64(1), r.call)
+	h.FE.Send(ReqSetVringBase, vuproto.FlagVersion, vhostusertest.State(1, b[1]))
+	h.FE.Send(ReqSetVringKick, vuproto.FlagVersion, vhostusertest.U64(1), kick)
+	h.FE.Send(ReqSetVringCall, vuproto.FlagVersion, vhostusertest.U64(1), r.Call)
 	v2 := <-h.rec.started
 	if v2 != v {
 		t.Fatal("different Vring")
@@ -100,10 +102,10 @@ func TestRestartResumes(t *testing.T) {
 			v.Push(c.Head, 0)
 		}
 	})
-	if u := r.reap(); len(u) != 5 {
+	if u := r.Reap(); len(u) != 5 {
 		t.Fatalf("used %d", len(u))
 	}
-	if !readEventfd(r.call) {
+	if !r.Called() {
 		t.Fatal("first call after restart missing")
 	}
 }
@@ -113,10 +115,10 @@ func TestMultiqueue(t *testing.T) {
 	if len(h.vr) != 4 {
 		t.Fatalf("%d rings", len(h.vr))
 	}
-	if p := h.fe.get(ReqGetProtocolFeatures); p&(1<<ProtoMQ) == 0 {
+	if p := h.FE.Get(ReqGetProtocolFeatures); p&(1<<vuproto.ProtoMQ) == 0 {
 		t.Fatalf("protocol %#x lacks MQ", p)
 	}
-	if f := h.fe.get(ReqGetFeatures); f&(1<<virtio.NetMQ) == 0 {
+	if f := h.FE.Get(ReqGetFeatures); f&(1<<virtio.NetMQ) == 0 {
 		t.Fatalf("features %#x lack MQ", f)
 	}
 	for i := 2; i < 4; i++ {
@@ -124,13 +126,13 @@ func TestMultiqueue(t *testing.T) {
 			t.Fatalf("ring %d direction", i)
 		}
 	}
-	h.stop()
+	h.Stop()
 	// One pair: no MQ, GET_QUEUE_NUM is not negotiated and is answered as unknown.
 	h1 := startSession(t, opts{})
-	if p := h1.fe.get(ReqGetProtocolFeatures); p != 1<<ProtoReplyAck|1<<ProtoNetMTU {
+	if p := h1.FE.Get(ReqGetProtocolFeatures); p != 1<<vuproto.ProtoReplyAck|1<<vuproto.ProtoNetMTU {
 		t.Fatalf("protocol %#x", p)
 	}
-	if r := h1.fe.ack(ReqGetQueueNum, nil); r != 1 {
+	if r := h1.FE.Ack(ReqGetQueueNum, nil); r != 1 {
 		t.Fatalf("GET_QUEUE_NUM without MQ answered %d", r)
 	}
 }
@@ -142,13 +144,13 @@ func TestUnknownRequest(t *testing.T) {
 	stats := new(Stats)
 	h := startSession(t, opts{stats: stats})
 	efd, _ := unix.Eventfd(0, unix.EFD_CLOEXEC)
-	if r := h.fe.ack(99, make([]byte, 300), efd, efd); r != 1 {
+	if r := h.FE.Ack(99, make([]byte, 300), efd, efd); r != 1 {
 		t.Fatalf("ack %d", r)
 	}
-	h.fe.send(41, flagVersion, []byte{1, 2, 3})
-	h.fe.send(ReqSetLogBase, flagVersion, make([]byte, 16), efd) // LOG_SHMFD not offered
+	h.FE.Send(41, vuproto.FlagVersion, []byte{1, 2, 3})
+	h.FE.Send(ReqSetLogBase, vuproto.FlagVersion, make([]byte, 16), efd) // LOG_SHMFD not offered
 	unix.Close(efd)
-	if f := h.fe.get(ReqGetFeatures); f&(1<<virtio.VhostUserProtocolFeatures) == 0 {
+	if f := h.FE.Get(ReqGetFeatures); f&(1<<virtio.VhostUserProtocolFeatures) == 0 {
 		t.Fatal("session broken after unknown requests")
 	}
 	if n := stats.Unknown.Load(); n != 3 {
@@ -157,14 +159,14 @@ func TestUnknownRequest(t *testing.T) {
 	if len(h.rec.getUnknown()) != 3 || h.rec.getUnknown()[0] != 99 {
 		t.Fatalf("reported %v", h.rec.getUnknown())
 	}
-	h.stop()
-	if err := h.close(); err != nil {
+	h.Stop()
+	if err := h.Close(); err != nil {
 		t.Fatal(err)
 	}
-	// The test still holds the memfd, the socket and three eventfds per ring; the
-	// back-end must hold nothing (region fds closed after mmap, unknown fds closed,
-	// ring fds closed at the end of the session).
-	if after, held := openFds(t), 2+3*len(h.rings); after != before+held {
+	// The test still holds the memfd and three eventfds per ring (Close closed the
+	// socket); the back-end must hold nothing (region fds closed after mmap, unknown fds
+	// closed, ring fds closed at the end of the session).
+	if after, held := openFds(t), 1+3*len(h.Rings); after != before+held {
 		t.Fatalf("fds: %d before, %d after the session, test holds %d", before, after, held)
 	}
 }
@@ -173,17 +175,17 @@ func TestUnknownRequest(t *testing.T) {
 func TestProtocolErrors(t *testing.T) {
 	efd, _ := unix.Eventfd(0, unix.EFD_CLOEXEC)
 	defer unix.Close(efd)
-	raw := func(req, flags, size uint32, payload []byte) func(f *frontend) {
-		return func(f *frontend) {
+	raw := func(req, flags, size uint32, payload []byte) func(f *vhostusertest.Frontend) {
+		return func(f *vhostusertest.Frontend) {
 			b := binary.LittleEndian.AppendUint32(nil, req)
 			b = binary.LittleEndian.AppendUint32(b, flags)
 			b = binary.LittleEndian.AppendUint32(b, size)
-			unix.Write(f.fd, append(b, payload...))
+			unix.Write(f.FD, append(b, payload...))
 		}
 	}
 	for _, tc := range []struct {
 		name string
-		send func(f *frontend)
+		send func(f *vhostusertest.Frontend)
 	}{
 		{"version", raw(ReqGetFeatures, 0x2, 0, nil)},
 		{"reply-bit", raw(ReqGetFeatures, 0x5, 0, nil)},
@@ -192,29 +194,33 @@ func TestProtocolErrors(t *testing.T) {
 		{"u64-size", raw(ReqSetFeatures, 0x1, 4, make([]byte, 4))},
 		{"get-with-payload", raw(ReqGetFeatures, 0x1, 8, make([]byte, 8))},
 		{"addr-size", raw(ReqSetVringAddr, 0x1, 32, make([]byte, 32))},
-		{"memtable-count", func(f *frontend) {
-			p := memTablePayload(make([]MemRegion, 9))
+		{"memtable-count", func(f *vhostusertest.Frontend) {
+			p := vhostusertest.MemTablePayload(make([]vuproto.MemRegion, 9))
 			raw(ReqSetMemTable, 0x1, uint32(len(p)), p)(f)
 		}},
-		{"memtable-fds", func(f *frontend) {
-			f.send(ReqSetMemTable, flagVersion, memTablePayload(make([]MemRegion, 2)), efd)
+		{"memtable-fds", func(f *vhostusertest.Frontend) {
+			f.Send(ReqSetMemTable, vuproto.FlagVersion, vhostusertest.MemTablePayload(make([]vuproto.MemRegion, 2)), efd)
 		}},
-		{"kick-no-fd", func(f *frontend) { f.send(ReqSetVringKick, flagVersion, u64(1)) }},
-		{"kick-nofd-with-fd", func(f *frontend) { f.send(ReqSetVringKick, flagVersion, u64(1|vringFdNoFd), efd) }},
-		{"fd-on-owner", func(f *frontend) { f.send(ReqSetOwner, flagVersion, nil, efd) }},
-		{"nine-fds", func(f *frontend) {
-			f.send(99, flagVersion, nil, efd, efd, efd, efd, efd, efd, efd, efd, efd)
+		{"kick-no-fd", func(f *vhostusertest.Frontend) { f.Send(ReqSetVringKick, vuproto.FlagVersion, vhostusertest.U64(1)) }},
+		{"kick-nofd-with-fd", func(f *vhostusertest.Frontend) {
+			f.Send(ReqSetVringKick, vuproto.FlagVersion, vhostusertest.U64(1|vuproto.VringNoFd), efd)
 		}},
-		{"ring-index", func(f *frontend) { f.send(ReqSetVringNum, flagVersion, state(7, 256)) }},
-		{"features-not-offered", func(f *frontend) { f.send(ReqSetFeatures, flagVersion, u64(1<<63)) }},
-		{"truncated", func(f *frontend) {
+		{"fd-on-owner", func(f *vhostusertest.Frontend) { f.Send(ReqSetOwner, vuproto.FlagVersion, nil, efd) }},
+		{"nine-fds", func(f *vhostusertest.Frontend) {
+			f.Send(99, vuproto.FlagVersion, nil, efd, efd, efd, efd, efd, efd, efd, efd, efd)
+		}},
+		{"ring-index", func(f *vhostusertest.Frontend) {
+			f.Send(ReqSetVringNum, vuproto.FlagVersion, vhostusertest.State(7, 256))
+		}},
+		{"features-not-offered", func(f *vhostusertest.Frontend) { f.Send(ReqSetFeatures, vuproto.FlagVersion, vhostusertest.U64(1<<63)) }},
+		{"truncated", func(f *vhostusertest.Frontend) {
 			raw(ReqSetFeatures, 0x1, 8, make([]byte, 3))(f)
-			unix.Shutdown(f.fd, unix.SHUT_WR)
+			unix.Shutdown(f.FD, unix.SHUT_WR)
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			h := startSession(t, opts{skipKick: true})
-			tc.send(h.fe)
+			tc.send(h.FE)
 			select {
 			case err := <-h.done:
 				h.done <- err
@@ -238,17 +244,17 @@ func TestProtocolErrors(t *testing.T) {
 // non-zero REPLY_ACK and the session goes on.
 func TestRequestFailure(t *testing.T) {
 	h := startSession(t, opts{skipKick: true})
-	if r := h.fe.ack(ReqSetVringNum, state(0, 100)); r == 0 {
+	if r := h.FE.Ack(ReqSetVringNum, vhostusertest.State(0, 100)); r == 0 {
 		t.Fatal("ring size 100 accepted")
 	}
 	efd, _ := unix.Eventfd(0, unix.EFD_CLOEXEC)
 	defer unix.Close(efd)
 	// An eventfd cannot be mmapped: the table is refused, the session survives.
-	bad := []MemRegion{{GPA: 0, Size: 4096, UserAddr: 0x1000, MmapOffset: 0}}
-	if r := h.fe.ack(ReqSetMemTable, memTablePayload(bad), efd); r == 0 {
+	bad := []vuproto.MemRegion{{GPA: 0, Size: 4096, UserAddr: 0x1000, MmapOffset: 0}}
+	if r := h.FE.Ack(ReqSetMemTable, vhostusertest.MemTablePayload(bad), efd); r == 0 {
 		t.Fatal("unmappable region accepted")
 	}
-	if r := h.fe.ack(ReqSetVringNum, state(0, 256)); r != 0 {
+	if r := h.FE.Ack(ReqSetVringNum, vhostusertest.State(0, 256)); r != 0 {
 		t.Fatalf("good request after failures: %d", r)
 	}
 	if h.b.Stats().Failed.Load() != 2 {
@@ -260,7 +266,7 @@ func TestRequestFailure(t *testing.T) {
 // re-translated, the old mapping unmapped only when no batch uses it.
 func TestMemTableSwap(t *testing.T) {
 	h := startSession(t, opts{})
-	r, v := h.rings[1], h.vr[1]
+	r, v := h.Rings[1], h.vr[1]
 	done := make(chan int, 1)
 	go func() {
 		iov := make([][]byte, 0, 16)
@@ -283,28 +289,28 @@ func TestMemTableSwap(t *testing.T) {
 			v.End()
 		}
 	}()
-	buf := h.g.alloc(128, 64)
-	fds := []int{h.g.fd, h.g.fd}
+	buf := h.G.Alloc(128, 64)
+	fds := []int{h.G.FD, h.G.FD}
 	sent := 0
 	for round := 0; round < 50; round++ {
 		for i := 0; i < 20; i++ {
-			r.publish(r.addChain([]seg{{buf, 100, false}}))
-			kickEventfd(r.kick)
+			r.Publish(r.AddChain([]vhostusertest.Seg{{GPA: buf, Len: 100}}))
+			r.KickNow()
 			sent++
 		}
-		if a := h.fe.ack(ReqSetMemTable, memTablePayload(h.g.regions), fds...); a != 0 {
+		if a := h.FE.Ack(ReqSetMemTable, vhostusertest.MemTablePayload(h.G.Regions), fds...); a != 0 {
 			t.Fatalf("SET_MEM_TABLE %d", a)
 		}
 		deadline := time.Now().Add(5 * time.Second)
-		for len(r.chainDescs) > 0 {
-			r.reap()
+		for r.Outstanding() > 0 {
+			r.Reap()
 			if time.Now().After(deadline) {
-				t.Fatalf("round %d: %d chains outstanding", round, len(r.chainDescs))
+				t.Fatalf("round %d: %d chains outstanding", round, r.Outstanding())
 			}
 			time.Sleep(50 * time.Microsecond)
 		}
 	}
-	h.stop()
+	h.Stop()
 	if n := <-done; n != sent {
 		t.Fatalf("worker popped %d of %d", n, sent)
 	}
@@ -313,12 +319,12 @@ func TestMemTableSwap(t *testing.T) {
 // TestNoFdKickPolls: SET_VRING_KICK with bit 8 starts the ring in polling mode.
 func TestNoFdKickPolls(t *testing.T) {
 	h := startSession(t, opts{skipKick: true})
-	r := h.rings[1]
-	h.fe.send(ReqSetVringKick, flagVersion, u64(1|vringFdNoFd))
-	h.fe.send(ReqSetVringCall, flagVersion, u64(1|vringFdNoFd))
+	r := h.Rings[1]
+	h.FE.Send(ReqSetVringKick, vuproto.FlagVersion, vhostusertest.U64(1|vuproto.VringNoFd))
+	h.FE.Send(ReqSetVringCall, vuproto.FlagVersion, vhostusertest.U64(1|vuproto.VringNoFd))
 	v := <-h.rec.started
-	buf := h.g.alloc(128, 64)
-	r.publish(r.addChain([]seg{{buf, 100, false}}))
+	buf := h.G.Alloc(128, 64)
+	r.Publish(r.AddChain([]vhostusertest.Seg{{GPA: buf, Len: 100}}))
 	if err := v.Wait(); err != nil {
 		t.Fatal(err)
 	}
@@ -329,20 +335,20 @@ func TestNoFdKickPolls(t *testing.T) {
 		}
 		v.Push(c.Head, 0)
 	})
-	if len(r.reap()) != 1 {
+	if len(r.Reap()) != 1 {
 		t.Fatal("no used entry")
 	}
 	stopped := make(chan struct{})
 	go func() {
 		time.Sleep(20 * time.Millisecond)
-		h.fe.send(ReqGetVringBase, flagVersion, state(1, 0))
+		h.FE.Send(ReqGetVringBase, vuproto.FlagVersion, vhostusertest.State(1, 0))
 		close(stopped)
 	}()
 	if err := v.Wait(); !errors.Is(err, ErrStopped) {
 		t.Fatalf("Wait: %v", err)
 	}
 	<-stopped
-	h.fe.reply(ReqGetVringBase, 8)
+	h.FE.Reply(ReqGetVringBase, 8)
 }
 
 // TestDisabledRing: with bit 30 acked a ring started before SET_VRING_ENABLE 1 is
@@ -353,14 +359,14 @@ func TestDisabledRing(t *testing.T) {
 	if v.Enabled() {
 		t.Fatal("enabled without SET_VRING_ENABLE")
 	}
-	h.fe.send(ReqSetVringEnable, flagVersion, state(0, 1))
-	h.fe.get(ReqGetFeatures)
+	h.FE.Send(ReqSetVringEnable, vuproto.FlagVersion, vhostusertest.State(0, 1))
+	h.FE.Get(ReqGetFeatures)
 	if !v.Enabled() {
 		t.Fatal("not enabled")
 	}
 	// The owner hears of every SET_VRING_ENABLE (vhostnet maps it onto the TAP queue).
-	h.fe.send(ReqSetVringEnable, flagVersion, state(1, 0))
-	h.fe.get(ReqGetFeatures)
+	h.FE.Send(ReqSetVringEnable, vuproto.FlagVersion, vhostusertest.State(1, 0))
+	h.FE.Get(ReqGetFeatures)
 	h.rec.mu.Lock()
 	got := fmt.Sprint(h.rec.enables)
 	h.rec.mu.Unlock()

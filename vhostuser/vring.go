@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"tapgro/vhostuser/vuproto"
 )
 
 // Split-ring layout (virtio spec "Split Virtqueues"; linux include/uapi/linux/virtio_ring.h).
@@ -79,7 +81,8 @@ type RingError struct{ Reason Reason }
 func (e *RingError) Error() string { return "vhost-user: ring broken: " + e.Reason.String() }
 func (e *RingError) Unwrap() error { return ErrBroken }
 
-// Preallocated so that a violation on the data path does not allocate either.
+// ringErrs are the RingErrors by Reason, preallocated so that a violation on the data
+// path does not allocate either.
 var ringErrs = func() (a [NumReasons]*RingError) {
 	for i := range a {
 		a[i] = &RingError{Reason(i)}
@@ -117,7 +120,7 @@ type Vring struct {
 
 	// Configuration from the front-end (SET_VRING_*), kept across stop/start.
 	num       uint32
-	addr      VringAddr
+	addr      vuproto.VringAddr
 	addrSet   bool
 	base      uint16
 	kick      *os.File // nil: none yet, or polling when kickNoFd

@@ -10,31 +10,37 @@ import (
 	"testing"
 	"time"
 
+	"tapgro/vhostuser/vhostusertest"
+	"tapgro/vhostuser/vuproto"
 	"tapgro/virtio"
 )
 
 var frameSizes = []int{60, 61, 64, 100, 511, 1514, 1518, 4000, 9014, 16384, 32768, 65535, 65536}
 
 // txLayouts build one chain (header + frame) from the bytes pkt placed at gpa.
-var txLayouts = map[string]func(r *gring, gpa uint64, n int) uint16{
-	"one": func(r *gring, gpa uint64, n int) uint16 { return r.addChain([]seg{{gpa, n, false}}) },
-	"hdr+frame": func(r *gring, gpa uint64, n int) uint16 {
-		return r.addChain([]seg{{gpa, 12, false}, {gpa + 12, n - 12, false}})
+var txLayouts = map[string]func(r *vhostusertest.Ring, gpa uint64, n int) uint16{
+	"one": func(r *vhostusertest.Ring, gpa uint64, n int) uint16 {
+		return r.AddChain([]vhostusertest.Seg{{GPA: gpa, Len: n}})
+	},
+	"hdr+frame": func(r *vhostusertest.Ring, gpa uint64, n int) uint16 {
+		return r.AddChain([]vhostusertest.Seg{{GPA: gpa, Len: 12}, {GPA: gpa + 12, Len: n - 12}})
 	},
 	// The header split over two descriptors and the frame starting inside the second
 	// (virtio spec "Message Framing": no layout may be assumed).
-	"hdr-split": func(r *gring, gpa uint64, n int) uint16 {
-		return r.addChain([]seg{{gpa, 5, false}, {gpa + 5, 17, false}, {gpa + 22, n - 22, false}})
+	"hdr-split": func(r *vhostusertest.Ring, gpa uint64, n int) uint16 {
+		return r.AddChain([]vhostusertest.Seg{{GPA: gpa, Len: 5}, {GPA: gpa + 5, Len: 17}, {GPA: gpa + 22, Len: n - 22}})
 	},
-	"many": func(r *gring, gpa uint64, n int) uint16 { return r.addChain(pieces(gpa, n, 1+n/40, false)) },
-	"indirect": func(r *gring, gpa uint64, n int) uint16 {
-		return r.addIndirect(pieces(gpa, n, 1+n/16, false))
+	"many": func(r *vhostusertest.Ring, gpa uint64, n int) uint16 {
+		return r.AddChain(pieces(gpa, n, 1+n/40, false))
+	},
+	"indirect": func(r *vhostusertest.Ring, gpa uint64, n int) uint16 {
+		return r.AddIndirect(pieces(gpa, n, 1+n/16, false))
 	},
 }
 
 // pieces cuts [gpa, gpa+n) into at most max descriptors of irregular sizes.
-func pieces(gpa uint64, n, max int, write bool) []seg {
-	var out []seg
+func pieces(gpa uint64, n, max int, write bool) []vhostusertest.Seg {
+	var out []vhostusertest.Seg
 	sz := n / min(max, 64)
 	if sz < 1 {
 		sz = 1
@@ -44,7 +50,7 @@ func pieces(gpa uint64, n, max int, write bool) []seg {
 		if len(out) == min(max, 64)-1 {
 			l = n - off
 		}
-		out = append(out, seg{gpa + uint64(off), l, write})
+		out = append(out, vhostusertest.Seg{GPA: gpa + uint64(off), Len: l, Write: write})
 		off += l
 	}
 	return out
@@ -64,22 +70,22 @@ func TestTXFrames(t *testing.T) {
 				ack &^= 1 << virtio.RingEventIdx
 			}
 			h := startSession(t, opts{ack: ack})
-			r, v := h.rings[1], h.vr[1]
+			r, v := h.Rings[1], h.vr[1]
 			if v.Writable() || v.HdrLen() != 12 {
 				t.Fatalf("ring 1: writable=%v hdrlen=%d", v.Writable(), v.HdrLen())
 			}
-			buf := h.g.alloc(12+65536, 4096)
+			buf := h.G.Alloc(12+65536, 4096)
 			iov := make([][]byte, 0, 1024)
 			got := make([]byte, 12+65536)
 			seed := 0
 			for name, lay := range txLayouts {
 				for _, n := range frameSizes {
 					seed++
-					pkt := h.g.at(buf, 12+n)
+					pkt := h.G.At(buf, 12+n)
 					fill(pkt, seed)
 					head := lay(r, buf, 12+n)
-					r.publish(head)
-					readEventfd(r.call)
+					r.Publish(head)
+					r.Called()
 					batch(t, v, func() {
 						c, err := v.Pop(iov)
 						if err != nil {
@@ -96,23 +102,23 @@ func TestTXFrames(t *testing.T) {
 						}
 						v.Push(c.Head, 0)
 					})
-					u := r.reap()
-					if len(u) != 1 || u[0].id != head || u[0].len != 0 {
+					u := r.Reap()
+					if len(u) != 1 || u[0].ID != head || u[0].Len != 0 {
 						t.Fatalf("%s/%d: used %v", name, n, u)
 					}
-					if !ei && !readEventfd(r.call) {
+					if !ei && !r.Called() {
 						t.Fatalf("%s/%d: no call", name, n)
 					}
 					if ei {
 						// avail_event asks for a kick at the next index.
-						if ae := r.availEvent(); ae != r.availIdx {
-							t.Fatalf("avail_event %d, want %d", ae, r.availIdx)
+						if ae := r.AvailEvent(); ae != r.AvailIdx() {
+							t.Fatalf("avail_event %d, want %d", ae, r.AvailIdx())
 						}
 					}
 				}
 			}
-			if bases := h.stop(); bases[1] != uint32(r.availIdx) {
-				t.Fatalf("TX base %d, want %d", bases[1], r.availIdx)
+			if bases := h.Stop(); bases[1] != uint32(r.AvailIdx()) {
+				t.Fatalf("TX base %d, want %d", bases[1], r.AvailIdx())
 			}
 			if h.b.Stats().Calls.Load() == 0 {
 				t.Fatal("no calls counted")
@@ -123,34 +129,21 @@ func TestTXFrames(t *testing.T) {
 
 // rxPost makes count receive chains of bufSize bytes each, some split into two
 // descriptors, and returns the buffers per head.
-func rxPost(r *gring, count, bufSize int, pieceMax int, bufs map[uint16][]seg) {
+func rxPost(r *vhostusertest.Ring, count, bufSize int, pieceMax int, bufs map[uint16][]vhostusertest.Seg) {
 	var heads []uint16
 	for i := 0; i < count; i++ {
-		a := r.g.alloc(bufSize, 64)
-		var segs []seg
+		a := r.G.Alloc(bufSize, 64)
+		var segs []vhostusertest.Seg
 		if pieceMax > 1 {
 			segs = pieces(a, bufSize, pieceMax, true)
 		} else {
-			segs = []seg{{a, bufSize, true}}
+			segs = []vhostusertest.Seg{{GPA: a, Len: bufSize, Write: true}}
 		}
-		h := r.addChain(segs)
+		h := r.AddChain(segs)
 		bufs[h] = segs
 		heads = append(heads, h)
 	}
-	r.publish(heads...)
-}
-
-func (r *gring) readChain(segs []seg, n int) []byte {
-	var out []byte
-	for _, s := range segs {
-		if n == 0 {
-			break
-		}
-		l := min(n, s.n)
-		out = append(out, r.g.at(s.gpa, l)...)
-		n -= l
-	}
-	return out
+	r.Publish(heads...)
 }
 
 // Receiving into several chains per frame (MRG_RXBUF, num_buffers) is the net
@@ -166,8 +159,8 @@ func TestWrap(t *testing.T) {
 				ack &^= 1 << virtio.RingEventIdx
 			}
 			h := startSession(t, opts{ack: ack, num: 64})
-			r, v := h.rings[1], h.vr[1]
-			buf := h.g.alloc(2048, 64)
+			r, v := h.Rings[1], h.vr[1]
+			buf := h.G.Alloc(2048, 64)
 			iov := make([][]byte, 0, 64)
 			rng := rand.New(rand.NewPCG(1, 2))
 			total, calls := 0, 0
@@ -175,18 +168,18 @@ func TestWrap(t *testing.T) {
 				nb := 1 + rng.IntN(30)
 				heads := make([]uint16, nb)
 				for i := range heads {
-					heads[i] = r.addChain([]seg{{buf, 12, false}, {buf + 12, 60 + rng.IntN(1400), false}})
+					heads[i] = r.AddChain([]vhostusertest.Seg{{GPA: buf, Len: 12}, {GPA: buf + 12, Len: 60 + rng.IntN(1400)}})
 				}
 				if ei {
 					// Ask for a call only once the last of this batch is used.
-					r.setUsedEvent(r.availIdx + uint16(nb) - 1)
+					r.SetUsedEvent(r.AvailIdx() + uint16(nb) - 1)
 				} else if rng.IntN(4) == 0 {
-					r.setAvailFlags(availFNoInterrupt)
+					r.SetAvailFlags(availFNoInterrupt)
 				} else {
-					r.setAvailFlags(0)
+					r.SetAvailFlags(0)
 				}
-				noint := !ei && load32(r.avail, 0)&availFNoInterrupt != 0
-				r.publish(heads...)
+				noint := !ei && load32(r.Avail, 0)&availFNoInterrupt != 0
+				r.Publish(heads...)
 				// Consume in two batches so a call can fall in either.
 				half := nb / 2
 				for _, want := range []int{half, nb - half} {
@@ -199,7 +192,7 @@ func TestWrap(t *testing.T) {
 							v.Push(c.Head, 0)
 						}
 					})
-					called := readEventfd(r.call)
+					called := r.Called()
 					if called {
 						calls++
 					}
@@ -208,20 +201,20 @@ func TestWrap(t *testing.T) {
 					}
 					if ei && want > 0 && total > 0 {
 						// Called iff used->idx passed used_event in this batch.
-						uidx := uint16(load32(r.used, 0) >> 16)
-						want := uidx == r.availIdx
+						uidx := uint16(load32(r.Used, 0) >> 16)
+						want := uidx == r.AvailIdx()
 						if called != want {
-							t.Fatalf("at %d: called=%v, used idx %d avail %d", total, called, uidx, r.availIdx)
+							t.Fatalf("at %d: called=%v, used idx %d avail %d", total, called, uidx, r.AvailIdx())
 						}
 					}
 				}
-				if u := r.reap(); len(u) != nb {
+				if u := r.Reap(); len(u) != nb {
 					t.Fatalf("reaped %d of %d", len(u), nb)
 				}
 				total += nb
 			}
-			if b := h.stop(); uint16(b[1]) != r.availIdx || total <= 65536 {
-				t.Fatalf("base %d avail %d total %d", b[1], r.availIdx, total)
+			if b := h.Stop(); uint16(b[1]) != r.AvailIdx() || total <= 65536 {
+				t.Fatalf("base %d avail %d total %d", b[1], r.AvailIdx(), total)
 			}
 			t.Logf("%d chains, %d calls", total, calls)
 		})
@@ -238,7 +231,7 @@ func TestWorkerKick(t *testing.T) {
 				ack &^= 1 << virtio.RingEventIdx
 			}
 			h := startSession(t, opts{ack: ack})
-			r, v := h.rings[1], h.vr[1]
+			r, v := h.Rings[1], h.vr[1]
 			done := make(chan error, 1)
 			var popped int
 			go func() {
@@ -263,20 +256,20 @@ func TestWorkerKick(t *testing.T) {
 					v.End()
 				}
 			}()
-			buf := h.g.alloc(128, 64)
+			buf := h.G.Alloc(128, 64)
 			for i := 0; i < 500; i++ {
-				head := r.addChain([]seg{{buf, 100, false}})
-				r.publish(head)
-				kickEventfd(r.kick)
+				head := r.AddChain([]vhostusertest.Seg{{GPA: buf, Len: 100}})
+				r.Publish(head)
+				r.KickNow()
 				deadline := time.Now().Add(5 * time.Second)
-				for len(r.reap()) == 0 {
+				for len(r.Reap()) == 0 {
 					if time.Now().After(deadline) {
 						t.Fatalf("chain %d not used", i)
 					}
 					time.Sleep(20 * time.Microsecond)
 				}
 			}
-			h.stop()
+			h.Stop()
 			select {
 			case err := <-done:
 				if !errors.Is(err, ErrStopped) {
@@ -295,21 +288,20 @@ func TestWorkerKick(t *testing.T) {
 // TestCrossRegion: a buffer contiguous in guest-physical space but spanning two
 // regions (backed by unrelated fd offsets) becomes two iovecs with the right bytes.
 func TestCrossRegion(t *testing.T) {
-	layout := []MemRegion{
-		{GPA: 0, Size: regAEnd, MmapOffset: 0},
-		{GPA: regBBase, Size: 0x100000, MmapOffset: 0x300000},
-		{GPA: regBBase + 0x100000, Size: 0x100000, MmapOffset: regBBase},
+	layout := []vuproto.MemRegion{
+		{GPA: 0, Size: vhostusertest.RegionAEnd, MmapOffset: 0},
+		{GPA: vhostusertest.RegionBBase, Size: 0x100000, MmapOffset: 0x300000},
+		{GPA: vhostusertest.RegionBBase + 0x100000, Size: 0x100000, MmapOffset: vhostusertest.RegionBBase},
 	}
-	g := newGuest(t, layout)
-	g.next = regBBase + 0x10000
+	g := vhostusertest.NewGuest(t, memSize, layout)
 	h := startSession(t, opts{guest: g})
-	r, v := h.rings[1], h.vr[1]
-	a := uint64(regBBase + 0x100000 - 100)
+	r, v := h.Rings[1], h.vr[1]
+	a := uint64(vhostusertest.RegionBBase + 0x100000 - 100)
 	data := make([]byte, 300)
 	fill(data, 3)
-	copy(g.at(a, 100), data[:100])
-	copy(g.at(a+100, 200), data[100:])
-	r.publish(r.addChain([]seg{{a, 300, false}}))
+	copy(g.At(a, 100), data[:100])
+	copy(g.At(a+100, 200), data[100:])
+	r.Publish(r.AddChain([]vhostusertest.Seg{{GPA: a, Len: 300}}))
 	iov := make([][]byte, 0, 8)
 	batch(t, v, func() {
 		c, err := v.Pop(iov)

@@ -40,7 +40,8 @@ var (
 	IP4B = []byte{198, 18, 0, 2}
 	IP6A = []byte{0xfd, 0, 0x01, 0x98, 0, 0x18, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1}
 	IP6B = []byte{0xfd, 0, 0x01, 0x98, 0, 0x18, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2}
-	// Linux sends timestamps on every segment: NOP NOP TS(10) tsval tsecr.
+	// TSOpts are the TCP options Linux sends on every segment, timestamps: NOP NOP
+	// TS(10) tsval tsecr.
 	TSOpts = func(val uint32) []byte {
 		b := []byte{1, 1, 8, 10, 0, 0, 0, 0, 0, 0, 0, 7}
 		binary.BigEndian.PutUint32(b[4:], val)
@@ -70,9 +71,9 @@ type Spec struct {
 	IPOpts    []byte // multiple of 4
 	TCPOpts   []byte // multiple of 4
 	FlowLabel uint32
-	ExtType   uint8  // IPv6 extension header type (0: none unless ext != nil)
-	Ext       []byte // IPv6 extension headers; byte 0 (next header) is filled in unless extRaw
-	ExtRaw    bool   // ext is a whole chain whose next-header bytes the caller set
+	ExtType   uint8  // IPv6 extension header type (0: none unless Ext != nil)
+	Ext       []byte // IPv6 extension headers; byte 0 (next header) is filled in unless ExtRaw
+	ExtRaw    bool   // Ext is a whole chain whose next-header bytes the caller set
 	BadL4     bool
 	BadIP     bool
 	ZeroUDP   bool
@@ -243,7 +244,8 @@ func (f *Flow) Seg(n int, mods ...func(*Spec)) []byte {
 	return Build(s)
 }
 
-// Spec mutators.
+// WithFlags and the functions after it are Spec mutators, the options NewFlow and
+// Flow.Seg take: each sets one field.
 func WithFlags(fl uint8) func(*Spec)  { return func(s *Spec) { s.Flags = fl } }
 func OrFlags(fl uint8) func(*Spec)    { return func(s *Spec) { s.Flags |= fl } }
 func WithTTL(v uint8) func(*Spec)     { return func(s *Spec) { s.TTL = v } }

@@ -7,7 +7,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"tapgro/vhostuser"
+	"tapgro/vhostuser/vuproto"
 )
 
 // QEMU's end of the socket: messages and their payloads.
@@ -20,11 +20,11 @@ type Frontend struct {
 
 // Send sends one message with fds.
 func (f *Frontend) Send(req, flags uint32, payload []byte, fds ...int) {
-	b := make([]byte, hdrSize+len(payload))
+	b := make([]byte, vuproto.HeaderSize+len(payload))
 	binary.LittleEndian.PutUint32(b, req)
 	binary.LittleEndian.PutUint32(b[4:], flags)
 	binary.LittleEndian.PutUint32(b[8:], uint32(len(payload)))
-	copy(b[hdrSize:], payload)
+	copy(b[vuproto.HeaderSize:], payload)
 	var oob []byte
 	if len(fds) > 0 {
 		oob = unix.UnixRights(fds...)
@@ -41,13 +41,13 @@ func (f *Frontend) Send(req, flags uint32, payload []byte, fds ...int) {
 // Reply reads one reply and checks it the way QEMU 7.2 does (vhost_user_read_header:
 // flags exactly 0x5; vhost_user_read: same request, exact size).
 func (f *Frontend) Reply(req uint32, size int) []byte {
-	var h [hdrSize]byte
+	var h [vuproto.HeaderSize]byte
 	f.readFull(h[:])
 	if r := binary.LittleEndian.Uint32(h[:]); r != req {
 		f.tb.Fatalf("reply to %d has request %d", req, r)
 	}
-	if fl := binary.LittleEndian.Uint32(h[4:]); fl != replyFlags {
-		f.tb.Fatalf("reply flags %#x instead of %#x", fl, replyFlags)
+	if fl := binary.LittleEndian.Uint32(h[4:]); fl != vuproto.ReplyFlags {
+		f.tb.Fatalf("reply flags %#x instead of %#x", fl, vuproto.ReplyFlags)
 	}
 	if n := int(binary.LittleEndian.Uint32(h[8:])); n != size {
 		f.tb.Fatalf("reply to %d size %d, want %d", req, n, size)
@@ -80,18 +80,18 @@ func State(i, n uint32) []byte {
 
 // Get sends a request whose reply is a u64.
 func (f *Frontend) Get(req uint32) uint64 {
-	f.Send(req, flagVersion, nil)
+	f.Send(req, vuproto.FlagVersion, nil)
 	return binary.LittleEndian.Uint64(f.Reply(req, 8))
 }
 
 // Ack sends with NEED_REPLY and returns the REPLY_ACK value.
 func (f *Frontend) Ack(req uint32, payload []byte, fds ...int) uint64 {
-	f.Send(req, flagVersion|flagNeedReply, payload, fds...)
+	f.Send(req, vuproto.FlagVersion|vuproto.FlagNeedReply, payload, fds...)
 	return binary.LittleEndian.Uint64(f.Reply(req, 8))
 }
 
 // MemTablePayload encodes SET_MEM_TABLE.
-func MemTablePayload(regs []vhostuser.MemRegion) []byte {
+func MemTablePayload(regs []vuproto.MemRegion) []byte {
 	p := binary.LittleEndian.AppendUint32(nil, uint32(len(regs)))
 	p = binary.LittleEndian.AppendUint32(p, 0)
 	for _, r := range regs {

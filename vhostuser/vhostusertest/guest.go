@@ -7,7 +7,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"tapgro/vhostuser"
+	"tapgro/vhostuser/vuproto"
 )
 
 // Guest RAM as the front-end double lays it out.
@@ -18,20 +18,20 @@ type Guest struct {
 	tb      TB
 	FD      int
 	Mem     []byte
-	Regions []vhostuser.MemRegion
+	Regions []vuproto.MemRegion
 	size    uint64
 	next    uint64 // bump allocator (GPA)
 }
 
 // MeasuredLayout is QEMU 7.2's two regions of one memfd of size bytes for a pc machine.
-func MeasuredLayout(size uint64) []vhostuser.MemRegion {
-	return []vhostuser.MemRegion{{GPA: 0, Size: RegionAEnd, MmapOffset: 0},
+func MeasuredLayout(size uint64) []vuproto.MemRegion {
+	return []vuproto.MemRegion{{GPA: 0, Size: RegionAEnd, MmapOffset: 0},
 		{GPA: RegionBBase, Size: size - RegionBBase, MmapOffset: RegionBBase}}
 }
 
 // NewGuest creates size bytes of guest RAM (a sparse memfd) with layout (nil: the
 // measured layout); MmapOffset says where each region starts in the memfd.
-func NewGuest(tb TB, size uint64, layout []vhostuser.MemRegion) *Guest {
+func NewGuest(tb TB, size uint64, layout []vuproto.MemRegion) *Guest {
 	tb.Helper()
 	if layout == nil {
 		layout = MeasuredLayout(size)

@@ -232,6 +232,10 @@ func (r *Ring) Reap() []Used {
 	return out
 }
 
+// Reaped is the used index up to which the driver has consumed entries (Reap, ReapFunc,
+// DrainUsed): what a driver that re-enables calls after processing writes to used_event.
+func (r *Ring) Reaped() uint16 { return r.usedSeen }
+
 // DrainUsed advances past the published used entries without freeing their chains, so
 // their heads can be republished as they are (benchmarks). It allocates nothing.
 func (r *Ring) DrainUsed() int {
@@ -250,6 +254,13 @@ func (r *Ring) KickNow() {
 // Called reads and clears the call eventfd; it reports whether it was signalled.
 func (r *Ring) Called() bool {
 	n, err := unix.Read(r.Call, r.ev[:])
+	return err == nil && n == 8
+}
+
+// Errored reads and clears the err eventfd; it reports whether the device signalled an
+// error on the ring (a broken ring writes it).
+func (r *Ring) Errored() bool {
+	n, err := unix.Read(r.Err, r.ev[:])
 	return err == nil && n == 8
 }
 

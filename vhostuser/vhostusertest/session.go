@@ -11,7 +11,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"tapgro/vhostuser"
+	"tapgro/vhostuser/vuproto"
 	"tapgro/virtio"
 )
 
@@ -19,18 +19,18 @@ import (
 
 // Options shape a Session. Zero values are QEMU 7.2's defaults.
 type Options struct {
-	Ack      uint64 // guest-acked virtio bits; 0 = everything offered (minus bit 30)
-	AckMask  uint64 // bits removed from Ack (applied after the default)
-	Pairs    int    // queue pairs, 1
-	Num      int    // ring size, 256
-	MemSize  uint64 // guest RAM, 64 MiB
-	Layout   []vhostuser.MemRegion
-	Guest    *Guest // reuse guest RAM (a reconnect)
-	TXSlot   int    // bytes per TX chain slot, 64 KiB + 4 KiB
-	RXSlot   int    // bytes per RX chain slot, 64 KiB + 4 KiB
-	MTU      uint64 // NET_SET_MTU if the backend offers it and F_MTU is acked; 1500
-	NoEnable bool   // no SET_VRING_ENABLE
-	SkipKick bool   // stop before SET_VRING_KICK
+	Ack      uint64              // guest-acked virtio bits; 0 = everything offered (minus bit 30)
+	AckMask  uint64              // bits removed from Ack (applied after the default)
+	Pairs    int                 // queue pairs, 1
+	Num      int                 // ring size, 256
+	MemSize  uint64              // guest RAM, 64 MiB
+	Layout   []vuproto.MemRegion // nil: MeasuredLayout(MemSize)
+	Guest    *Guest              // reuse guest RAM (a reconnect)
+	TXSlot   int                 // bytes per TX chain slot, 64 KiB + 4 KiB; -1: none (the test lays out buffers)
+	RXSlot   int                 // bytes per RX chain slot, 64 KiB + 4 KiB; -1: none
+	MTU      uint64              // NET_SET_MTU if the backend offers it and F_MTU is acked; 1500
+	NoEnable bool                // no SET_VRING_ENABLE
+	SkipKick bool                // stop before SET_VRING_KICK
 	// ConnectWait is how long Dial retries a socket that is not listening yet: a
 	// back-end's socket file exists from bind(2) on, and a connect before its listen(2)
 	// is refused. 0: one attempt.
@@ -132,11 +132,11 @@ func run(tb TB, fd int, done chan error, o Options) *Session {
 		if i%2 == 0 {
 			slot = o.RXSlot
 		}
-		s.Rings = append(s.Rings, NewRing(s.G, i, o.Num, slot))
+		s.Rings = append(s.Rings, NewRing(s.G, i, o.Num, max(slot, 0)))
 	}
 
 	// Step 1, connect (vhost_user_backend_init, vhost_dev_init).
-	offered := fe.Get(vhostuser.ReqGetFeatures)
+	offered := fe.Get(vuproto.ReqGetFeatures)
 	s.Offered = offered
 	if offered&(1<<virtio.VhostUserProtocolFeatures) == 0 {
 		tb.Fatalf("GET_FEATURES %#x lacks bit 30", offered)
@@ -144,33 +144,33 @@ func run(tb TB, fd int, done chan error, o Options) *Session {
 	var proto uint64
 	for pair := 0; pair < o.Pairs; pair++ {
 		if pair > 0 {
-			fe.Get(vhostuser.ReqGetFeatures)
+			fe.Get(vuproto.ReqGetFeatures)
 		}
-		proto = fe.Get(vhostuser.ReqGetProtocolFeatures)
+		proto = fe.Get(vuproto.ReqGetProtocolFeatures)
 		// QEMU 7.2 keeps offered ∩ bits 0–16, minus F_CONFIG for net.
-		fe.Send(vhostuser.ReqSetProtocolFeatures, flagVersion, U64(proto&0x1ffff&^(1<<9)))
+		fe.Send(vuproto.ReqSetProtocolFeatures, vuproto.FlagVersion, U64(proto&0x1ffff&^(1<<9)))
 		if pair == 0 {
-			if proto&(1<<vhostuser.ProtoMQ) != 0 {
-				if q := fe.Get(vhostuser.ReqGetQueueNum); q < uint64(o.Pairs) {
+			if proto&(1<<vuproto.ProtoMQ) != 0 {
+				if q := fe.Get(vuproto.ReqGetQueueNum); q < uint64(o.Pairs) {
 					tb.Fatalf("GET_QUEUE_NUM %d, want ≥ %d", q, o.Pairs)
 				}
 			}
-			fe.Send(vhostuser.ReqSetOwner, flagVersion, nil)
+			fe.Send(vuproto.ReqSetOwner, vuproto.FlagVersion, nil)
 		}
-		fe.Get(vhostuser.ReqGetFeatures)
+		fe.Get(vuproto.ReqGetFeatures)
 		for _, i := range []int{2 * pair, 2*pair + 1} {
 			// QEMU's masked notifier, not the guest's: a throwaway eventfd.
 			efd, _ := unix.Eventfd(0, unix.EFD_NONBLOCK|unix.EFD_CLOEXEC)
-			fe.Send(vhostuser.ReqSetVringCall, flagVersion, U64(uint64(i)), efd)
+			fe.Send(vuproto.ReqSetVringCall, vuproto.FlagVersion, U64(uint64(i)), efd)
 			unix.Close(efd)
-			fe.Send(vhostuser.ReqSetVringErr, flagVersion, U64(uint64(i)), s.Rings[i].Err)
+			fe.Send(vuproto.ReqSetVringErr, vuproto.FlagVersion, U64(uint64(i)), s.Rings[i].Err)
 		}
 	}
 	// Step 2, device reset and feature writes: enable, repeated.
 	if !o.NoEnable {
 		for rep := 0; rep < 2; rep++ {
 			for i := 0; i < nrings; i++ {
-				fe.Send(vhostuser.ReqSetVringEnable, flagVersion, State(uint32(i), 1))
+				fe.Send(vuproto.ReqSetVringEnable, vuproto.FlagVersion, State(uint32(i), 1))
 			}
 		}
 	}
@@ -180,37 +180,37 @@ func run(tb TB, fd int, done chan error, o Options) *Session {
 		ack = offered &^ (1 << virtio.VhostUserProtocolFeatures)
 	}
 	ack &= offered &^ o.AckMask
-	if ack&(1<<virtio.NetMTU) != 0 && proto&(1<<vhostuser.ProtoNetMTU) != 0 {
-		if r := fe.Ack(vhostuser.ReqNetSetMTU, U64(o.MTU)); r != 0 {
+	if ack&(1<<virtio.NetMTU) != 0 && proto&(1<<vuproto.ProtoNetMTU) != 0 {
+		if r := fe.Ack(vuproto.ReqNetSetMTU, U64(o.MTU)); r != 0 {
 			tb.Fatalf("NET_SET_MTU ack %d", r)
 		}
 	}
 	if !o.NoEnable {
 		for i := 0; i < nrings; i++ {
-			fe.Send(vhostuser.ReqSetVringEnable, flagVersion, State(uint32(i), 1))
+			fe.Send(vuproto.ReqSetVringEnable, vuproto.FlagVersion, State(uint32(i), 1))
 		}
 	}
 	s.Acked = ack | 1<<virtio.VhostUserProtocolFeatures
-	fe.Send(vhostuser.ReqSetFeatures, flagVersion, U64(s.Acked))
+	fe.Send(vuproto.ReqSetFeatures, vuproto.FlagVersion, U64(s.Acked))
 	// SET_MEM_TABLE: flags 0x9 always in 7.2, one fd per region (the same memfd).
 	fds := make([]int, len(s.G.Regions))
 	for i := range fds {
 		fds[i] = s.G.FD
 	}
-	if r := fe.Ack(vhostuser.ReqSetMemTable, MemTablePayload(s.G.Regions), fds...); r != 0 {
+	if r := fe.Ack(vuproto.ReqSetMemTable, MemTablePayload(s.G.Regions), fds...); r != 0 {
 		tb.Fatalf("SET_MEM_TABLE ack %d", r)
 	}
 	for i, r := range s.Rings {
-		fe.Send(vhostuser.ReqSetVringNum, flagVersion, State(uint32(i), uint32(o.Num)))
-		fe.Send(vhostuser.ReqSetVringBase, flagVersion, State(uint32(i), 0))
-		fe.Send(vhostuser.ReqSetVringAddr, flagVersion, AddrPayload(r))
+		fe.Send(vuproto.ReqSetVringNum, vuproto.FlagVersion, State(uint32(i), uint32(o.Num)))
+		fe.Send(vuproto.ReqSetVringBase, vuproto.FlagVersion, State(uint32(i), 0))
+		fe.Send(vuproto.ReqSetVringAddr, vuproto.FlagVersion, AddrPayload(r))
 		if o.SkipKick {
 			continue
 		}
-		fe.Send(vhostuser.ReqSetVringKick, flagVersion, U64(uint64(i)), r.Kick)
-		fe.Send(vhostuser.ReqSetVringCall, flagVersion, U64(uint64(i)), r.Call)
+		fe.Send(vuproto.ReqSetVringKick, vuproto.FlagVersion, U64(uint64(i)), r.Kick)
+		fe.Send(vuproto.ReqSetVringCall, vuproto.FlagVersion, U64(uint64(i)), r.Call)
 	}
-	fe.Get(vhostuser.ReqGetFeatures)
+	fe.Get(vuproto.ReqGetFeatures)
 	return s
 }
 
@@ -235,8 +235,8 @@ func (s *Session) HdrLen() int {
 func (s *Session) Stop() []uint32 {
 	var out []uint32
 	for i := range s.Rings {
-		s.FE.Send(vhostuser.ReqGetVringBase, flagVersion, State(uint32(i), 0))
-		p := s.FE.Reply(vhostuser.ReqGetVringBase, 8)
+		s.FE.Send(vuproto.ReqGetVringBase, vuproto.FlagVersion, State(uint32(i), 0))
+		p := s.FE.Reply(vuproto.ReqGetVringBase, 8)
 		if binary.LittleEndian.Uint32(p) != uint32(i) {
 			s.tb.Fatalf("GET_VRING_BASE reply index %d", binary.LittleEndian.Uint32(p))
 		}

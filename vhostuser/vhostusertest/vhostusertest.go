@@ -17,9 +17,9 @@
 // It takes a TB (testing.TB's reporting and cleanup) rather than a testing.TB, so that a
 // benchmark program can drive it as a real front-end.
 //
-// The double imports vhostuser only for its exported constants and types; vhostuser's
-// own (internal) tests keep their private copy, since importing this package from them
-// would be an import cycle.
+// The double does not import vhostuser: the wire format it speaks is vuproto's, which
+// the back-end reads too. So vhostuser's own (internal) tests use it as every other
+// package does, with no import cycle.
 package vhostusertest
 
 import (
@@ -45,15 +45,6 @@ const (
 	DescFNext     = 1
 	DescFWrite    = 2
 	DescFIndirect = 4
-)
-
-// Message header flags (QEMU hw/virtio/vhost-user.c VHOST_USER_VERSION,
-// VHOST_USER_REPLY_MASK, VHOST_USER_NEED_REPLY_MASK).
-const (
-	flagVersion   = 0x1
-	flagNeedReply = 0x8
-	replyFlags    = 0x5
-	hdrSize       = 12
 )
 
 // Layout constants of the measured 256 MiB pc guest (QEMU 7.2 SET_MEM_TABLE): RAM below
