@@ -330,46 +330,48 @@ func (n *Net) offer() uint64 {
 	return f
 }
 
+// rxBits and txBits pair each offload with the feature that lets it cross the ring:
+// toward the guest the GUEST_* bit the driver acked it can receive, toward the TAP the
+// HOST_* bit it may send (virtio spec "Processing of Incoming Packets" and "Packet
+// Transmission"). CSUM comes first in each: every other offload needs it.
+type featOffload struct {
+	bit uint
+	o   vnethdr.Offloads
+}
+
+var (
+	rxBits = [...]featOffload{{virtio.NetGuestCsum, vnethdr.OffloadCSUM}, {virtio.NetGuestTSO4, vnethdr.OffloadTSO4},
+		{virtio.NetGuestTSO6, vnethdr.OffloadTSO6}, {virtio.NetGuestECN, vnethdr.OffloadTSOECN}}
+	txBits = [...]featOffload{{virtio.NetCsum, vnethdr.OffloadCSUM}, {virtio.NetHostTSO4, vnethdr.OffloadTSO4},
+		{virtio.NetHostTSO6, vnethdr.OffloadTSO6}, {virtio.NetHostECN, vnethdr.OffloadTSOECN},
+		{virtio.NetHostUSO, vnethdr.OffloadUSO}}
+)
+
 // RXOffloads is the TUNSETOFFLOAD mask a guest that acked f can receive unchanged:
-// TUN_F_CSUM only with GUEST_CSUM, TSO4/TSO6/TSO_ECN only with GUEST_TSO4/TSO6/ECN
-// (virtio spec "Processing of Incoming Packets": the device must not hand the driver
-// NEEDS_CSUM or a GSO type it did not negotiate).
+// TUN_F_CSUM only with GUEST_CSUM, TSO4/TSO6/TSO_ECN only with GUEST_TSO4/TSO6/ECN (the
+// device must not hand the driver NEEDS_CSUM or a GSO type it did not negotiate), and
+// nothing without CSUM (drivers/net/tun.c set_offload: every TSO bit needs it).
 func RXOffloads(f vhostuser.Features) vnethdr.Offloads {
-	var o vnethdr.Offloads
 	if !f.Has(virtio.NetGuestCsum) {
-		return 0 // every TSO bit needs CSUM (drivers/net/tun.c set_offload)
+		return 0
 	}
-	o |= vnethdr.OffloadCSUM
-	if f.Has(virtio.NetGuestTSO4) {
-		o |= vnethdr.OffloadTSO4
-	}
-	if f.Has(virtio.NetGuestTSO6) {
-		o |= vnethdr.OffloadTSO6
-	}
-	if f.Has(virtio.NetGuestECN) {
-		o |= vnethdr.OffloadTSOECN
+	var o vnethdr.Offloads
+	for _, b := range rxBits {
+		if f.Has(b.bit) {
+			o |= b.o
+		}
 	}
 	return o
 }
 
 // TXOffloads is what a guest that acked f may send: NEEDS_CSUM with CSUM, GSO kinds with
-// HOST_TSO4/TSO6/ECN/USO (virtio spec "Packet Transmission").
+// HOST_TSO4/TSO6/ECN/USO.
 func TXOffloads(f vhostuser.Features) vnethdr.Offloads {
 	var o vnethdr.Offloads
-	if f.Has(virtio.NetCsum) {
-		o |= vnethdr.OffloadCSUM
-	}
-	if f.Has(virtio.NetHostTSO4) {
-		o |= vnethdr.OffloadTSO4
-	}
-	if f.Has(virtio.NetHostTSO6) {
-		o |= vnethdr.OffloadTSO6
-	}
-	if f.Has(virtio.NetHostECN) {
-		o |= vnethdr.OffloadTSOECN
-	}
-	if f.Has(virtio.NetHostUSO) {
-		o |= vnethdr.OffloadUSO
+	for _, b := range txBits {
+		if f.Has(b.bit) {
+			o |= b.o
+		}
 	}
 	return o
 }
