@@ -35,7 +35,9 @@ import (
 const Prefix = "tapgro-test-"
 
 // RequirePriv skips tb (or fails it when TAPGRO_REQUIRE_PRIV=1) unless the process is
-// root, /dev/net/tun exists and the ip(8) tool is installed.
+// root, /dev/net/tun exists and the ip(8) and ping(8) tools are installed (ping: the
+// namespace tests send their probes with it, and a missing one would read as lost
+// traffic rather than as a missing tool).
 func RequirePriv(tb testing.TB) {
 	tb.Helper()
 	var why string
@@ -47,6 +49,8 @@ func RequirePriv(tb testing.TB) {
 			why = fmt.Sprintf("needs /dev/net/tun: %v", err)
 		} else if _, err := exec.LookPath("ip"); err != nil {
 			why = "needs the ip tool (apt-get install iproute2)"
+		} else if _, err := exec.LookPath("ping"); err != nil {
+			why = "needs the ping tool (apt-get install iputils-ping)"
 		}
 	}
 	if why == "" {
