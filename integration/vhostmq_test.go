@@ -3,12 +3,14 @@
 package integration
 
 import (
+	"errors"
 	"fmt"
 	"net"
 	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -45,18 +47,28 @@ func queueKey(name, dir string, q int) string {
 	return fmt.Sprintf(`%s{direction="%s",queue="%d"}`, name, dir, q)
 }
 
-// tellGuest connects to the guest's nc -l on guestGo and sends word.
+// tellGuest connects to the guest's nc -l on guestGo and sends word. The guest prints
+// its marker line before it starts nc, so a refused connection is retried until the
+// guest's listener is up (or guestLimit passes).
 func tellGuest(t *testing.T, ns *netnstest.NS, word string) {
 	t.Helper()
-	if err := ns.Do(func() error {
-		c, err := net.DialTimeout("tcp", net.JoinHostPort(guestIP4, strconv.Itoa(guestGo)), 20*time.Second)
-		if err != nil {
-			return err
+	addr := net.JoinHostPort(guestIP4, strconv.Itoa(guestGo))
+	deadline := time.Now().Add(guestLimit)
+	err := ns.Do(func() error {
+		for {
+			c, err := net.DialTimeout("tcp", addr, 20*time.Second)
+			if err == nil {
+				defer c.Close()
+				_, err = c.Write([]byte(word + "\n"))
+				return err
+			}
+			if !errors.Is(err, syscall.ECONNREFUSED) || time.Now().After(deadline) {
+				return err
+			}
+			time.Sleep(100 * time.Millisecond)
 		}
-		defer c.Close()
-		_, err = c.Write([]byte(word + "\n"))
-		return err
-	}); err != nil {
+	})
+	if err != nil {
 		t.Fatalf("tell guest %q: %v", word, err)
 	}
 }
