@@ -138,6 +138,7 @@ type bench struct {
 	tapgro, naive   string
 	gsorelay        string
 	vhostrelay      string
+	udpbulk         string // static, for the guest too
 	nsGuest, nsHost string
 	procs           []*exec.Cmd
 	relayPIDs       map[string]int // "host"/"guest" -> pid
@@ -166,6 +167,9 @@ func main() {
 	rrN := flag.Int("rr-rounds", rrRounds, "internal: round trips for -rr-client and -udp-rr-client")
 	udpEchoAddr := flag.String("udp-echo", "", "internal: echo UDP datagrams on ADDR")
 	udpRRAddr := flag.String("udp-rr-client", "", "internal: be the UDP ping-pong client of ADDR")
+	guests := flag.Bool("guests", false, "only the QEMU guest matrix (tapgro vhost-user and QEMU's TAP back-end, each guest flavour): writes -guests-out")
+	guestsOut := flag.String("guests-out", "docs/benchmarks/GUESTS.md", "the guest matrix's markdown report")
+	guestFlavourList := flag.String("guest-flavours", "", "comma-separated guest flavours for -guests (default all)")
 	flag.StringVar(&b.perfDir, "perf", "", "during the first run of each TCP row, perf record -g each relay into DIR and write DIR/*.txt summaries (needs perf)")
 	flag.Parse()
 	if *rrAddr != "" {
@@ -215,10 +219,26 @@ func main() {
 			fatal("go build %s: %v\n%s", pkg, err, out)
 		}
 	}
+	b.udpbulk = filepath.Join(b.work, "udpbulk")
+	ub := exec.Command("go", "build", "-o", b.udpbulk, "tapgro/integration/udpbulk")
+	ub.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := ub.CombinedOutput(); err != nil {
+		fatal("go build udpbulk: %v\n%s", err, out)
+	}
 	tag := strconv.Itoa(os.Getpid())
 	b.nsGuest, b.nsHost = "tapgro-bench-"+tag+"-guest", "tapgro-bench-"+tag+"-host"
 	defer b.teardown()
 
+	if *guests {
+		fl, err := b.guestFlavours(*guestFlavourList)
+		if err != nil {
+			fatal("%v", err)
+		}
+		if err := b.runGuestMatrix(fl, *guestsOut); err != nil {
+			fatal("%v", err)
+		}
+		return
+	}
 	for _, f := range []struct{ name, v string }{{"cases", *only}, {"tests", *onlyTests}, {"qemu-cases", *onlyQEMU}} {
 		if f.v != "" {
 			b.selection += " -" + f.name + " " + f.v

@@ -5,7 +5,7 @@
 // libc, as well as on the host.
 //
 //	udpbulk send -to ADDR:PORT [-t SECS] [-size BYTES] [-gso N]
-//	udpbulk recv -on ADDR:PORT [-idle SECS] [-max SECS]
+//	udpbulk recv -on ADDR:PORT [-bursts N] [-idle SECS] [-max SECS]
 //
 // iperf3's UDP mode writes one datagram per system call and has no way to ask for UDP
 // segmentation offload, which is the case a Linux ≥ 6.2 guest's QUIC, WireGuard or VXLAN
@@ -72,7 +72,7 @@ func main() {
 }
 
 func usage() {
-	fmt.Fprintln(os.Stderr, "usage: udpbulk send -to ADDR:PORT [-t SECS] [-size BYTES] [-gso N]\n       udpbulk recv -on ADDR:PORT [-idle SECS] [-max SECS]")
+	fmt.Fprintln(os.Stderr, "usage: udpbulk send -to ADDR:PORT [-t SECS] [-size BYTES] [-gso N]\n       udpbulk recv -on ADDR:PORT [-bursts N] [-idle SECS] [-max SECS]")
 	os.Exit(2)
 }
 
@@ -148,7 +148,8 @@ func send(args []string) error {
 func recv(args []string) error {
 	fs := flag.NewFlagSet("recv", flag.ExitOnError)
 	on := fs.String("on", "", "ADDR:PORT to bind")
-	idle := fs.Float64("idle", 1.5, "stop this many seconds after the last datagram")
+	idle := fs.Float64("idle", 1.5, "a burst ends this many seconds after its last datagram")
+	bursts := fs.Int("bursts", 1, "bursts to receive (one result line each) before exiting")
 	max := fs.Float64("max", 60, "stop after this many seconds in all")
 	fs.Parse(args)
 	if *on == "" {
@@ -167,59 +168,79 @@ func recv(args []string) error {
 	// before it is counted (the kernel caps it at net.core.rmem_max).
 	c.SetReadBuffer(8 << 20)
 	fmt.Println("udpbulk: ready")
-	var pat [][]byte
-	buf := make([]byte, 65536)
-	var n, bytes, bad, maxSeq uint64
-	var first, last time.Time
+	idleFor := time.Duration(*idle * float64(time.Second))
 	end := time.Now().Add(time.Duration(*max * float64(time.Second)))
-	for {
+	var b burst
+	buf := make([]byte, 65536)
+	for done := 0; done < *bursts; {
 		dl := end
-		if !last.IsZero() {
-			if t := last.Add(time.Duration(*idle * float64(time.Second))); t.Before(dl) {
-				dl = t
-			}
+		if !b.last.IsZero() && b.last.Add(idleFor).Before(dl) {
+			dl = b.last.Add(idleFor)
 		}
 		c.SetReadDeadline(dl)
 		m, _, err := c.ReadFromUDP(buf)
-		if err != nil {
-			if errors.Is(err, os.ErrDeadlineExceeded) {
-				break
-			}
+		if err == nil {
+			b.add(buf[:m])
+			continue
+		}
+		if !errors.Is(err, os.ErrDeadlineExceeded) {
 			return fmt.Errorf("recv: %w", err)
 		}
-		now := time.Now()
-		if first.IsZero() {
-			first = now
+		if b.n > 0 {
+			b.report()
+			done++
 		}
-		last = now
-		n++
-		bytes += uint64(m)
-		if m < hdrLen {
-			bad++
-			continue
+		if !time.Now().Before(end) {
+			break
 		}
-		if pat == nil || len(pat[0]) != m {
-			pat = payloads(m)
-		}
-		seq := binary.BigEndian.Uint64(buf)
-		if seq >= 1<<40 || string(buf[hdrLen:m]) != string(pat[seq%patterns][hdrLen:]) {
-			bad++
-			continue
-		}
-		maxSeq = max64(maxSeq, seq+1)
+		b = burst{pat: b.pat}
 	}
-	el := last.Sub(first).Seconds()
+	return nil
+}
+
+// burst counts one run of datagrams: the sender's sequence numbers start at 0 each time.
+type burst struct {
+	pat                   [][]byte
+	n, bytes, bad, maxSeq uint64
+	first, last           time.Time
+}
+
+func (b *burst) add(d []byte) {
+	now := time.Now()
+	if b.first.IsZero() {
+		b.first = now
+	}
+	b.last = now
+	b.n++
+	b.bytes += uint64(len(d))
+	if len(d) < hdrLen {
+		b.bad++
+		return
+	}
+	if b.pat == nil || len(b.pat[0]) != len(d) {
+		b.pat = payloads(len(d))
+	}
+	seq := binary.BigEndian.Uint64(d)
+	if seq >= 1<<40 || string(d[hdrLen:]) != string(b.pat[seq%patterns][hdrLen:]) {
+		b.bad++
+		return
+	}
+	b.maxSeq = max64(b.maxSeq, seq+1)
+}
+
+func (b *burst) report() {
+	el := b.last.Sub(b.first).Seconds()
 	gbps := 0.0
 	if el > 0 {
-		gbps = float64(bytes) * 8 / el / 1e9
+		gbps = float64(b.bytes) * 8 / el / 1e9
 	}
+	// Lost: sequence numbers below the highest seen that never arrived intact.
 	lost := uint64(0)
-	if maxSeq > n-bad {
-		lost = maxSeq - (n - bad)
+	if good := b.n - b.bad; b.maxSeq > good {
+		lost = b.maxSeq - good
 	}
 	fmt.Printf("udpbulk: received datagrams=%d bytes=%d bad=%d lost=%d seconds=%.3f gbps=%.3f\n",
-		n, bytes, bad, lost, el, gbps)
-	return nil
+		b.n, b.bytes, b.bad, lost, el, gbps)
 }
 
 func max64(a, b uint64) uint64 {

@@ -1,0 +1,543 @@
+package main
+
+import (
+	"bytes"
+	"encoding/base64"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"runtime"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+)
+
+// The guest matrix (-guests): each QEMU and guest kernel pair the integration tests boot,
+// on tapgro's vhost-user port and on QEMU's own TAP back-end (-netdev tap,vnet_hdr=on,
+// QEMU holding the TAP itself: what a user gets with no extra daemon), in one run. A round
+// boots one guest per row and runs every test in it in sequence; rounds alternate over
+// the rows, so the noise of a shared machine falls on all of them alike, and the table
+// shows medians.
+//
+// The tests: TCP bulk both ways (iperf3), and UDP bulk both ways with one datagram per
+// send and with UDP_SEGMENT (40 datagrams of 1,400 bytes per send: a Linux guest's QUIC or
+// WireGuard sender), through integration/udpbulk, which checks every byte. Whether UDP
+// GSO crosses the NIC whole depends on the guest negotiating VIRTIO_NET_F_HOST_USO /
+// GUEST_USO4/6, which the report shows per row from the guest's ethtool -k: where it is
+// off, the guest's stack (guest -> host) or the host's (host -> guest, before the TAP)
+// segments in software.
+//
+// CPU: tapgro's process, and QEMU's threads other than the vCPU ("CPU 0/TCG" with
+// -name debug-threads=on): on the TAP back-end those threads are where the back-end
+// runs; on vhost-user they relay the guest's kicks and tapgro's calls (under TCG there is
+// no ioeventfd/irqfd in a kernel to do it), which a KVM host would not pay.
+
+// guestFlavour is one QEMU and guest kernel pair.
+type guestFlavour struct {
+	name           string   // "qemu7.2-linux6.1"
+	kernelPkg      string   // the Debian package the kernel came from
+	qemu           []string // the binary and its -L options
+	kernel, initrd string
+	vectors0       bool   // a vhost-user NIC needs vectors=0 under TCG (QEMU 7.2)
+	reconnect      string // the chardev option that retries the connection
+}
+
+type guestBackend int
+
+const (
+	beVhostUser guestBackend = iota
+	beQEMUTap
+)
+
+func (be guestBackend) String() string {
+	if be == beVhostUser {
+		return "tapgro vhost-user"
+	}
+	return "QEMU -netdev tap,vnet_hdr=on (no tapgro)"
+}
+
+// guestTests are the matrix's columns, in the order the guest runs them.
+var guestTests = []struct{ key, name string }{
+	{"tcp-g2h", "TCP guest -> host"},
+	{"tcp-h2g", "TCP host -> guest"},
+	{"udp-g2h-1", "UDP guest -> host, 1 datagram per send"},
+	{"udp-g2h-gso", "UDP guest -> host, UDP_SEGMENT 40 x 1400 B"},
+	{"udp-h2g-1", "UDP host -> guest, 1 datagram per send"},
+	{"udp-h2g-gso", "UDP host -> guest, UDP_SEGMENT 40 x 1400 B"},
+}
+
+const (
+	udpG2HPort = 7600
+	udpH2GPort = 7601
+	udpSize    = 1400
+	udpGSO     = 40
+)
+
+// guestResult is one test of one boot.
+type guestResult struct {
+	gbps       float64
+	lossPct    float64 // UDP: datagrams sent but not received intact
+	bad        uint64  // UDP: datagrams received corrupted
+	cpuTapgro  float64 // seconds over the test
+	cpuQEMUIO  float64
+	gigabytes  float64
+	guestOffld string // the guest's view of its NIC's offloads
+}
+
+var (
+	iperfRecvRe  = regexp.MustCompile(`([\d.]+) ([MG])bits/sec\s+receiver`)
+	udpRecvRe    = regexp.MustCompile(`udpbulk: received datagrams=(\d+) bytes=(\d+) bad=(\d+) lost=(\d+) seconds=[\d.]+ gbps=([\d.]+)`)
+	guestStepRe  = regexp.MustCompile(`TG-STEP (\S+)`)
+	guestOfflRe  = regexp.MustCompile(`(?m)^(tcp-segmentation-offload|tx-udp-segmentation|rx-gro-hw): (\S+)`)
+	guestReadyRe = regexp.MustCompile(`udpbulk: ready`)
+)
+
+// guestScript is what every matrix guest runs; TG-STEP lines let the host sample CPU at
+// each test's start.
+func (b *bench) guestScript() string {
+	t := strconv.Itoa(b.secs)
+	return strings.Join([]string{
+		guestWaitHost,
+		"ethtool -k eth0 | grep -E '^(tcp-segmentation-offload|tx-udp-segmentation|rx-gro-hw):'",
+		"echo TG-STEP tcp-g2h; iperf3 -c 198.18.0.1 -t " + t + " -f m",
+		"echo TG-STEP tcp-h2g; iperf3 -c 198.18.0.1 -t " + t + " -f m -R",
+		fmt.Sprintf("echo TG-STEP udp-g2h-1; udpbulk send -to 198.18.0.1:%d -t %s -size %d -gso 1; sleep 3", udpG2HPort, t, udpSize),
+		fmt.Sprintf("echo TG-STEP udp-g2h-gso; udpbulk send -to 198.18.0.1:%d -t %s -size %d -gso %d; sleep 3", udpG2HPort, t, udpSize, udpGSO),
+		fmt.Sprintf("echo TG-STEP udp-h2g; udpbulk recv -on 198.18.0.2:%d -bursts 2 -idle 2 -max %d", udpH2GPort, 4*b.secs+60),
+		// QEMU must outlive the last step's CPU sample.
+		"echo TG-STEP end; sleep 2",
+	}, "\n") + "\n"
+}
+
+// guestBoot boots f's guest on be once and returns each test's result.
+func (b *bench) guestBoot(f guestFlavour, be guestBackend) (map[string]*guestResult, error) {
+	b.relayPIDs = map[string]int{}
+	exec.Command("ip", "netns", "del", b.nsHost).Run()
+	if err := run("ip", "netns", "add", b.nsHost); err != nil {
+		return nil, err
+	}
+	defer b.teardown()
+	run("ip", "-n", b.nsHost, "link", "set", "lo", "up")
+
+	qargs := append([]string{"netns", "exec", b.nsHost}, f.qemu...)
+	qargs = append(qargs, "-name", "tapgro-bench,debug-threads=on",
+		"-nodefaults", "-no-user-config", "-accel", "tcg", "-m", strconv.Itoa(guestRAM), "-smp", "1",
+		"-display", "none", "-serial", "stdio", "-no-reboot",
+		"-object", fmt.Sprintf("memory-backend-memfd,id=mem,size=%dM,share=on", guestRAM), "-machine", "memory-backend=mem",
+		"-kernel", f.kernel, "-initrd", f.initrd, "-append", fmt.Sprintf("console=ttyS0 quiet panic=-1 mitigations=off tg.ip=198.18.0.2/24 tg.mtu=%d tg.cmd=%s",
+			b.mtu, base64.StdEncoding.EncodeToString([]byte(b.guestScript()))))
+	tapName := "tgq0"
+	switch be {
+	case beVhostUser:
+		sock := filepath.Join(b.work, "g.sock")
+		os.Remove(sock)
+		b.start("host", b.nsHost, b.tapgro, "--tap", "tg0", "--mtu", strconv.Itoa(b.mtu), "--addr", "198.18.0.1/24",
+			"--log-level", "warn", "--netdev", "vhost-user,path="+sock, "--ctl-socket", "")
+		for i := 0; i < 50; i++ {
+			if _, err := os.Stat(sock); err == nil {
+				break
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		dev := "virtio-net-pci,netdev=n0"
+		if f.vectors0 {
+			dev += ",vectors=0"
+		}
+		qargs = append(qargs, "-chardev", "socket,id=vu0,path="+sock+","+f.reconnect,
+			"-netdev", "vhost-user,id=n0,chardev=vu0", "-device", dev)
+	case beQEMUTap:
+		qargs = append(qargs, "-netdev", "tap,id=n0,ifname="+tapName+",script=no,downscript=no,vnet_hdr=on",
+			"-device", "virtio-net-pci,netdev=n0")
+	}
+	q := exec.Command("ip", qargs...)
+	con := &lockedBuffer{}
+	q.Stdout, q.Stderr = con, con
+	if err := q.Start(); err != nil {
+		return nil, err
+	}
+	done := make(chan struct{})
+	go func() { q.Wait(); close(done) }()
+	defer func() {
+		select {
+		case <-done:
+		default:
+			q.Process.Kill()
+			<-done
+		}
+	}()
+	qpid := q.Process.Pid // ip netns exec execs in place
+	if be == beQEMUTap {
+		// QEMU creates the TAP; the host side's address goes on once it exists.
+		deadline := time.Now().Add(20 * time.Second)
+		for exec.Command("ip", "-n", b.nsHost, "link", "show", tapName).Run() != nil {
+			if time.Now().After(deadline) {
+				return nil, fmt.Errorf("QEMU did not create %s; console: %s", tapName, tail(con.String()))
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		for _, a := range [][]string{
+			{"ip", "-n", b.nsHost, "link", "set", tapName, "mtu", strconv.Itoa(b.mtu)},
+			{"ip", "-n", b.nsHost, "addr", "add", "198.18.0.1/24", "dev", tapName},
+			{"ip", "-n", b.nsHost, "link", "set", tapName, "up"},
+		} {
+			if err := run(a...); err != nil {
+				return nil, err
+			}
+		}
+	}
+	srv := exec.Command("ip", "netns", "exec", b.nsHost, "iperf3", "-s")
+	if err := srv.Start(); err != nil {
+		return nil, err
+	}
+	defer func() { srv.Process.Kill(); srv.Wait() }()
+	udpOut := &lockedBuffer{}
+	urecv := exec.Command("ip", "netns", "exec", b.nsHost, b.udpbulk, "recv", "-on", fmt.Sprintf("0.0.0.0:%d", udpG2HPort),
+		"-bursts", "2", "-idle", "2", "-max", strconv.Itoa(10*b.secs+240))
+	urecv.Stdout, urecv.Stderr = udpOut, udpOut
+	if err := urecv.Start(); err != nil {
+		return nil, err
+	}
+	defer func() { urecv.Process.Kill(); urecv.Wait() }()
+
+	cpuAt := map[string][2]float64{} // step -> tapgro, QEMU I/O seconds at its start
+	sample := func(step string) {
+		tg := b.cpu()["host"]
+		cpuAt[step] = [2]float64{tg, qemuIOCPU(qpid)}
+	}
+	limit := time.Now().Add(time.Duration(10*b.secs)*time.Second + 4*time.Minute)
+	seen := map[string]bool{}
+	var hostErr error
+	for !seen["end"] && hostErr == nil {
+		exited := false
+		select {
+		case <-done:
+			exited = true // the console may still hold the last steps
+		case <-time.After(20 * time.Millisecond):
+		}
+		if time.Now().After(limit) {
+			return nil, fmt.Errorf("guest did not finish; console: %s", tail(con.String()))
+		}
+		text := con.String()
+		if exited && !strings.Contains(text, "TG-STEP end") {
+			return nil, fmt.Errorf("QEMU exited before the guest finished; console: %s", tail(text))
+		}
+		for _, m := range guestStepRe.FindAllStringSubmatch(text, -1) {
+			if seen[m[1]] {
+				continue
+			}
+			seen[m[1]] = true
+			if m[1] != "udp-h2g" {
+				sample(m[1])
+			}
+		}
+		if seen["udp-h2g"] && !seen["h2g-sent"] && guestReadyRe.MatchString(text[strings.Index(text, "TG-STEP udp-h2g"):]) {
+			seen["h2g-sent"] = true
+			for i, gso := range []int{1, udpGSO} {
+				sample([]string{"udp-h2g-1", "udp-h2g-gso"}[i])
+				out, err := exec.Command("ip", "netns", "exec", b.nsHost, b.udpbulk, "send", "-to", fmt.Sprintf("198.18.0.2:%d", udpH2GPort),
+					"-t", strconv.Itoa(b.secs), "-size", strconv.Itoa(udpSize), "-gso", strconv.Itoa(gso)).CombinedOutput()
+				if err != nil {
+					hostErr = fmt.Errorf("host udpbulk send: %v: %s", err, out)
+					break
+				}
+				time.Sleep(3 * time.Second) // the guest's receiver ends a burst after 2 s idle
+			}
+		}
+	}
+	if hostErr != nil {
+		return nil, hostErr
+	}
+	if err := b.relaysAlive(); err != nil {
+		return nil, err
+	}
+	text := con.String()
+	res := map[string]*guestResult{}
+	offl := strings.Join(guestOffl(text), ", ")
+	// Each test's CPU is the difference to the next test's start.
+	order := []string{"tcp-g2h", "tcp-h2g", "udp-g2h-1", "udp-g2h-gso", "udp-h2g-1", "udp-h2g-gso", "end"}
+	for i, k := range order[:len(order)-1] {
+		a, z := cpuAt[k], cpuAt[order[i+1]]
+		if k == "udp-g2h-gso" {
+			z = cpuAt["udp-h2g-1"] // the guest's receiver start-up lies between
+		}
+		res[k] = &guestResult{cpuTapgro: z[0] - a[0], cpuQEMUIO: z[1] - a[1], guestOffld: offl}
+	}
+	tcp := iperfRecvRe.FindAllStringSubmatch(text, -1)
+	if len(tcp) != 2 {
+		return nil, fmt.Errorf("want 2 iperf3 receiver lines on the console, got %d; console: %s", len(tcp), tail(text))
+	}
+	for i, k := range []string{"tcp-g2h", "tcp-h2g"} {
+		v, _ := strconv.ParseFloat(tcp[i][1], 64)
+		if tcp[i][2] == "M" {
+			v /= 1000
+		}
+		res[k].gbps, res[k].gigabytes = v, v*float64(b.secs)/8
+	}
+	// The host's receiver saw the guest's two bursts, the guest's the host's.
+	for _, src := range []struct {
+		text string
+		keys []string
+	}{
+		{udpOut.String(), []string{"udp-g2h-1", "udp-g2h-gso"}},
+		{text, []string{"udp-h2g-1", "udp-h2g-gso"}},
+	} {
+		ms := udpRecvRe.FindAllStringSubmatch(src.text, -1)
+		if len(ms) != 2 {
+			return nil, fmt.Errorf("want 2 udpbulk results for %v, got %d: %s", src.keys, len(ms), tail(src.text))
+		}
+		for i, k := range src.keys {
+			n, _ := strconv.ParseFloat(ms[i][1], 64)
+			by, _ := strconv.ParseFloat(ms[i][2], 64)
+			bad, _ := strconv.ParseUint(ms[i][3], 10, 64)
+			lost, _ := strconv.ParseFloat(ms[i][4], 64)
+			g, _ := strconv.ParseFloat(ms[i][5], 64)
+			r := res[k]
+			r.gbps, r.gigabytes, r.bad = g, by/1e9, bad
+			if n+lost > 0 {
+				r.lossPct = 100 * lost / (n + lost)
+			}
+		}
+	}
+	return res, nil
+}
+
+// guestOffl returns the guest's "name: on/off" lines for the offloads that matter here.
+func guestOffl(console string) []string {
+	var out []string
+	for _, m := range guestOfflRe.FindAllStringSubmatch(console, -1) {
+		// rx-gro-hw is virtio_net's name for the guest offloads (GUEST_TSO4/6, GUEST_USO4/6):
+		// the device may hand the guest GSO packets (drivers/net/virtio_net.c).
+		short := map[string]string{"tcp-segmentation-offload": "TSO", "tx-udp-segmentation": "USO", "rx-gro-hw": "GRO-HW"}[m[1]]
+		out = append(out, short+" "+m[2])
+	}
+	return out
+}
+
+// qemuIOCPU is the utime+stime, in seconds, of QEMU's threads other than its vCPUs.
+func qemuIOCPU(pid int) float64 {
+	dirs, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/stat", pid))
+	total := 0.0
+	for _, p := range dirs {
+		data, err := os.ReadFile(p)
+		if err != nil {
+			continue
+		}
+		i, j := bytes.IndexByte(data, '('), bytes.LastIndexByte(data, ')')
+		if i < 0 || j < i || j+2 >= len(data) {
+			continue
+		}
+		if strings.HasPrefix(string(data[i+1:j]), "CPU ") { // "CPU 0/TCG"
+			continue
+		}
+		f := strings.Fields(string(data[j+2:]))
+		ut, _ := strconv.ParseFloat(f[11], 64)
+		st, _ := strconv.ParseFloat(f[12], 64)
+		total += (ut + st) / 100
+	}
+	return total
+}
+
+// runGuestMatrix runs reps alternating rounds over every flavour and back-end and writes
+// the report to path.
+func (b *bench) runGuestMatrix(flavours []guestFlavour, path string) error {
+	type key struct {
+		flav string
+		be   guestBackend
+	}
+	results := map[key][]map[string]*guestResult{}
+	errs := map[key]error{}
+	var rows []key
+	for _, f := range flavours {
+		for _, be := range []guestBackend{beVhostUser, beQEMUTap} {
+			rows = append(rows, key{f.name, be})
+		}
+	}
+	for round := 0; round < b.reps; round++ {
+		for _, f := range flavours {
+			for _, be := range []guestBackend{beVhostUser, beQEMUTap} {
+				k := key{f.name, be}
+				if errs[k] != nil {
+					continue
+				}
+				fmt.Fprintf(os.Stderr, "== round %d: %s, %s\n", round+1, f.name, be)
+				r, err := b.guestBoot(f, be)
+				if err != nil {
+					errs[k] = fmt.Errorf("round %d: %w", round+1, err)
+					fmt.Fprintf(os.Stderr, "   FAILED: %v\n", errs[k])
+					continue
+				}
+				for _, t := range guestTests {
+					x := r[t.key]
+					fmt.Fprintf(os.Stderr, "   %-44s %6.3f Gbit/s  tapgro %.2f s  QEMU I/O %.2f s  loss %.1f%% bad %d\n",
+						t.name, x.gbps, x.cpuTapgro, x.cpuQEMUIO, x.lossPct, x.bad)
+				}
+				results[k] = append(results[k], r)
+			}
+		}
+	}
+	var md strings.Builder
+	fmt.Fprintf(&md, "# QEMU guests: tapgro vhost-user beside QEMU's own TAP back-end\n\n")
+	hostname, _ := os.Hostname()
+	fmt.Fprintf(&md, "Generated by `go run ./integration/benchtool -guests -t %d -r %d -mtu %d` on %s (kernel %s, %d cores, %s), %s.\n",
+		b.secs, b.reps, b.mtu, hostname, strings.TrimSpace(output("uname", "-r")), runtime.NumCPU(), cpuModel(), time.Now().UTC().Format("2006-01-02 15:04 UTC"))
+	fmt.Fprintf(&md, "Every guest runs under TCG (no KVM here), so the emulator bounds every row; %d alternating rounds, %d s per test, MTU %d; medians [min–max].\n", b.reps, b.secs, b.mtu)
+	fmt.Fprintf(&md, "CPU is seconds per GB received: tapgro's process, and QEMU's threads other than the vCPU (where its TAP back-end runs; on vhost-user they relay kicks and calls, which KVM's ioeventfd/irqfd would do in the kernel).\n")
+	fmt.Fprintf(&md, "UDP rows give the loss (datagrams sent and not received intact) and the datagrams received corrupted (must be 0).\n\n")
+	for _, f := range flavours {
+		v, _, _ := strings.Cut(output(f.qemu[0], "--version"), "\n")
+		fmt.Fprintf(&md, "- `%s`: %s; guest kernel %s\n", f.name, v, f.kernelPkg)
+	}
+	md.WriteString("\n")
+	for _, t := range guestTests {
+		fmt.Fprintf(&md, "## %s\n\n| guest | back-end | guest NIC offloads | Gbit/s | vs QEMU TAP | tapgro s/GB | QEMU I/O s/GB |%s\n|---|---|---|---|---|---|---|%s\n",
+			t.name, map[bool]string{true: " loss | bad |", false: ""}[strings.HasPrefix(t.key, "udp")], map[bool]string{true: "---|---|", false: ""}[strings.HasPrefix(t.key, "udp")])
+		for _, k := range rows {
+			if errs[k] != nil && len(results[k]) == 0 {
+				fmt.Fprintf(&md, "| %s | %s | | FAILED: %s | | | |\n", k.flav, k.be, strings.ReplaceAll(errs[k].Error(), "\n", " "))
+				continue
+			}
+			med, lo, hi, tg, qio, loss, bad, offl := summarize(results[k], t.key)
+			ratio := ""
+			if k.be == beVhostUser {
+				if ref := results[key{k.flav, beQEMUTap}]; len(ref) > 0 {
+					if m, _, _, _, _, _, _, _ := summarize(ref, t.key); m > 0 {
+						ratio = fmt.Sprintf("%.2fx", med/m)
+					}
+				}
+			}
+			tgs := fmt.Sprintf("%.2f", tg)
+			if k.be == beQEMUTap {
+				tgs = "—"
+			}
+			fmt.Fprintf(&md, "| %s | %s | %s | %.3f [%.3f–%.3f] | %s | %s | %.2f |", k.flav, k.be, offl, med, lo, hi, ratio, tgs, qio)
+			if strings.HasPrefix(t.key, "udp") {
+				fmt.Fprintf(&md, " %.1f%% | %d |", loss, bad)
+			}
+			if errs[k] != nil {
+				fmt.Fprintf(&md, " (later round failed: %s)", strings.ReplaceAll(errs[k].Error(), "\n", " "))
+			}
+			md.WriteString("\n")
+		}
+		md.WriteString("\n")
+	}
+	fmt.Fprint(os.Stderr, md.String())
+	return os.WriteFile(path, []byte(md.String()), 0o644)
+}
+
+// summarize gives one row's medians over its rounds for test key: throughput (and its
+// range), CPU per GB over all rounds together, the median loss, the corrupted datagrams
+// in all, and the guest's offloads.
+func summarize(rs []map[string]*guestResult, key string) (med, lo, hi, tg, qio, loss float64, bad uint64, offl string) {
+	var v, l []float64
+	var gb, ct, cq float64
+	for _, r := range rs {
+		x := r[key]
+		v, l = append(v, x.gbps), append(l, x.lossPct)
+		gb += x.gigabytes
+		ct += x.cpuTapgro
+		cq += x.cpuQEMUIO
+		bad += x.bad
+		offl = x.guestOffld
+	}
+	med, lo, hi = median(v)
+	loss, _, _ = median(l)
+	if gb > 0 {
+		tg, qio = ct/gb, cq/gb
+	}
+	return
+}
+
+func median(v []float64) (med, lo, hi float64) {
+	v = append([]float64(nil), v...)
+	sort.Float64s(v)
+	n := len(v)
+	med = v[n/2]
+	if n%2 == 0 {
+		med = (v[n/2-1] + v[n/2]) / 2
+	}
+	return med, v[0], v[n-1]
+}
+
+// lockedBuffer is a bytes.Buffer a process writes while the bench reads it.
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.buf.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.buf.String()
+}
+
+// withUDPBulk returns an initramfs that is base with udpbulk added as /usr/bin/udpbulk: a
+// second newc archive appended to the first, which the kernel unpacks over it
+// (init/initramfs.c unpack_to_rootfs reads archives until the end of the image).
+func (b *bench) withUDPBulk(base, name string) (string, error) {
+	dir := filepath.Join(b.work, "extra-"+name)
+	if err := os.MkdirAll(filepath.Join(dir, "usr", "bin"), 0o755); err != nil {
+		return "", err
+	}
+	data, err := os.ReadFile(b.udpbulk)
+	if err != nil {
+		return "", err
+	}
+	if err := os.WriteFile(filepath.Join(dir, "usr", "bin", "udpbulk"), data, 0o755); err != nil {
+		return "", err
+	}
+	cp := exec.Command("sh", "-c", "find usr | LC_ALL=C sort | cpio -o -H newc --quiet -R 0:0")
+	cp.Dir = dir
+	extra, err := cp.Output()
+	if err != nil {
+		return "", fmt.Errorf("cpio: %v", err)
+	}
+	img, err := os.ReadFile(base)
+	if err != nil {
+		return "", err
+	}
+	out := filepath.Join(b.work, "initrd-"+name+".img")
+	return out, os.WriteFile(out, append(img, extra...), 0o644)
+}
+
+// guestFlavours provisions the flavours named in list (comma-separated; "" all).
+func (b *bench) guestFlavours(list string) ([]guestFlavour, error) {
+	var out []guestFlavour
+	for _, name := range []string{"qemu7.2-linux6.1"} {
+		if list != "" && !strings.Contains(","+list+",", ","+name+",") {
+			continue
+		}
+		kernel, initrd, err := guestImage(b.work)
+		if err != nil {
+			return nil, err
+		}
+		if initrd, err = b.withUDPBulk(initrd, name); err != nil {
+			return nil, err
+		}
+		pkg, _ := os.ReadFile(filepath.Join(filepath.Dir(kernel), "kernel"))
+		out = append(out, guestFlavour{name: name, kernelPkg: strings.TrimSpace(string(pkg)), qemu: []string{"qemu-system-x86_64"}, kernel: kernel, initrd: initrd,
+			vectors0: true, reconnect: "reconnect=1"})
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("-guest-flavours %q names no flavour", list)
+	}
+	return out, nil
+}
+
+// tail is the end of a console, for an error message.
+func tail(s string) string {
+	const n = 600
+	if len(s) > n {
+		s = "…" + s[len(s)-n:]
+	}
+	return strings.Join(strings.Fields(s), " ")
+}
