@@ -1,20 +1,25 @@
 #!/bin/sh
-# build.sh CACHE_DIR — builds the tapgro test guest: CACHE_DIR/vmlinuz and CACHE_DIR/initrd.img.
+# build.sh CACHE_DIR [SUITE] — builds the tapgro test guest: CACHE_DIR/vmlinuz and
+# CACHE_DIR/initrd.img.
 #
-# The kernel and virtio modules come from Debian 12's current linux-image-*-amd64 package,
-# fetched with apt-get download and unpacked into a temporary directory (never installed on
-# this host). busybox-static, iperf3 and ethtool are copied from the host together with every
+# The kernel and virtio modules come from the linux-image-*-amd64 package that SUITE's
+# linux-image-amd64 depends on right now: Debian 12's own (bookworm, the default: Linux
+# 6.1) or bookworm-backports (Linux 6.12), fetched with apt-get download (apt.sh: a
+# foreign suite through a private source list and state) and unpacked into a temporary
+# directory (never installed on this host). busybox-static, iperf3 and ethtool are copied from the host together with every
 # shared library ldd lists and the dynamic loader; they are installed with apt-get when
 # missing. iputils' ping goes in as /usr/bin/ping next to busybox's /bin/ping (first in the
 # guest's PATH): busybox ping cannot set DF, and the MTU tests need ping -M do. /init (the file next to this script) configures eth0 from the kernel command line
 # and runs the test's command. The result is reused while CACHE_DIR/stamp matches the hash of
-# this script and of init.
+# these scripts, init and SUITE.
 set -eu
 
-[ $# -eq 1 ] || { echo "usage: $0 CACHE_DIR" >&2; exit 2; }
+[ $# -eq 1 ] || [ $# -eq 2 ] || { echo "usage: $0 CACHE_DIR [bookworm|bookworm-backports]" >&2; exit 2; }
 cache=$1
+suite=${2:-bookworm}
 here=$(cd "$(dirname "$0")" && pwd)
-stamp=$(cat "$here/build.sh" "$here/init" | sha256sum | cut -d' ' -f1)
+. "$here/apt.sh"
+stamp=$({ cat "$here/build.sh" "$here/apt.sh" "$here/init"; echo "$suite"; } | sha256sum | cut -d' ' -f1)
 
 fresh() { [ -s "$cache/vmlinuz" ] && [ -s "$cache/initrd.img" ] && [ "$(cat "$cache/stamp" 2>/dev/null)" = "$stamp" ]; }
 fresh && exit 0
@@ -24,6 +29,8 @@ exec 9>"$cache/.lock"
 flock 9
 fresh && exit 0
 
+# In load order (busybox insmod resolves nothing). A kernel that builds one in (6.12 has
+# virtio, virtio_ring and virtio_pci built in: its modules.builtin) just skips it.
 modules="virtio_ring virtio_pci_modern_dev virtio_pci_legacy_dev virtio virtio_pci failover net_failover virtio_net"
 
 need() { # need BINARY PACKAGE
@@ -53,31 +60,45 @@ fi
 work=$(mktemp -d /var/tmp/tapgro-guest-build.XXXXXX)
 trap 'rm -rf "$work"' EXIT
 
-# The kernel: the package linux-image-amd64 depends on right now.
-kpkg() { apt-cache depends linux-image-amd64 2>/dev/null | sed -n 's/^ *Depends: \(linux-image-[0-9].*-amd64\)$/\1/p' | head -n1; }
+# The kernel: the package SUITE's linux-image-amd64 depends on right now (its candidate
+# version in that suite).
+kpkg() {
+	v=$(apt_candidate "$suite" linux-image-amd64)
+	[ -n "$v" ] || return 0
+	# shellcheck disable=SC2046
+	apt-cache $(apt_opts "$suite") depends "linux-image-amd64=$v" 2>/dev/null |
+		sed -n 's/^ *Depends: \(linux-image-[0-9].*-amd64\)$/\1/p' | head -n1
+}
 pkg=$(kpkg)
 if [ -z "$pkg" ]; then
-	apt-get update -q >/dev/null
+	apt_update "$suite"
 	pkg=$(kpkg)
 fi
-[ -n "$pkg" ] || { echo "build.sh: cannot resolve the linux-image-*-amd64 package" >&2; exit 1; }
-(cd "$work" && { apt-get download -q -o APT::Sandbox::User=root "$pkg" >/dev/null 2>&1 ||
-	{ apt-get update -q >/dev/null && apt-get download -q -o APT::Sandbox::User=root "$pkg"; }; })
+[ -n "$pkg" ] || { echo "build.sh: cannot resolve $suite's linux-image-*-amd64 package" >&2; exit 1; }
+apt_download "$suite" "$work" "$pkg"
 deb=$(ls "$work"/*.deb)
 mkdir "$work/k"
-# Only vmlinuz and the virtio/failover modules: unpacking the whole package writes ~400 MB.
+# Only vmlinuz, modules.builtin and the virtio/failover modules: unpacking the whole
+# package writes ~400 MB.
 dpkg-deb --fsys-tarfile "$deb" | tar -x -C "$work/k" --wildcards \
-	'./boot/vmlinuz-*' './lib/modules/*/kernel/drivers/virtio/*' \
+	'./boot/vmlinuz-*' './lib/modules/*/modules.builtin' './lib/modules/*/kernel/drivers/virtio/*' \
 	'./lib/modules/*/kernel/drivers/net/*failover*' './lib/modules/*/kernel/drivers/net/virtio_net*' \
-	'./lib/modules/*/kernel/net/core/failover*'
+	'./lib/modules/*/kernel/net/core/failover*' 2>/dev/null || true
+[ -n "$(ls "$work"/k/boot/vmlinuz-* 2>/dev/null)" ] || { echo "build.sh: no vmlinuz in $pkg" >&2; exit 1; }
 rm -f "$deb"
 
 root=$work/root
 mkdir -p "$root/bin" "$root/sbin" "$root/usr/bin" "$root/usr/sbin" "$root/lib/modules" \
 	"$root/proc" "$root/sys" "$root/dev" "$root/tmp" "$root/etc"
+: >"$root/lib/modules/order"
 for m in $modules; do
 	f=$(find "$work/k/lib/modules" -name "$m.ko*" | head -n1)
-	[ -n "$f" ] || { echo "build.sh: module $m not in $pkg" >&2; exit 1; }
+	if [ -z "$f" ]; then
+		grep -q "/$m\.ko\$" "$work"/k/lib/modules/*/modules.builtin 2>/dev/null && continue
+		echo "build.sh: module $m is neither in $pkg nor built into it" >&2
+		exit 1
+	fi
+	echo "$m" >>"$root/lib/modules/order"
 	# busybox insmod loads plain ELF only.
 	case "$f" in
 	*.ko) cp "$f" "$root/lib/modules/$m.ko" ;;
