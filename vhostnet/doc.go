@@ -48,16 +48,24 @@
 //
 // Offer lists VERSION_1, MRG_RXBUF, EVENT_IDX, INDIRECT_DESC; CSUM and HOST_TSO4/6/ECN
 // (the TAP accepts partial checksums and TCP GSO on write whatever TUNSETOFFLOAD says,
-// drivers/net/tun.c tun_get_user → virtio_net_hdr_to_skb); and GUEST_CSUM/TSO4/TSO6/ECN
-// as far as the TAP probed them. At SET_FEATURES (Handler.FeaturesAcked) Net takes its
+// drivers/net/tun.c tun_get_user → virtio_net_hdr_to_skb), HOST_USO where the TAP took
+// TUN_F_USO4/6 in the probe (Linux 6.2 and later, whose virtio_net_hdr_to_skb also
+// takes UDP_L4 GSO on write); and GUEST_CSUM/TSO4/TSO6/ECN/USO4/USO6 as far as the TAP
+// probed them (offloads.go). At SET_FEATURES (Handler.FeaturesAcked) Net takes its
 // lock exclusively — every ring batch holds it shared — and sets TUNSETVNETHDRSZ to the
 // guest's header length (12 with VERSION_1 or MRG_RXBUF, else 10), which makes the TAP's
 // header byte for byte the guest's, and TUNSETOFFLOAD to what the guest can receive:
 // CSUM only with GUEST_CSUM, TSO4/TSO6/TSO_ECN only with GUEST_TSO4/TSO6/ECN (virtio
-// spec "Processing of Incoming Packets"), within what the TAP probed. Guest offload
-// changes over the control queue never reach a vhost-user back-end in QEMU 7.2
+// spec "Processing of Incoming Packets"), within what the TAP probed and the cap
+// (--offload; SetOffloads, `tapgro ctl offload`, changes it under a running session).
+// USO is the exception: it is set for every guest that takes partial checksums, and
+// UDP GSO frames of an IP version whose GUEST_USO bit the guest did not ack are cut
+// here (split.go says why that beats the kernel cutting them). Guest offload changes
+// over the control queue never reach a vhost-user back-end in QEMU 7.2 or 10.0
 // (net/vhost-user.c has no set_offload), so the acked set holds until the next
-// SET_FEATURES.
+// SET_FEATURES. Neither QEMU passes the USO bits to a vhost-user back-end: 10.0's
+// virtio_net_get_features clears them unless the peer has_uso, which net/vhost-user.c
+// does not implement; the in-process front-end double negotiates them.
 //
 // # Transmit (guest → TAP)
 //
@@ -97,10 +105,13 @@
 // to txqueuelen frames and drops the rest — counts a stall, and sleeps in
 // Vring.WaitMore until the guest posts more buffers and kicks. Readv's private
 // sink byte tells a frame that overflowed a chain (dropped, counted) from one that
-// fitted exactly. Each header read is checked against the acks: with TUNSETOFFLOAD ⊆
-// acks a frame kind the guest cannot take cannot appear, except for frames queued
-// before a SET_FEATURES narrowed the mask; any such frame is counted and dropped, and
-// DATA_VALID is cleared for a guest without GUEST_CSUM.
+// fitted exactly. Each header read is judged against the acks (rxJudge): a kind the
+// guest takes passes whole; a GSO frame it cannot take — UDP GSO for a guest without
+// GUEST_USO4/6, or a TCP GSO frame queued before a SET_FEATURES narrowed the mask — is
+// copied out of the chains into private memory, the chains go back to the ring, and
+// the frame is cut into plain, checksummed frames, each put into chains of its own
+// (split.go); anything else outside the acks is counted and dropped. DATA_VALID is
+// cleared for a guest without GUEST_CSUM.
 //
 // # GRO toward the TAP (gro.go)
 //
@@ -122,8 +133,8 @@
 // everything: nothing is ever held while the worker sleeps, and what is held when the
 // ring stops is written before the worker ends. The engine's header is 12 bytes whatever the
 // session's; each packet's header is re-encoded for the TAP's length in effect. UDP is
-// not coalesced (UDP_L4 on write needs the TAP's USO bits, which follow the guest's
-// receive acks here).
+// coalesced too with --udp-gro (SetUDPGRO at run time) where the TAP takes UDP_L4 on
+// write (it probed USO), by the stream path's rules.
 //
 // # RSC toward the guest (rsc.go)
 //
@@ -179,8 +190,9 @@
 // # Counters
 //
 // Stats: frames, bytes and GSO frames per direction (GSO: frames passed whole; a TX frame
-// the GRO engine took counts as a frame when taken), the two engines' counters (GRO,
-// RSC), RX chains used, drops by reason,
+// the GRO engine took counts as a frame when taken), GSO frames cut for the guest
+// (their segments count as frames), the two engines' counters (GRO, RSC), RX chains
+// used, drops by reason,
 // RX stalls, TX blocks, linearized frames, feature changes, and two flags the health
 // monitor watches: RXWaiting (frames wait in the TAP for guest buffers) and TXWaiting
 // (a frame waits for the TAP), each true while any pair's worker waits. Queues[i]:
@@ -191,7 +203,8 @@
 // # Limits
 //
 // Health is judged over all pairs together (a stalled pair next to a busy one is not
-// seen). No UFO/USO, and no UDP coalescing either way. Toward the TAP, a guest frame
+// seen). No UFO, and no UDP coalescing toward the guest (RSC is TCP only). Toward the
+// TAP, a guest frame
 // whose TCP/IP headers extend past 512 bytes (IPv6 extension headers) is copied to be
 // classified; toward the guest, RSC mode copies every frame once more than the
 // zero-copy path. A chain set of more than 1023

@@ -41,6 +41,7 @@ type txGRO struct {
 
 	timer    bool  // --gro-flush timer: aggregates may outlive a batch, by interval at most
 	interval int64 // ns
+	udp      bool  // UDP is coalesced too (Net.UDPGROActive when the engine was configured)
 }
 
 // groHdrLen is the engine's header length. It is fixed at 12 whatever the session's
@@ -54,17 +55,32 @@ func (n *Net) newTXGRO(q *queuePair) *txGRO {
 		return nil
 	}
 	g := &txGRO{n: n, q: q, buf: make([]byte, groHdrLen+MaxFrame), iov: make([][]byte, 2),
-		timer: n.timerFlush, interval: n.rscInterval.Nanoseconds()}
-	g.c = coalescer.New(coalescer.Config{
-		MaxFlows:   n.maxFlows,
+		timer: n.timerFlush, interval: n.rscInterval.Nanoseconds(), udp: n.UDPGROActive()}
+	g.c = coalescer.New(g.config(), g.emit)
+	return g
+}
+
+func (g *txGRO) config() coalescer.Config {
+	return coalescer.Config{
+		MaxFlows:   g.n.maxFlows,
 		VnetHdrLen: groHdrLen,
 		// CWR may start an aggregate (GSO_ECN on write is always accepted, above). UDP
-		// is not coalesced: UDP_L4 on write needs the TAP's USO bits set, which follow
-		// what the guest can receive here.
+		// only with --udp-gro, on a TAP that takes UDP_L4 on write (Net.UDPGROActive):
+		// the engine's rules are the stream path's (coalescer: equal-sized datagrams
+		// with checksums, at most 64 per packet).
 		ECN:   true,
-		Stats: &n.stats.GRO,
-	}, g.emit)
-	return g
+		UDP:   g.udp,
+		Stats: &g.n.stats.GRO,
+	}
+}
+
+// beginBatch takes up a switch of UDP coalescing (SetUDPGRO) at the start of a batch;
+// what the engine held under the old setting is written first.
+func (g *txGRO) beginBatch() {
+	if udp := g.n.UDPGROActive(); udp != g.udp {
+		g.udp = udp
+		g.c.SetConfig(g.config())
+	}
 }
 
 // offer runs one validated guest frame (header h, frameLen bytes in c.Iov after ringHL

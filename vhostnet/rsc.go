@@ -47,24 +47,26 @@ type rxRSC struct {
 	c    *coalescer.Coalescer
 	buf  []byte         // [12 headroom][frame]: the TAP reads into buf[12-hl:]
 	rd   [][]byte       // TryReadv's one segment
-	iov  [][]byte       // the reservation's segments
-	resv *rxReservation // the worker's (rx.go)
+	st   *rxState       // the worker's: the reservation, its segments, the segmenter (rx.go)
+	iov  [][]byte       // st.iov
+	resv *rxReservation // st.resv
 
 	stash     [rscStash][]byte // a FIFO of packets in the engine's 12-byte-header form
 	stashHead int
 	stashN    int
-	ecn       bool // the engine's Config.ECN (GUEST_ECN acked)
-	ringHL    int  // the session's header length, for this batch
-	v4, v6    bool // GUEST_TSO4 / GUEST_TSO6 acked: which IP versions may be merged
-	broken    bool // the ring broke during this batch
-	h         vnethdr.Hdr
+	ecn       bool        // the engine's Config.ECN (GUEST_ECN acked)
+	ringHL    int         // the session's header length, for this batch
+	v4, v6    bool        // GUEST_TSO4 / GUEST_TSO6 acked: which IP versions may be merged
+	broken    bool        // the ring broke during this batch
+	h, ph     vnethdr.Hdr // a frame read, a packet put (kept off the stack)
 
 	timer    bool  // --gro-flush timer: hold aggregates across batches while the TAP has more
 	interval int64 // --rsc-interval, ns
 }
 
-func (n *Net) newRXRSC(v vhostuser.Queue, iov [][]byte, resv *rxReservation, q *queuePair) *rxRSC {
-	r := &rxRSC{n: n, q: q, v: v, buf: make([]byte, groHdrLen+MaxFrame+vnethdr.LenMrgRxbuf), rd: make([][]byte, 1), iov: iov, resv: resv}
+func (n *Net) newRXRSC(v vhostuser.Queue, st *rxState) *rxRSC {
+	r := &rxRSC{n: n, q: st.q, v: v, buf: make([]byte, groHdrLen+MaxFrame+vnethdr.LenMrgRxbuf), rd: make([][]byte, 1),
+		st: st, iov: st.iov, resv: st.resv}
 	for i := range r.stash {
 		r.stash[i] = make([]byte, 0, groHdrLen+MaxFrame)
 	}
@@ -75,7 +77,9 @@ func (n *Net) newRXRSC(v vhostuser.Queue, iov [][]byte, resv *rxReservation, q *
 }
 
 func (r *rxRSC) config() coalescer.Config {
-	// UDP is never coalesced toward the guest: QEMU 7.2 passes no GUEST_USO bits.
+	// UDP is never coalesced toward the guest: neither QEMU 7.2 nor 10.0 passes the
+	// GUEST_USO bits to a vhost-user back-end (offloads.go), so no real guest could
+	// take the result.
 	return coalescer.Config{MaxFlows: r.n.maxFlows, VnetHdrLen: groHdrLen, ECN: r.ecn, Stats: &r.n.stats.RSC}
 }
 
@@ -133,15 +137,18 @@ func (r *rxRSC) batch(ringHL int) int {
 		h := &r.h // kept off the stack: Add takes a pointer
 		*h = vnethdr.Hdr{}
 		h.Decode(r.rd[0], ringHL)
-		need, known := h.Needs()
-		if !known || need&^n.rxAllow != 0 {
+		pkt := r.buf[:groHdrLen+k-ringHL]
+		switch n.rxJudge(h, pkt[groHdrLen:]) {
+		case rxRefuse:
 			n.stats.Drops[DropRXOffload].Add(1)
 			continue
+		case rxWhole:
+			if h.IsGSO() {
+				n.stats.RXGSO.Add(1) // passed whole (the engine never merges GSO input)
+			}
 		}
-		if h.IsGSO() {
-			n.stats.RXGSO.Add(1) // passed whole (the engine never merges GSO input)
-		}
-		pkt := r.buf[:groHdrLen+k-ringHL]
+		// A GSO frame passes through the engine whole (it never merges GSO input, and
+		// writes the flow's held aggregate first); put then hands it over or cuts it.
 		if r.mergeable(pkt[groHdrLen:]) {
 			r.c.Add(pkt, h, now)
 		} else {
@@ -149,7 +156,7 @@ func (r *rxRSC) batch(ringHL int) int {
 			h.Encode(pkt, groHdrLen)
 			r.deliver(pkt)
 		}
-		if r.stashN > 0 || r.broken {
+		if r.stashN > 0 || r.broken || r.st.split.pending() {
 			return r.stalled()
 		}
 	}
@@ -230,15 +237,32 @@ func (r *rxRSC) drain() bool {
 }
 
 // put copies one packet into reserved guest chains. It returns false, changing
-// nothing, if the ring has too few buffers now; a packet the guest may not take (a GSO
-// kind outside its acks, after a SET_FEATURES) or that its one chain cannot hold is
-// dropped and counted, and put returns true.
+// nothing, if the ring has too few buffers now (or the segmenter still holds the rest
+// of an earlier packet). A GSO packet the guest cannot take whole is cut (split.go): it
+// is taken (true) as soon as the segmenter has it, its segments delivered now or, if
+// the ring runs out, before anything else (rx.go rxSplitRest). A packet the guest may
+// not take at all, or that its one chain cannot hold, is dropped and counted, and put
+// returns true.
 func (r *rxRSC) put(pkt []byte) bool {
 	n, v, hl := r.n, r.v, r.ringHL
-	var h vnethdr.Hdr
+	if r.st.split.pending() {
+		return false
+	}
+	h := &r.ph
+	*h = vnethdr.Hdr{}
 	h.Decode(pkt, groHdrLen)
-	if need, known := h.Needs(); !known || need&^n.rxAllow != 0 {
+	switch n.rxJudge(h, pkt[groHdrLen:]) {
+	case rxRefuse:
 		n.stats.Drops[DropRXOffload].Add(1)
+		return true
+	case rxCut:
+		if !r.st.split.loadFlat(pkt[groHdrLen:], h, n.guestCsm) {
+			n.stats.Drops[DropRXOffload].Add(1)
+			return true
+		}
+		if _, broken := n.drainSplit(v, r.st, hl); broken {
+			r.broken = true
+		}
 		return true
 	}
 	if h.Flags&vnethdr.FlagDataValid != 0 && !n.guestCsm {
@@ -267,10 +291,6 @@ func (r *rxRSC) put(pkt []byte) bool {
 	if n.perFrame {
 		v.Publish()
 	}
-	n.stats.RXFrames.Add(1)
-	n.stats.RXBytes.Add(uint64(len(pkt) - groHdrLen))
-	r.q.stats.RXFrames.Add(1)
-	r.q.stats.RXBytes.Add(uint64(len(pkt) - groHdrLen))
-	n.stats.RXChains.Add(uint64(used))
+	n.countRX(r.q, len(pkt)-groHdrLen, used, false)
 	return true
 }

@@ -30,10 +30,12 @@ type rxState struct {
 	// iov is the reservation's segments, which also go to readv, which takes MaxIov-1 of
 	// them (Readv keeps one for its truncation sink). A chain set needing more breaks
 	// the ring (RejectIovFull): only a guest posting tiny buffers could do that.
-	iov  [][]byte
-	resv *rxReservation // the chains a frame goes into (reserve.go)
-	hdr  [vnethdr.LenMrgRxbuf]byte
-	rsc  *rxRSC // created when the guest first needs it (rsc.go)
+	iov   [][]byte
+	resv  *rxReservation // the chains a frame goes into (reserve.go)
+	hdr   [vnethdr.LenMrgRxbuf]byte
+	eth   [18]byte // a frame's Ethernet header and one 802.1Q tag, when rxJudge needs them
+	rsc   *rxRSC   // created when the guest first needs it (rsc.go)
+	split rxSplit  // GSO frames the guest cannot take whole are cut here (split.go)
 
 	// bounce holds one frame read from the TAP while the guest's posted buffers
 	// cannot cover the largest frame the TAP may hand over (need): the frame is read
@@ -42,6 +44,7 @@ type rxState struct {
 	bounce []byte
 	rd     [][]byte // TryReadv's one segment, bounce
 	held   int
+	h      vnethdr.Hdr // the header of the frame being judged (kept off the stack)
 
 	faulted bool // guest memory faulted: the worker is ending (vhostuser.Vring.Guard)
 }
@@ -107,11 +110,14 @@ func (n *Net) rxBatch(v vhostuser.Queue, st *rxState) int {
 }
 
 func (n *Net) rxFrames(v vhostuser.Queue, st *rxState, ringHL int) int {
+	if state := n.rxSplitRest(v, st, ringHL); state != rxGo {
+		return state
+	}
 	if rsc := st.rsc; n.rscMode || (rsc != nil && rsc.pending()) {
 		// Coalescing toward the guest; also while packets from it are pending after
 		// the mode ended, so that nothing is overtaken.
 		if rsc == nil {
-			st.rsc = n.newRXRSC(v, st.iov, st.resv, st.q)
+			st.rsc = n.newRXRSC(v, st)
 		}
 		if state := st.rsc.batch(ringHL); state != rxGo || n.rscMode || st.rsc.pending() {
 			return state
@@ -122,6 +128,9 @@ func (n *Net) rxFrames(v vhostuser.Queue, st *rxState, ringHL int) int {
 		if st.held > 0 {
 			if !n.rxHeld(v, st, ringHL) {
 				return rxGuest
+			}
+			if state := n.rxSplitRest(v, st, ringHL); state != rxGo {
+				return state
 			}
 			continue
 		}
@@ -152,7 +161,9 @@ func (n *Net) rxFrames(v vhostuser.Queue, st *rxState, ringHL int) int {
 			}
 			continue
 		}
-		n.rxDeliver(v, st, segs, k, ringHL)
+		if state := n.rxDeliver(v, st, segs, k, ringHL); state != rxGo {
+			return state
+		}
 	}
 	return rxGo
 }
@@ -173,6 +184,23 @@ func (n *Net) rxReadFailed(err error) int {
 // rxHeld moves the frame held in st.bounce into the ring, reserving exactly its length;
 // false if the ring has too few buffers still (the frame stays held).
 func (n *Net) rxHeld(v vhostuser.Queue, st *rxState, ringHL int) bool {
+	// Judged in our own copy, before the guest can see (or change) it.
+	st.rd[0] = st.bounce[:st.held]
+	verdict := n.rxCheck(st.rd, st, ringHL)
+	st.rd[0] = nil
+	switch verdict {
+	case rxRefuse:
+		n.stats.Drops[DropRXOffload].Add(1)
+		st.held = 0
+		return true
+	case rxCut:
+		// Cut from our copy; the caller delivers the segments (rxSplitRest).
+		if !st.split.loadFlat(st.bounce[ringHL:st.held], &st.h, n.guestCsm) {
+			n.stats.Drops[DropRXOffload].Add(1)
+		}
+		st.held = 0
+		return true
+	}
 	segs, capTot, err := st.resv.reserve(v, st.held, st.iov, n.mrg)
 	if err != nil {
 		return false
@@ -184,27 +212,48 @@ func (n *Net) rxHeld(v vhostuser.Queue, st *rxState, ringHL int) bool {
 		st.held = 0
 		return true
 	}
-	// Checked in our own copy, before the guest can see (or change) it.
-	st.rd[0] = st.bounce[:st.held]
-	gso, ok := n.rxCheck(st.rd, st.hdr[:], ringHL)
-	st.rd[0] = nil
-	if ok {
-		vhostuser.CopyTo(segs, st.bounce[:st.held])
-	}
-	n.rxCommit(v, st, segs, st.held, ringHL, gso, ok)
+	vhostuser.CopyTo(segs, st.bounce[:st.held])
+	n.rxCommit(v, st, segs, st.held, ringHL, true)
 	st.held = 0
 	return true
 }
 
-// rxDeliver completes a frame of k bytes (header included) the TAP wrote into segs.
-func (n *Net) rxDeliver(v vhostuser.Queue, st *rxState, segs [][]byte, k, ringHL int) {
-	gso, ok := n.rxCheck(segs, st.hdr[:], ringHL)
-	n.rxCommit(v, st, segs, k, ringHL, gso, ok)
+// rxDeliver completes a frame of k bytes (header included) the TAP wrote into segs, or
+// cuts it (split.go) if the guest cannot take it whole.
+func (n *Net) rxDeliver(v vhostuser.Queue, st *rxState, segs [][]byte, k, ringHL int) int {
+	verdict := n.rxCheck(segs, st, ringHL)
+	if verdict != rxCut {
+		n.rxCommit(v, st, segs, k, ringHL, verdict == rxWhole)
+		return rxGo
+	}
+	ok := st.split.load(segs, ringHL, k-ringHL, &st.h, n.guestCsm)
+	st.resv.release(v) // the segments are reserved one by one
+	if !ok {
+		n.stats.Drops[DropRXOffload].Add(1)
+		return rxGo
+	}
+	return n.rxSplitRest(v, st, ringHL)
+}
+
+// rxSplitRest delivers what is pending of a cut frame, before anything read after it,
+// and says what the worker does next: go on, or wait for the guest's buffers (the ring
+// ran out) or stop (it broke).
+func (n *Net) rxSplitRest(v vhostuser.Queue, st *rxState, ringHL int) int {
+	if !st.split.pending() {
+		return rxGo
+	}
+	switch ok, broken := n.drainSplit(v, st, ringHL); {
+	case broken:
+		return rxStop
+	case !ok:
+		return rxGuest
+	}
+	return rxGo
 }
 
 // rxCommit commits a checked frame, or hands its chains back and counts it if the
 // check refused it.
-func (n *Net) rxCommit(v vhostuser.Queue, st *rxState, segs [][]byte, k, ringHL int, gso, ok bool) {
+func (n *Net) rxCommit(v vhostuser.Queue, st *rxState, segs [][]byte, k, ringHL int, ok bool) {
 	if !ok {
 		st.resv.release(v)
 		n.stats.Drops[DropRXOffload].Add(1)
@@ -217,33 +266,91 @@ func (n *Net) rxCommit(v vhostuser.Queue, st *rxState, segs [][]byte, k, ringHL 
 	if n.perFrame {
 		v.Publish()
 	}
+	n.countRX(st.q, k-ringHL, used, st.h.IsGSO())
+}
+
+// countRX counts one frame of size Ethernet bytes delivered to the guest in used chains.
+func (n *Net) countRX(q *queuePair, size, used int, gso bool) {
 	n.stats.RXFrames.Add(1)
-	n.stats.RXBytes.Add(uint64(k - ringHL))
-	st.q.stats.RXFrames.Add(1)
-	st.q.stats.RXBytes.Add(uint64(k - ringHL))
+	n.stats.RXBytes.Add(uint64(size))
+	q.stats.RXFrames.Add(1)
+	q.stats.RXBytes.Add(uint64(size))
 	n.stats.RXChains.Add(uint64(used))
 	if gso {
 		n.stats.RXGSO.Add(1)
 	}
 }
 
-// rxCheck looks at the header the TAP wrote into the chain. A frame kind outside the
-// guest's acks cannot come from a TAP whose TUNSETOFFLOAD ⊆ acks, except for frames
-// queued before a SET_FEATURES narrowed it: those are refused (ok false) rather than
-// handed over. DATA_VALID, which the TAP sets whatever TUNSETOFFLOAD says
+// rxVerdict is what becomes of a frame from the TAP (rxJudge).
+type rxVerdict int
+
+const (
+	rxRefuse rxVerdict = iota // counted as an offload violation and dropped
+	rxWhole                   // handed to the guest as it is
+	rxCut                     // a GSO frame the guest cannot take whole: cut (split.go)
+)
+
+// rxCheck decodes the header the TAP wrote at the start of segs (hl bytes) into st.h and
+// judges the frame (rxJudge). DATA_VALID, which the TAP sets whatever TUNSETOFFLOAD says
 // (virtio_net_hdr_from_skb with has_data_valid), is cleared for a guest without
 // GUEST_CSUM: the driver must see flags 0 then (virtio spec "Processing of Incoming
 // Packets").
-func (n *Net) rxCheck(segs [][]byte, hdr []byte, hl int) (gso, ok bool) {
-	vhostuser.CopyFrom(hdr[:vnethdr.Len], segs, 0)
-	var h vnethdr.Hdr
-	h.Decode(hdr, vnethdr.Len)
-	need, known := h.Needs()
-	if !known || need&^n.rxAllow != 0 {
-		return false, false
+func (n *Net) rxCheck(segs [][]byte, st *rxState, hl int) rxVerdict {
+	vhostuser.CopyFrom(st.hdr[:vnethdr.Len], segs, 0)
+	h := &st.h
+	*h = vnethdr.Hdr{}
+	h.Decode(st.hdr[:], vnethdr.Len)
+	var eth []byte
+	if h.GSOType == vnethdr.GSOUDPL4 {
+		eth = st.eth[:vhostuser.CopyFrom(st.eth[:], segs, hl)]
 	}
-	if h.Flags&vnethdr.FlagDataValid != 0 && !n.guestCsm {
+	verdict := n.rxJudge(h, eth)
+	if verdict == rxWhole && h.Flags&vnethdr.FlagDataValid != 0 && !n.guestCsm {
 		segs[0][0] &^= vnethdr.FlagDataValid // header byte 0 is flags; segs[0] is never empty
 	}
-	return h.IsGSO(), true
+	return verdict
+}
+
+// rxJudge decides what becomes of a frame with header h for this guest (under the read
+// lock). A frame kind inside the guest's receive acks passes whole: with TUNSETOFFLOAD ⊆
+// acks that is every frame, but for USO (applyOffloads sets it for a guest that acked
+// none or one of GUEST_USO4/6: split.go says why) and for frames the TAP queued before a
+// SET_FEATURES narrowed TUNSETOFFLOAD. A GSO frame outside the acks is cut; anything
+// else outside them (NEEDS_CSUM for a guest without GUEST_CSUM, an unknown gso_type) is
+// refused. For UDP_L4, whose two offload bits the kernel sets as a pair, the frame's IP
+// version decides which GUEST_USO bit it needs; eth is the frame's first bytes (only
+// needed for UDP_L4).
+func (n *Net) rxJudge(h *vnethdr.Hdr, eth []byte) rxVerdict {
+	need, known := h.Needs()
+	if !known {
+		return rxRefuse
+	}
+	if h.GSOType == vnethdr.GSOUDPL4 {
+		need &^= vnethdr.OffloadUSO
+		if isIPv6(eth) {
+			need |= vnethdr.OffloadUSO6
+		} else {
+			need |= vnethdr.OffloadUSO4
+		}
+	}
+	switch {
+	case need&^n.rxAllow == 0:
+		return rxWhole
+	case h.IsGSO():
+		return rxCut
+	}
+	return rxRefuse
+}
+
+// isIPv6 reports whether an Ethernet frame starting with eth carries IPv6, looking
+// through one 802.1Q tag.
+func isIPv6(eth []byte) bool {
+	if len(eth) < 14 {
+		return false
+	}
+	et := uint16(eth[12])<<8 | uint16(eth[13])
+	if et == 0x8100 && len(eth) >= 18 {
+		et = uint16(eth[16])<<8 | uint16(eth[17])
+	}
+	return et == 0x86dd
 }

@@ -82,6 +82,9 @@ func (n *Net) txBatch(v vhostuser.Queue, st *txState) (blocked bool, err error) 
 	if err := v.Begin(); err != nil {
 		return false, err
 	}
+	if st.gro != nil {
+		st.gro.beginBatch()
+	}
 	empty := false
 	for range txBudget {
 		c, err := v.Pop(st.iov)

@@ -13,7 +13,6 @@ import (
 	"tapgro/pcapio"
 	"tapgro/tapdev"
 	"tapgro/vhostuser"
-	"tapgro/virtio"
 	"tapgro/vnethdr"
 )
 
@@ -72,7 +71,10 @@ type Stats struct {
 	TXFrames, TXBytes, TXGSO atomic.Uint64
 	RXFrames, RXBytes, RXGSO atomic.Uint64
 	RXChains                 atomic.Uint64 // RX descriptor chains used (num_buffers summed)
-	Drops                    [NumDrops]atomic.Uint64
+	// GSOSegmented counts TAP GSO frames cut into plain frames for a guest that cannot
+	// take them whole (split.go); their segments count in RXFrames.
+	GSOSegmented atomic.Uint64
+	Drops        [NumDrops]atomic.Uint64
 	// RXStalls counts the times the RX ring had too few buffers for the next frame, so
 	// the worker stopped reading the TAP until the guest posted more and kicked.
 	RXStalls atomic.Uint64
@@ -140,8 +142,13 @@ type Config struct {
 	// MaxFlows is each engine's flow table size (--gro-flows); 0: the engine's default.
 	MaxFlows int
 	// Offload caps the TAP's read offloads (--offload): nil or Auto, what the guest
-	// acked to receive; otherwise that ∩ Set (off: none, so the TAP hands MTU frames).
+	// acked to receive (TapOffloads); otherwise that ∩ Set (off: none, so the TAP hands
+	// MTU frames). SetOffloads changes it at run time.
 	Offload *vnethdr.Choice
+	// UDPGRO coalesces equal-sized UDP datagrams the guest sends into UDP GSO packets
+	// for the TAP as well (--udp-gro; needs GRO and a TAP that probed USO). SetUDPGRO
+	// changes it at run time.
+	UDPGRO bool
 
 	// How the guest learns of used buffers. By default once per batch, when the driver
 	// asks (EVENT_IDX or VRING_AVAIL_F_NO_INTERRUPT). PerFrame publishes and signals
@@ -169,7 +176,7 @@ type Net struct {
 	timerFlush  bool
 	rscInterval time.Duration
 	maxFlows    int
-	offloadCap  vnethdr.Offloads // TUNSETOFFLOAD never exceeds it (--offload)
+	udpGRO      atomic.Bool // coalesce UDP toward the TAP too (--udp-gro, SetUDPGRO)
 
 	perFrame     bool          // publish and signal every frame (Config.PerFrame)
 	callInterval time.Duration // receive queues' call moderation (Config.CallInterval)
@@ -186,14 +193,17 @@ type Net struct {
 
 	// mu is held shared by every ring batch and exclusively to change the TAP's header
 	// length and offloads, so that a change lands between batches.
-	mu       sync.RWMutex
-	tapHdr   int              // TAP vnet header length in effect (under mu)
-	rxAllow  vnethdr.Offloads // frame kinds the guest acked to receive (under mu)
-	txAllow  vnethdr.Offloads // frame kinds the guest acked to send (under mu)
-	guestCsm bool             // GUEST_CSUM acked (under mu)
-	mrg      bool             // MRG_RXBUF acked (under mu)
-	rscMode  bool             // RX coalesces TAP frames for the guest (rsc.go; under mu)
-	rscECN   bool             // GUEST_ECN acked: RSC may emit GSO_ECN (under mu)
+	mu         sync.RWMutex
+	tapHdr     int                // TAP vnet header length in effect (under mu)
+	features   vhostuser.Features // the last SET_FEATURES (under mu)
+	offload    vnethdr.Choice     // --offload, or the last SetOffloads (under mu)
+	offloadCap vnethdr.Offloads   // TUNSETOFFLOAD never exceeds it (under mu)
+	rxAllow    vnethdr.Offloads   // frame kinds the guest acked to receive (under mu)
+	txAllow    vnethdr.Offloads   // frame kinds the guest acked to send (under mu)
+	guestCsm   bool               // GUEST_CSUM acked (under mu)
+	mrg        bool               // MRG_RXBUF acked (under mu)
+	rscMode    bool               // RX coalesces TAP frames for the guest (rsc.go; under mu)
+	rscECN     bool               // GUEST_ECN acked: RSC may emit GSO_ECN (under mu)
 
 	wmu     sync.Mutex
 	workers map[vhostuser.Queue]*worker
@@ -248,10 +258,14 @@ func New(cfg Config) (*Net, error) {
 	if n.timerFlush && n.rscInterval <= 0 {
 		return nil, errors.New("vhostnet: TimerFlush needs an RSCInterval")
 	}
-	n.offloadCap = ^vnethdr.Offloads(0)
-	if c := cfg.Offload; c != nil && !c.Auto {
-		n.offloadCap = c.Set
+	n.offload, n.offloadCap = vnethdr.Choice{Auto: true}, ^vnethdr.Offloads(0)
+	if c := cfg.Offload; c != nil {
+		n.offload = *c
+		if !c.Auto {
+			n.offloadCap = c.Set
+		}
 	}
+	n.udpGRO.Store(cfg.UDPGRO)
 	if n.logf == nil {
 		n.logf = func(string, ...any) {}
 	}
@@ -294,88 +308,6 @@ func New(cfg Config) (*Net, error) {
 	return n, nil
 }
 
-// Offer is the virtio feature set offered for a TAP whose read offloads probed as
-// probed: split rings with VERSION_1, MRG_RXBUF, EVENT_IDX and INDIRECT_DESC; MTU, so
-// that QEMU tells us the guest's MTU (NET_SET_MTU, with -device …,host_mtu=N); guest TX
-// offloads the TAP always accepts on write (CSUM, HOST_TSO4/6/ECN: drivers/net/tun.c
-// tun_get_user validates them whatever TUNSETOFFLOAD says); guest RX offloads only as
-// far as the TAP can be told to produce them (GUEST_CSUM, GUEST_TSO4/6/ECN). No UFO
-// either way (the TAP never produces it and ValidatePeer refuses it), no USO (QEMU 7.2
-// does not pass those bits).
-func Offer(probed vnethdr.Offloads) uint64 {
-	f := uint64(1)<<virtio.Version1 | 1<<virtio.NetMrgRxbuf |
-		1<<virtio.RingEventIdx | 1<<virtio.RingIndirectDesc | 1<<virtio.NetMTU |
-		1<<virtio.NetCsum | 1<<virtio.NetHostTSO4 | 1<<virtio.NetHostTSO6 | 1<<virtio.NetHostECN
-	if probed&vnethdr.OffloadCSUM != 0 {
-		f |= 1 << virtio.NetGuestCsum
-		if probed&vnethdr.OffloadTSO4 != 0 {
-			f |= 1 << virtio.NetGuestTSO4
-		}
-		if probed&vnethdr.OffloadTSO6 != 0 {
-			f |= 1 << virtio.NetGuestTSO6
-		}
-		if probed&vnethdr.OffloadTSOECN != 0 {
-			f |= 1 << virtio.NetGuestECN
-		}
-	}
-	return f
-}
-
-// offer is what this Net offers: Offer for its TAP, and MQ with more than one queue pair.
-func (n *Net) offer() uint64 {
-	f := Offer(n.probed)
-	if len(n.pairs) > 1 {
-		f |= 1 << virtio.NetMQ
-	}
-	return f
-}
-
-// rxBits and txBits pair each offload with the feature that lets it cross the ring:
-// toward the guest the GUEST_* bit the driver acked it can receive, toward the TAP the
-// HOST_* bit it may send (virtio spec "Processing of Incoming Packets" and "Packet
-// Transmission"). CSUM comes first in each: every other offload needs it.
-type featOffload struct {
-	bit uint
-	o   vnethdr.Offloads
-}
-
-var (
-	rxBits = [...]featOffload{{virtio.NetGuestCsum, vnethdr.OffloadCSUM}, {virtio.NetGuestTSO4, vnethdr.OffloadTSO4},
-		{virtio.NetGuestTSO6, vnethdr.OffloadTSO6}, {virtio.NetGuestECN, vnethdr.OffloadTSOECN}}
-	txBits = [...]featOffload{{virtio.NetCsum, vnethdr.OffloadCSUM}, {virtio.NetHostTSO4, vnethdr.OffloadTSO4},
-		{virtio.NetHostTSO6, vnethdr.OffloadTSO6}, {virtio.NetHostECN, vnethdr.OffloadTSOECN},
-		{virtio.NetHostUSO, vnethdr.OffloadUSO}}
-)
-
-// RXOffloads is the TUNSETOFFLOAD mask a guest that acked f can receive unchanged:
-// TUN_F_CSUM only with GUEST_CSUM, TSO4/TSO6/TSO_ECN only with GUEST_TSO4/TSO6/ECN (the
-// device must not hand the driver NEEDS_CSUM or a GSO type it did not negotiate), and
-// nothing without CSUM (drivers/net/tun.c set_offload: every TSO bit needs it).
-func RXOffloads(f vhostuser.Features) vnethdr.Offloads {
-	if !f.Has(virtio.NetGuestCsum) {
-		return 0
-	}
-	var o vnethdr.Offloads
-	for _, b := range rxBits {
-		if f.Has(b.bit) {
-			o |= b.o
-		}
-	}
-	return o
-}
-
-// TXOffloads is what a guest that acked f may send: NEEDS_CSUM with CSUM, GSO kinds with
-// HOST_TSO4/TSO6/ECN/USO.
-func TXOffloads(f vhostuser.Features) vnethdr.Offloads {
-	var o vnethdr.Offloads
-	for _, b := range txBits {
-		if f.Has(b.bit) {
-			o |= b.o
-		}
-	}
-	return o
-}
-
 // Backend is the vhost-user back-end (for ServeConn-style use and its Stats).
 func (n *Net) Backend() *vhostuser.Backend { return n.backend }
 
@@ -391,57 +323,6 @@ func (n *Net) Stats() *Stats { return n.stats }
 
 // BackendStats are the protocol counters (messages, rejected chains, kicks, calls).
 func (n *Net) BackendStats() *vhostuser.Stats { return n.backend.Stats() }
-
-// FeaturesAcked applies SET_FEATURES to the TAP between batches: TUNSETVNETHDRSZ = the
-// guest's header length, so the TAP's header is byte for byte the guest's (TX chains
-// are written and RX chains read with no header translation), and TUNSETOFFLOAD =
-// RXOffloads ∩ what the TAP probed.
-func (n *Net) FeaturesAcked(f vhostuser.Features) {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	n.stats.FeatureChanges.Add(1)
-	if f.HdrLen != n.tapHdr {
-		// One TUNSETVNETHDRSZ sets the device's length (tun->vnet_hdr_sz, shared by
-		// every queue); it is issued on every queue so that each tapdev.Device, which
-		// sizes its reads by it, records the length too.
-		ok := true
-		for _, q := range n.pairs {
-			if err := q.tap.SetVnetHdrLen(f.HdrLen); err != nil {
-				n.logf("vhostnet: %v", err)
-				ok = false
-			}
-		}
-		if ok {
-			n.tapHdr = f.HdrLen
-		}
-	}
-	// TUNSETOFFLOAD is device-wide (drivers/net/tun.c set_offload → tun->dev features),
-	// so queue 0 sets it for all; a detached queue's fd takes it just the same.
-	tap := n.pairs[0].tap
-	want := RXOffloads(f)
-	eff, err := tap.SetOffloads((want & n.offloadCap).Normalize())
-	if err != nil {
-		n.logf("vhostnet: %v", err)
-		// Whatever was set before may exceed the new acks: fall back to none.
-		eff, _ = tap.SetOffloads(0)
-	}
-	n.rxAllow = want
-	n.txAllow = TXOffloads(f)
-	n.acked.Store(f.Bits)
-	n.ackedOK.Store(true)
-	n.tapOffl.Store(uint64(eff))
-	n.guestCsm = f.Has(virtio.NetGuestCsum)
-	n.mrg = f.Has(virtio.NetMrgRxbuf)
-	// RSC (rsc.go) when the guest takes a TSO kind the TAP will not produce.
-	n.rscMode = n.gro && ((want&vnethdr.OffloadTSO4 != 0 && eff&vnethdr.OffloadTSO4 == 0) ||
-		(want&vnethdr.OffloadTSO6 != 0 && eff&vnethdr.OffloadTSO6 == 0))
-	n.rscECN = want&vnethdr.OffloadTSOECN != 0
-	rsc := ""
-	if n.rscMode {
-		rsc = ", coalescing toward the guest"
-	}
-	n.infof("vhostnet: features %#x (%s): header %d bytes, TAP offloads %s%s", f.Bits, virtio.String(f.Bits), n.tapHdr, eff, rsc)
-}
 
 // worker is one ring's goroutine; q is its pair (the TAP queue it uses).
 type worker struct {
