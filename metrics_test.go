@@ -16,6 +16,7 @@ import (
 	"tapgro/port"
 	"tapgro/vhostnet"
 	"tapgro/vhostuser"
+	"tapgro/vnethdr"
 )
 
 type stubEndpoint struct{ st port.Stats }
@@ -115,8 +116,12 @@ type fakeVhost struct {
 	cap pcapio.Point
 }
 
-func (f *fakeVhost) Stats() *vhostnet.Stats         { return f.st }
-func (f *fakeVhost) BackendStats() *vhostuser.Stats { return f.bs }
-func (f *fakeVhost) State() vhostnet.State          { return vhostnet.State{Connected: true} }
-func (f *fakeVhost) Capture() *pcapio.Point         { return &f.cap }
-func (f *fakeVhost) SetCapture(path string) error   { return f.cap.Set(path, pcapio.Options{}) }
+func (f *fakeVhost) Stats() *vhostnet.Stats                      { return f.st }
+func (f *fakeVhost) BackendStats() *vhostuser.Stats              { return f.bs }
+func (f *fakeVhost) State() vhostnet.State                       { return vhostnet.State{Connected: true} }
+func (f *fakeVhost) Capture() *pcapio.Point                      { return &f.cap }
+func (f *fakeVhost) SetCapture(path string) error                { return f.cap.Set(path, pcapio.Options{}) }
+func (f *fakeVhost) OffloadChoice() vnethdr.Choice               { return vnethdr.Choice{Auto: true} }
+func (f *fakeVhost) SetOffloads(vnethdr.Choice) vnethdr.Offloads { return 0 }
+func (f *fakeVhost) SetUDPGRO(bool) bool                         { return false }
+func (f *fakeVhost) UDPGROActive() bool                          { return false }

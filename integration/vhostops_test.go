@@ -19,8 +19,9 @@ import (
 
 // The operator surfaces of a vhost-user tapgro, driven by a Go front-end (the
 // vhostusertest double plays QEMU 7.2 and the guest driver) against the real binary:
-// `tapgro ctl status` names the features the guest acked, offload and GRO switches are
-// refused with the reason, `tapgro ctl pcap port=…` records what the guest sent and
+// `tapgro ctl status` names the features the guest acked, `tapgro ctl offload` caps the
+// TAP's offloads under the running session and `udp-gro=` switches, while `gro=` and a
+// TAP-side capture are refused with the reason, `tapgro ctl pcap port=…` records what the guest sent and
 // received, and /healthz turns 503 while the guest posts no receive buffers with frames
 // waiting in the TAP, and 200 again once it does.
 //
@@ -88,19 +89,38 @@ func TestVhostUserOps(t *testing.T) {
 			t.Errorf("ctl status acked features %q lack %s", acked, f)
 		}
 	}
+	// This kernel (6.18) takes TUN_F_USO4/6, so USO is on: whole for this guest, which
+	// acked GUEST_USO4/6 (the double acks everything offered).
+	const full = "csum,tso4,tso6,tso_ecn,uso4,uso6"
 	if !st.Status.PortConnected || st.Status.Vhost.HdrLen != 12 || st.Status.Vhost.MTU != 1500 ||
-		st.Status.TapOffloads != "csum,tso4,tso6,tso_ecn" {
-		t.Errorf("status: connected %v, header %d, guest MTU %d, TAP offloads %q; want true, 12, 1500, csum,tso4,tso6,tso_ecn",
-			st.Status.PortConnected, st.Status.Vhost.HdrLen, st.Status.Vhost.MTU, st.Status.TapOffloads)
+		st.Status.TapOffloads != full {
+		t.Errorf("status: connected %v, header %d, guest MTU %d, TAP offloads %q; want true, 12, 1500, %s",
+			st.Status.PortConnected, st.Status.Vhost.HdrLen, st.Status.Vhost.MTU, st.Status.TapOffloads, full)
 	}
 	out, _ := ctl(t, ns, ctlSock, "status")
-	if !strings.Contains(out, "features acked:") || !strings.Contains(out, "HOST_TSO4") {
+	if !strings.Contains(out, "features acked:") || !strings.Contains(out, "HOST_TSO4") || !strings.Contains(out, "GUEST_USO4") {
 		t.Errorf("tapgro ctl status does not name the features:\n%s", out)
 	}
-	for _, req := range [][]string{{"offload", "off"}, {"gro=off"}, {"pcap", "tap=" + pcap}} {
+	for _, req := range [][]string{{"gro=off"}, {"pcap", "tap=" + pcap}} {
 		if out, err := ctl(t, ns, ctlSock, req...); err == nil || !strings.Contains(out, "vhost-user") {
 			t.Errorf("ctl %v: err %v, reply %q; want a vhost-user refusal", req, err, out)
 		}
+	}
+	// The TAP's offloads follow the cap at once (read back from the kernel), and auto
+	// gives back what the guest acked.
+	for _, c := range []struct{ req, want string }{{"uso=off", "csum,tso4,tso6,tso_ecn"}, {"off", "none"}, {"auto", full}} {
+		if out, err := ctl(t, ns, ctlSock, "offload", c.req); err != nil {
+			t.Fatalf("ctl offload %s: %v\n%s", c.req, err, out)
+		}
+		if st := status(); st.Status.TapOffloads != c.want {
+			t.Errorf("after ctl offload %s: TAP offloads %q, want %s", c.req, st.Status.TapOffloads, c.want)
+		}
+		if got := ethtoolOffloads(t, ns, "tg0"); (c.want == "none") == strings.Contains(got, "tso4") {
+			t.Errorf("after ctl offload %s: the kernel shows %s", c.req, got)
+		}
+	}
+	if out, err := ctl(t, ns, ctlSock, "udp-gro=off"); err != nil || !strings.Contains(out, "udp-gro off") {
+		t.Errorf("ctl udp-gro=off: %v, %q", err, out)
 	}
 
 	if out, err := ctl(t, ns, ctlSock, "pcap", "port="+pcap); err != nil {

@@ -27,8 +27,7 @@ func (m *Metrics) addDatapath() {
 			m.addDropped(d.dir, r.String(), snapU(func(s *datapath.Snapshot) uint64 { return st(s).Drops[r] }))
 		}
 	}
-	m.add("tapgro_gso_segmented_total", "GSO frames from the TAP split in software for the port.", Counter, nil,
-		snapU(func(s *datapath.Snapshot) uint64 { return s.TapToPort.GSOSegmented }))
+	m.addGSOSegmented(snapU(func(s *datapath.Snapshot) uint64 { return s.TapToPort.GSOSegmented }))
 	m.add("tapgro_csum_completed_total", "Partial checksums from the TAP completed in software.", Counter, nil,
 		snapU(func(s *datapath.Snapshot) uint64 { return s.TapToPort.CsumCompleted }))
 	m.add("tapgro_gro_gso_write_fallback_total", "GSO writes the kernel refused (EINVAL) and that were re-sent segmented.", Counter, nil,

@@ -10,6 +10,7 @@ import (
 	"tapgro/port"
 	"tapgro/vhostnet"
 	"tapgro/vhostuser"
+	"tapgro/vnethdr"
 )
 
 // fakeVhost is a vhost-user datapath's operator surface without a TAP or a guest.
@@ -19,11 +20,15 @@ type fakeVhost struct {
 	cap pcapio.Point
 }
 
-func (f *fakeVhost) Stats() *vhostnet.Stats         { return f.st }
-func (f *fakeVhost) BackendStats() *vhostuser.Stats { return &f.bs }
-func (f *fakeVhost) State() vhostnet.State          { return vhostnet.State{Connected: true} }
-func (f *fakeVhost) Capture() *pcapio.Point         { return &f.cap }
-func (f *fakeVhost) SetCapture(string) error        { return nil }
+func (f *fakeVhost) Stats() *vhostnet.Stats                      { return f.st }
+func (f *fakeVhost) BackendStats() *vhostuser.Stats              { return &f.bs }
+func (f *fakeVhost) State() vhostnet.State                       { return vhostnet.State{Connected: true} }
+func (f *fakeVhost) Capture() *pcapio.Point                      { return &f.cap }
+func (f *fakeVhost) SetCapture(string) error                     { return nil }
+func (f *fakeVhost) OffloadChoice() vnethdr.Choice               { return vnethdr.Choice{Auto: true} }
+func (f *fakeVhost) SetOffloads(vnethdr.Choice) vnethdr.Offloads { return 0 }
+func (f *fakeVhost) SetUDPGRO(bool) bool                         { return false }
+func (f *fakeVhost) UDPGROActive() bool                          { return false }
 
 // vhostDatapath is a fake vhost-user datapath whose counters are st (nil: zero).
 func vhostDatapath(st *vhostnet.Stats) Datapath {

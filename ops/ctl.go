@@ -82,7 +82,8 @@ type ctlCaps uint8
 
 const (
 	capOffloads ctlCaps = 1 << iota // the TAP's offloads (offload …)
-	capGRO                          // gro=, udp-gro=
+	capGRO                          // gro=
+	capUDPGRO                       // udp-gro=
 	capPcapTap                      // pcap tap=
 	capPcapPort                     // pcap port=
 )
@@ -208,8 +209,11 @@ func (s *CtlServer) handle(line string, who []any) *Response {
 	if req.editsOffloads() {
 		need |= capOffloads
 	}
-	if req.gro != nil || req.udpGRO != nil {
+	if req.gro != nil {
 		need |= capGRO
+	}
+	if req.udpGRO != nil {
+		need |= capUDPGRO
 	}
 	if req.pcapTap != nil {
 		need |= capPcapTap

@@ -75,6 +75,11 @@ type VhostStatus struct {
 	Rejected    uint64   `json:"rejected"` // chains or rings the guest broke, all reasons
 	GSOToTap    uint64   `json:"gso_port_to_tap"`
 	GSOToGuest  uint64   `json:"gso_tap_to_port"`
+	// GSOCut are TAP GSO frames cut for a guest that cannot take them whole (UDP GSO for
+	// a guest without GUEST_USO4/6).
+	GSOCut uint64 `json:"gso_cut"`
+	// OffloadChoice is the cap on the TAP's offloads (--offload, `tapgro ctl offload`).
+	OffloadChoice string `json:"offload_choice"`
 
 	// QueuePairs offered (queues=N) and the pairs whose TAP queue is attached (the
 	// guest enabled them).

@@ -14,13 +14,18 @@ import (
 	"tapgro/vnethdr"
 )
 
-// VhostNet is what the operator surfaces read of a vhost-user datapath (*vhostnet.Net).
+// VhostNet is what the operator surfaces read and steer of a vhost-user datapath
+// (*vhostnet.Net).
 type VhostNet interface {
 	Stats() *vhostnet.Stats
 	BackendStats() *vhostuser.Stats
 	State() vhostnet.State
 	Capture() *pcapio.Point
 	SetCapture(path string) error
+	OffloadChoice() vnethdr.Choice
+	SetOffloads(c vnethdr.Choice) vnethdr.Offloads
+	SetUDPGRO(on bool) bool
+	UDPGROActive() bool
 }
 
 var _ VhostNet = (*vhostnet.Net)(nil)
@@ -41,14 +46,14 @@ func VhostDatapath(vn VhostNet, tap, listen string) Datapath {
 
 func (v *vhostDP) names() (string, string) { return v.tap, v.listen }
 
-// refuse: vhost-user has one switch, capture of the port side. The TAP's offloads follow
-// what the guest acked (SET_FEATURES), GRO toward the TAP and RSC toward the guest are
-// fixed at start (--gro), and a capture of the TAP side would show the port side's frames
-// again.
+// refuse: vhost-user switches the TAP's offloads (a cap on what the guest acked, as
+// --offload), UDP coalescing toward the TAP, and capture of the port side. GRO itself is
+// fixed at start (--gro: it decides whether the rings' workers have engines at all),
+// and a capture of the TAP side would show the port side's frames again.
 func (v *vhostDP) refuse(need ctlCaps) error {
 	switch {
-	case need&(capOffloads|capGRO) != 0:
-		return errNoOffloadSwitch
+	case need&capGRO != 0:
+		return errNoGROSwitch
 	case need&capPcapTap != 0:
 		return errNoPcapTap
 	}
@@ -56,20 +61,22 @@ func (v *vhostDP) refuse(need ctlCaps) error {
 }
 
 var (
-	errNoOffloadSwitch = errors.New("vhost-user: the TAP's offloads follow the features the guest acked (SET_FEATURES), and GRO/RSC on this port are set at start (--gro), so there is nothing to switch at run time; `tapgro ctl status` shows them")
-	errNoPcapTap       = errors.New("vhost-user: capture has one side, port= (each frame as the guest sent or received it; the TAP sees the same frames)")
+	errNoGROSwitch = errors.New("vhost-user: gro is set at start (--gro: it decides whether the rings' workers run the coalescing engines); offload and udp-gro switch at run time")
+	errNoPcapTap   = errors.New("vhost-user: capture has one side, port= (each frame as the guest sent or received it; the TAP sees the same frames)")
 )
 
 func (v *vhostDP) offloads() (vnethdr.Choice, vnethdr.Offloads) {
-	s := v.vn.State()
-	return vnethdr.Choice{Set: s.TapOffloads}, s.TapProbed
+	return v.vn.OffloadChoice(), v.vn.State().TapProbed
 }
 
-func (v *vhostDP) setOffloads(vnethdr.Choice) (vnethdr.Offloads, error) {
-	return v.vn.State().TapOffloads, errNoOffloadSwitch
+// setOffloads caps the TAP's read offloads: TUNSETOFFLOAD becomes what the guest acked
+// (with USO for cutting, vhostnet.TapOffloads) within c, at once if a guest has acked.
+func (v *vhostDP) setOffloads(c vnethdr.Choice) (vnethdr.Offloads, error) {
+	return v.vn.SetOffloads(c), nil
 }
-func (v *vhostDP) setGRO(bool) (bool, error)    { return false, errNoOffloadSwitch }
-func (v *vhostDP) setUDPGRO(bool) (bool, error) { return false, errNoOffloadSwitch }
+
+func (v *vhostDP) setGRO(bool) (bool, error)       { return false, errNoGROSwitch }
+func (v *vhostDP) setUDPGRO(on bool) (bool, error) { return v.vn.SetUDPGRO(on), nil }
 
 func (v *vhostDP) setCapture(side datapath.CaptureSide, path string) error {
 	if side != datapath.CapturePort {
@@ -93,6 +100,7 @@ func (v *vhostDP) catalogue(m *Metrics) {
 		m.addFrames(d.dir, u(d.frames), u(d.bytes))
 		m.addGSOPassthrough(d.dir, u(d.gso))
 	}
+	m.addGSOSegmented(u(st.GSOSegmented.Load))
 	for r := vhostnet.Drop(0); r < vhostnet.NumDrops; r++ {
 		m.addDropped(r.Dir(), r.String(), u(st.Drops[r].Load))
 	}
@@ -197,6 +205,7 @@ func (v *vhostDP) status() *Status {
 		TapOffloads: vs.TapOffloads.String(), GuestMTU: vs.GuestMTU,
 		Sessions: bs.Sessions.Load(), Kicks: bs.Kicks.Load(), Calls: bs.Calls.Load(),
 		RXStalls: st.RXStalls.Load(), GSOToTap: st.TXGSO.Load(), GSOToGuest: st.RXGSO.Load(),
+		GSOCut: st.GSOSegmented.Load(), OffloadChoice: v.vn.OffloadChoice().String(),
 		QueuePairs: vs.QueuePairs, QueuesAttached: []int{},
 	}
 	for i, a := range vs.Attached {
@@ -220,12 +229,14 @@ func (v *vhostDP) status() *Status {
 	}
 	tx, rx := st.TXFrames.Load(), st.RXFrames.Load()
 	return &Status{
-		PortConnected: vs.Connected,
-		TapProbed:     vs.TapProbed.String(), TapOffloads: vst.TapOffloads,
+		PortConnected: vs.Connected, OffloadChoice: vst.OffloadChoice,
+		UDPGRO: v.vn.UDPGROActive(), UDPGROActive: v.vn.UDPGROActive(),
+		TapProbed: vs.TapProbed.String(), TapOffloads: vst.TapOffloads,
 		PcapTap: "off", PcapPort: v.vn.Capture().Describe(),
 		Counters: Counters{
-			PortToTap: DirCounters{Reads: tx + txDrop, Frames: tx, Bytes: st.TXBytes.Load(), Dropped: txDrop},
-			TapToPort: DirCounters{Reads: rx + rxDrop, Frames: rx, Bytes: st.RXBytes.Load(), Dropped: rxDrop},
+			PortToTap:    DirCounters{Reads: tx + txDrop, Frames: tx, Bytes: st.TXBytes.Load(), Dropped: txDrop},
+			TapToPort:    DirCounters{Reads: rx + rxDrop, Frames: rx, Bytes: st.RXBytes.Load(), Dropped: rxDrop},
+			GSOSegmented: st.GSOSegmented.Load(),
 		},
 		Vhost: vst,
 	}

@@ -25,6 +25,12 @@ func (m *Metrics) addGSOPassthrough(dir string, v func(*Source) float64) {
 		Counter, Labels{"direction": dir}, v)
 }
 
+// addGSOSegmented: GSO frames from the TAP cut in software because the peer cannot take
+// them whole (vhost-user: UDP GSO for a guest without GUEST_USO4/6).
+func (m *Metrics) addGSOSegmented(v func(*Source) float64) {
+	m.add("tapgro_gso_segmented_total", "GSO frames from the TAP split in software for the port.", Counter, nil, v)
+}
+
 func (m *Metrics) addConnected(v func(*Source) float64) {
 	m.add("tapgro_port_connected", "1 while a peer is connected to the port.", Gauge, nil, v)
 }
