@@ -38,17 +38,21 @@ type options struct {
 	// callInterval moderates vhost-user's calls to the guest's receive queue under load
 	// (--call-interval; vhostnet.Config.CallInterval).
 	callInterval time.Duration
-	maxFlows     int
-	offload      vnethdr.Choice
-	logLevel     logrus.Level
-	logFormat    string
-	metricsAddr  string
-	pprof        bool
-	allowRemote  bool
-	batch        int
-	procs        int           // --procs: GOMAXPROCS; 0 picks it (procsFor)
-	scaleProcs   bool          // procsFor's choice: package procscale follows the load
-	rx           rxpool.Config // --rx-*: the TAP→port receive pool
+	// qemu is the QEMU release the start-up hint is written for (--qemu-version);
+	// qemuAuto: look it up on the PATH at start (qemu_hint.go).
+	qemu        netdev.QEMUVersion
+	qemuAuto    bool
+	maxFlows    int
+	offload     vnethdr.Choice
+	logLevel    logrus.Level
+	logFormat   string
+	metricsAddr string
+	pprof       bool
+	allowRemote bool
+	batch       int
+	procs       int           // --procs: GOMAXPROCS; 0 picks it (procsFor)
+	scaleProcs  bool          // procsFor's choice: package procscale follows the load
+	rx          rxpool.Config // --rx-*: the TAP→port receive pool
 
 	// Operations (security.go, lifecycle.go, health.go).
 	socketMode  os.FileMode   // --socket-mode: UNIX socket paths tapgro creates
@@ -125,7 +129,8 @@ SPEC mirrors QEMU's -netdev syntax from tapgro's side:
   stream,...,vnet-hdr=on[,shm=off]   tapgro to tapgro only: GSO frames cross whole (over
                                      unix, through shared memory unless shm=off)
   vhost-user,path=P[,server=on|off][,queues=N]  tapgro is QEMU's vhost-user-net back-end on P
-                                     (QEMU: -chardev socket,path=P,reconnect=1; see README);
+                                     (QEMU: -chardev socket,path=P,reconnect-ms=1000, before
+                                     9.2 reconnect=1; tapgro logs the options at start);
                                      queues=N: N queue pairs on N queues of a multiqueue TAP
 
 Environment (a flag on the command line wins over its variable):
@@ -181,6 +186,8 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.IntVar(&o.pcap.SnapLen, "pcap-snaplen", pcapio.DefaultSnapLen, "capture: bytes kept of each frame (the record keeps the true length)")
 	fs.StringVar(&pcapMax, "pcap-max-bytes", "0", "capture: rotate a file before it grows past this size, e.g. 100M (0: no cap)")
 	fs.IntVar(&o.pcap.Files, "pcap-files", 3, "capture: rotated files kept, FILE.1 … FILE.N (0: stop capturing at the cap)")
+	var qemuVer string
+	fs.StringVar(&qemuVer, "qemu-version", "auto", "the QEMU release the start-up hint's options are for (they differ: reconnect, vectors=0 under TCG): MAJOR.MINOR, e.g. 7.2 or 10.0, or auto (that of the qemu-system-x86_64 on the PATH; without one the newest release's options, older ones' named)")
 	var rxBuf, rxPool, rxThreshold, rxBatch string
 	var rxDelay time.Duration
 	fs.StringVar(&rxBuf, "rx-buf-size", "2048", "TAP->port receive pool: bytes per buffer (a frame spans ceil(len/size) buffers), e.g. 2048 or 4K")
@@ -232,6 +239,11 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	}
 	if o.groFlush != "auto" && o.groFlush != "batch" && o.groFlush != "timer" {
 		return nil, fmt.Errorf("--gro-flush %q: want auto, batch or timer", o.groFlush)
+	}
+	if o.qemuAuto = qemuVer == "auto"; !o.qemuAuto {
+		if o.qemu, err = netdev.ParseQEMUVersion(qemuVer); err != nil {
+			return nil, fmt.Errorf("--qemu-version: %w", err)
+		}
 	}
 	if o.callInterval < 0 || o.callInterval > time.Second {
 		return nil, fmt.Errorf("--call-interval %v: want 0..1s", o.callInterval)
@@ -297,9 +309,8 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 }
 
 // checkVhostUser refuses, for --netdev vhost-user, the flags its datapath (package
-// vhostnet) does not serve, rather than ignoring them. --gro, --gro-flush,
-// --rsc-interval, --gro-flows and --offload apply (vhostnet.Config); --udp-gro has
-// nothing to switch there (no UDP coalescing), as on a TAP without USO.
+// vhostnet) does not serve, rather than ignoring them. --gro, --udp-gro, --gro-flush,
+// --rsc-interval, --gro-flows and --offload apply (vhostnet.Config).
 func checkVhostUser(o *options) error {
 	if o.netdev.Backend != netdev.BackendVhostUser {
 		return nil

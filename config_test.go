@@ -1,11 +1,13 @@
 package main
 
 import (
+	"fmt"
 	"io"
 	"strings"
 	"testing"
 	"time"
 
+	"tapgro/netdev"
 	"tapgro/ops"
 	"tapgro/rxpool"
 	"tapgro/vnethdr"
@@ -240,12 +242,31 @@ func TestParseFlagsVhostUser(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	kvm, tcg := vhostUserQEMUArgs(o.netdev)
-	const want = "-object memory-backend-memfd,id=mem,size=<RAM>,share=on -machine memory-backend=mem" +
-		" -chardev socket,id=vu0,path=/run/vu.sock,reconnect=1 -netdev vhost-user,id=n0,chardev=vu0" +
+	const args = "-object memory-backend-memfd,id=mem,size=<RAM>,share=on -machine memory-backend=mem" +
+		" -chardev socket,id=vu0,path=/run/vu.sock,%s -netdev vhost-user,id=n0,chardev=vu0" +
 		" -device virtio-net-pci,netdev=n0"
-	if kvm != want || tcg != want+",vectors=0" {
-		t.Errorf("QEMU args:\n %s\n %s\nwant\n %s\n %s,vectors=0", kvm, tcg, want, want)
+	for _, tc := range []struct {
+		ver  string
+		want string
+	}{
+		{"7.2", "give QEMU 7.2: " + fmt.Sprintf(args, "reconnect=1") +
+			" (RAM = the guest's -m size; under TCG, not KVM, the NIC needs vectors=0: -device virtio-net-pci,netdev=n0,vectors=0)"},
+		{"10.0", "give QEMU 10.0: " + fmt.Sprintf(args, "reconnect-ms=1000") + " (RAM = the guest's -m size)"},
+	} {
+		o, err := parseFlags([]string{"--tap", "tap0", nd, "--qemu-version", tc.ver}, io.Discard)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := vhostUserHint(o.netdev, resolveQEMU(o)); got != tc.want {
+			t.Errorf("QEMU %s hint:\n %s\nwant\n %s", tc.ver, got, tc.want)
+		}
+	}
+	if got := vhostUserHint(o.netdev, netdev.QEMUVersion{}); !strings.Contains(got, "reconnect-ms=1000") ||
+		!strings.Contains(got, "before 9.2 the chardev takes reconnect=1") || !strings.Contains(got, "vectors=0") {
+		t.Errorf("hint for an unknown QEMU: %s", got)
+	}
+	if _, err := parseFlags([]string{"--tap", "tap0", nd, "--qemu-version", "ten"}, io.Discard); err == nil {
+		t.Error("--qemu-version ten accepted")
 	}
 	for _, bad := range []struct {
 		args []string
@@ -270,7 +291,7 @@ func TestParseFlagsVhostUser(t *testing.T) {
 	if err != nil {
 		t.Fatalf("queues=2: %v", err)
 	}
-	kvm, _ = vhostUserQEMUArgs(o.netdev)
+	kvm := vhostUserHint(o.netdev, netdev.QEMUVersion{})
 	if !strings.Contains(kvm, " -netdev vhost-user,id=n0,chardev=vu0,queues=2 -device virtio-net-pci,netdev=n0,mq=on") {
 		t.Errorf("queues=2: QEMU args %s", kvm)
 	}
@@ -279,7 +300,7 @@ func TestParseFlagsVhostUser(t *testing.T) {
 	if err != nil {
 		t.Fatalf("server=off: %v", err)
 	}
-	kvm, _ = vhostUserQEMUArgs(o.netdev)
+	kvm = vhostUserHint(o.netdev, netdev.QEMUVersion{})
 	if !strings.Contains(kvm, " -chardev socket,id=vu0,path=/run/vu.sock,server=on,wait=off -netdev vhost-user,id=n0,chardev=vu0 ") {
 		t.Errorf("server=off: QEMU args %s", kvm)
 	}

@@ -222,33 +222,6 @@ func run(ctx context.Context, o *options, log *logrus.Logger) error {
 	return err
 }
 
-// vhostUserQEMUArgs is what QEMU needs to meet a vhost-user spec: guest RAM in a shared
-// memfd (the back-end maps it), the chardev that connects (and reconnects) to tapgro, or
-// with server=off listens for it, the netdev and the NIC; and the same with vectors=0
-// for TCG, where QEMU 7.2 crashes in msix_set_vector_notifiers from vhost_net_start with
-// MSI-X.
-func vhostUserQEMUArgs(spec netdev.Spec) (kvm, tcg string) {
-	chardev, nd := spec.QEMUVhostUser("n0", "vu0")
-	base := "-object memory-backend-memfd,id=mem,size=<RAM>,share=on -machine memory-backend=mem" +
-		" -chardev " + chardev + " -netdev " + nd + " -device " + spec.QEMUVhostUserDevice("n0")
-	return base, base + ",vectors=0"
-}
-
-// qemuHint is the passt-style line that tells the user what to give QEMU.
-func qemuHint(spec netdev.Spec) string {
-	if spec.Backend == netdev.BackendStream && spec.VnetHdr {
-		return "vnet-hdr=on: the peer must be another tapgro with vnet-hdr=on (QEMU cannot speak it)"
-	}
-	opt := spec.QEMUOption("n0")
-	if spec.Remote.Type == netdev.AddrFD {
-		return "the port is the inherited connection " + spec.Remote.String() + "; its peer is already attached"
-	}
-	if opt == "" {
-		return "this port has no QEMU counterpart (a NIC in netmap mode)"
-	}
-	return "give QEMU: -netdev " + opt + " -device virtio-net-pci,netdev=n0"
-}
-
 func supervisorEvents(log *logrus.Logger) netdev.Events {
 	return netdev.Events{
 		OnReject: func(peer, why string) {

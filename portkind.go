@@ -157,6 +157,7 @@ func (e *engineKind) problems() func() map[string]uint64 {
 
 func (e *engineKind) ready() (logrus.Fields, string) {
 	snap := e.eng.Snapshot()
+	q := resolveQEMU(e.o)
 	return logrus.Fields{
 		"tap":          e.tap.Name(),
 		"vnet_hdr_len": e.o.vnetHdrLen,
@@ -165,7 +166,8 @@ func (e *engineKind) ready() (logrus.Fields, string) {
 		"gro":          onoff.String(e.o.gro && !snap.GROKilled),
 		"netdev":       e.spec.String(),
 		"listen":       e.ep.Addr(),
-	}, "tapgro ready; " + qemuHint(e.spec)
+		"qemu":         q.String(),
+	}, "tapgro ready; " + qemuHint(e.spec, q)
 }
 
 func (e *engineKind) serve(ctx context.Context) error {
@@ -236,9 +238,10 @@ func openVhost(o *options, log *logrus.Logger) (k portKind, err error) {
 	offload := o.offload
 	v.vn, err = vhostnet.New(vhostnet.Config{TAPs: v.taps, MTU: o.mtu, Pcap: o.pcap, PcapPath: o.pcapPort,
 		Logf: func(f string, a ...any) { log.Warnf(f, a...) }, Infof: func(f string, a ...any) { log.Infof(f, a...) },
-		// GRO toward the TAP and RSC toward the guest (vhostnet/gro.go, rsc.go), with the
-		// stream path's switches; --offload caps the TAP's read offloads.
-		GRO: o.gro, TimerFlush: o.timerFlush(true), RSCInterval: o.rscInterval, MaxFlows: o.maxFlows,
+		// GRO toward the TAP (UDP too with --udp-gro) and RSC toward the guest
+		// (vhostnet/gro.go, rsc.go), with the stream path's switches; --offload caps the
+		// TAP's read offloads.
+		GRO: o.gro, UDPGRO: o.udpGRO, TimerFlush: o.timerFlush(true), RSCInterval: o.rscInterval, MaxFlows: o.maxFlows,
 		Offload: &offload,
 		// --rx-batch off notifies per frame, as the receive pool writes per frame;
 		// --call-interval bounds the calls to the guest under load.
@@ -291,13 +294,13 @@ func (v *vhostKind) datapath() ops.Datapath {
 func (v *vhostKind) problems() func() map[string]uint64 { return nil }
 
 func (v *vhostKind) ready() (logrus.Fields, string) {
-	qemu, tcg := vhostUserQEMUArgs(v.spec)
+	q := resolveQEMU(v.o)
 	f := logrus.Fields{"tap": v.taps[0].Name(), "netdev": v.spec.String(), v.role: v.addr,
-		"offered": virtio.String(v.vn.State().Offered)}
+		"offered": virtio.String(v.vn.State().Offered), "qemu": q.String()}
 	if v.spec.QueuePairs() > 1 {
 		f["queue_pairs"] = v.spec.QueuePairs()
 	}
-	return f, "tapgro ready (vhost-user); give QEMU: " + qemu + " (RAM = the guest's -m size; under TCG use " + tcg + ")"
+	return f, "tapgro ready (vhost-user); " + vhostUserHint(v.spec, q)
 }
 
 func (v *vhostKind) serve(ctx context.Context) error {

@@ -12,6 +12,17 @@ import (
 // tapgro logs at start-up and for the integration tests that start a QEMU. Each is the
 // spec's mirror image (tapgro server means QEMU client).
 
+// QEMUOptionFor is QEMUOption for QEMU release v: a stream client (tapgro the server)
+// also gets the option that makes QEMU connect again when tapgro restarts
+// (v.StreamReconnect, from 8.0), so that either side may restart.
+func (s Spec) QEMUOptionFor(id string, v QEMUVersion) string {
+	o := s.QEMUOption(id)
+	if r := v.StreamReconnect(); o != "" && r != "" && s.Backend == BackendStream && s.Role == RoleServer && !s.VnetHdr {
+		o += "," + r
+	}
+	return o
+}
+
 // QEMUOption is the -netdev value to give QEMU so it meets this spec: the mirror image
 // (tapgro server means QEMU client, datagram local and remote swap). A wildcard listening
 // host becomes loopback, since QEMU must dial a concrete address. vnet-hdr has no QEMU
@@ -49,10 +60,10 @@ func (s Spec) QEMUOption(id string) string {
 	return name + ",id=" + esc(id) + "," + rest
 }
 
-// QEMUVhostUser is the -chardev and -netdev values QEMU needs to meet a vhost-user spec:
-// a socket chardev chardevID, and the netdev netdevID on it. With server=on the chardev
-// connects to tapgro's path and reconnects every second if tapgro restarts
-// (reconnect=1). With server=off it listens on the path (server=on) and wait=off keeps
+// QEMUVhostUser is the -chardev and -netdev values QEMU release v needs to meet a
+// vhost-user spec: a socket chardev chardevID, and the netdev netdevID on it. With
+// server=on the chardev connects to tapgro's path and reconnects every second if tapgro
+// restarts (v.ChardevReconnect: reconnect=1, or reconnect-ms=1000 from 9.2). With server=off it listens on the path (server=on) and wait=off keeps
 // the chardev itself from blocking QEMU's start; -netdev vhost-user still waits there
 // until a back-end has connected (net/vhost-user.c net_vhost_user_init loops on
 // qemu_chr_fe_wait_connected until the first vhost_user_start), and after tapgro goes
@@ -61,7 +72,7 @@ func (s Spec) QEMUOption(id string) string {
 // netdev says queues=N, which QEMU checks against GET_QUEUE_NUM (net/vhost-user.c
 // vhost_user_start); the NIC needs mq=on as well (QEMUVhostUserDevice). Both are "" for
 // other backends.
-func (s Spec) QEMUVhostUser(netdevID, chardevID string) (chardev, netdev string) {
+func (s Spec) QEMUVhostUser(netdevID, chardevID string, v QEMUVersion) (chardev, netdev string) {
 	if s.Backend != BackendVhostUser {
 		return "", ""
 	}
@@ -72,7 +83,7 @@ func (s Spec) QEMUVhostUser(netdevID, chardevID string) (chardev, netdev string)
 	if s.Role == RoleClient {
 		return "socket,id=" + esc(chardevID) + ",path=" + esc(s.Remote.Path) + ",server=on,wait=off", nd
 	}
-	return "socket,id=" + esc(chardevID) + ",path=" + esc(s.Local.Path) + ",reconnect=1", nd
+	return "socket,id=" + esc(chardevID) + ",path=" + esc(s.Local.Path) + "," + v.ChardevReconnect(), nd
 }
 
 // QEMUVhostUserDevice is the -device value for the NIC on netdev netdevID: a

@@ -164,7 +164,7 @@ func TestQEMUVhostUser(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, n := sp.QEMUVhostUser("n0", "vu0")
+	c, n := sp.QEMUVhostUser("n0", "vu0", QEMUVersion{7, 2})
 	if want := "socket,id=vu0,path=/run/a,,b.sock,reconnect=1"; c != want {
 		t.Errorf("QEMUVhostUser chardev = %q, want %q", c, want)
 	}
@@ -179,7 +179,7 @@ func TestQEMUVhostUser(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, n = cl.QEMUVhostUser("n0", "vu0")
+	c, n = cl.QEMUVhostUser("n0", "vu0", QEMUVersion{})
 	if want := "socket,id=vu0,path=/run/a,,b.sock,server=on,wait=off"; c != want {
 		t.Errorf("QEMUVhostUser chardev (server=off) = %q, want %q", c, want)
 	}
@@ -197,7 +197,7 @@ func TestQEMUVhostUser(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, n := mq.QEMUVhostUser("n0", "vu0"); n != "vhost-user,id=n0,chardev=vu0,queues=2" {
+	if _, n := mq.QEMUVhostUser("n0", "vu0", QEMUVersion{}); n != "vhost-user,id=n0,chardev=vu0,queues=2" {
 		t.Errorf("QEMUVhostUser netdev (queues=2) = %q", n)
 	}
 	if d := mq.QEMUVhostUserDevice("n0"); d != "virtio-net-pci,netdev=n0,mq=on" {
@@ -207,7 +207,7 @@ func TestQEMUVhostUser(t *testing.T) {
 		t.Errorf("QueuePairs %d, %d; want 2, 1", mq.QueuePairs(), cl.QueuePairs())
 	}
 	st, _ := ParseSpec("stream,server=on,addr.type=unix,addr.path=/p")
-	if c, n := st.QEMUVhostUser("n0", "vu0"); c != "" || n != "" {
+	if c, n := st.QEMUVhostUser("n0", "vu0", QEMUVersion{}); c != "" || n != "" {
 		t.Errorf("QEMUVhostUser for stream = %q, %q; want empty", c, n)
 	}
 	if d := st.QEMUVhostUserDevice("n0"); d != "" {
@@ -287,5 +287,52 @@ func TestParseSpecBad(t *testing.T) {
 				t.Errorf("error %q does not start with \"netdev: \"", err)
 			}
 		})
+	}
+}
+
+// TestQEMUVersions: the hint's options follow the QEMU release: the chardev's and the
+// stream client's reconnect option and vectors=0 under TCG.
+func TestQEMUVersions(t *testing.T) {
+	vu, _ := ParseSpec("vhost-user,path=/run/vu.sock")
+	st, _ := ParseSpec("stream,server=on,addr.type=unix,addr.path=/p")
+	cl, _ := ParseSpec("stream,server=off,addr.type=unix,addr.path=/p")
+	for _, tc := range []struct {
+		ver      string
+		chardev  string
+		stream   string
+		vectors0 bool
+	}{
+		{"7.2", "socket,id=vu0,path=/run/vu.sock,reconnect=1", "stream,id=n0,server=off,addr.type=unix,addr.path=/p", true},
+		{"8.0.4", "socket,id=vu0,path=/run/vu.sock,reconnect=1", "stream,id=n0,server=off,addr.type=unix,addr.path=/p,reconnect=1", true},
+		{"9.1", "socket,id=vu0,path=/run/vu.sock,reconnect=1", "stream,id=n0,server=off,addr.type=unix,addr.path=/p,reconnect=1", true},
+		{"QEMU emulator version 9.2.0", "socket,id=vu0,path=/run/vu.sock,reconnect-ms=1000", "stream,id=n0,server=off,addr.type=unix,addr.path=/p,reconnect-ms=1000", true},
+		{"QEMU emulator version 10.0.2 (Debian 1:10.0.2+ds-2+deb13u1~bpo12+1)", "socket,id=vu0,path=/run/vu.sock,reconnect-ms=1000", "stream,id=n0,server=off,addr.type=unix,addr.path=/p,reconnect-ms=1000", false},
+		{"", "socket,id=vu0,path=/run/vu.sock,reconnect-ms=1000", "stream,id=n0,server=off,addr.type=unix,addr.path=/p,reconnect-ms=1000", false},
+	} {
+		var v QEMUVersion
+		if tc.ver != "" {
+			var err error
+			if v, err = ParseQEMUVersion(tc.ver); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if c, _ := vu.QEMUVhostUser("n0", "vu0", v); c != tc.chardev {
+			t.Errorf("%q: chardev %q, want %q", tc.ver, c, tc.chardev)
+		}
+		if o := st.QEMUOptionFor("n0", v); o != tc.stream {
+			t.Errorf("%q: stream %q, want %q", tc.ver, o, tc.stream)
+		}
+		// QEMU the server: nothing to reconnect on its side.
+		if o := cl.QEMUOptionFor("n0", v); o != "stream,id=n0,server=on,addr.type=unix,addr.path=/p" {
+			t.Errorf("%q: QEMU as stream server %q", tc.ver, o)
+		}
+		if v.TCGVectors0() != tc.vectors0 {
+			t.Errorf("%q: TCGVectors0 %v", tc.ver, !tc.vectors0)
+		}
+	}
+	for _, bad := range []string{"seven", "1.0", "x.y"} {
+		if _, err := ParseQEMUVersion(bad); err == nil {
+			t.Errorf("ParseQEMUVersion(%q) accepted", bad)
+		}
 	}
 }
