@@ -3,6 +3,7 @@
 package vhostuser
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -40,6 +41,13 @@ type Stats struct {
 	// Refused counts connections closed unserved because a session was running (one
 	// front-end per socket; vhostnet.Net.Serve).
 	Refused atomic.Uint64
+	// Logging is true while the front-end has dirty logging on (VHOST_F_LOG_ALL acked
+	// and a log mapped: a migration is running). LogPages counts the pages whose bit
+	// this back-end set (0 → 1: pages dirtied since QEMU last collected them), LogBeyond
+	// the pages it wrote past the end of the log (a log sized too small), log.go.
+	Logging   atomic.Bool
+	LogPages  atomic.Uint64
+	LogBeyond atomic.Uint64
 }
 
 // Features is what SET_FEATURES acked.
@@ -59,6 +67,12 @@ type Handler interface {
 	// RingStarted: the ring is running; the owner starts its worker, which loops on
 	// Wait / Begin … End until they return ErrStopped or ErrBroken.
 	RingStarted(q Queue)
+	// RingStopping: GET_VRING_BASE is about to stop the running ring; the ring still
+	// runs. The owner hands the guest what it holds for this ring while it can (frames
+	// read but not delivered): after the stop nothing more can go in, and in a
+	// migration what was not in guest memory by then is lost (vhost-user.rst
+	// "Migration": the back-end must finish or flush its work before answering).
+	RingStopping(q Queue)
 	// RingStopped: the ring is stopped (GET_VRING_BASE, or the session ended). The
 	// owner must not use q after returning; join the worker here (it is already
 	// being woken with ErrStopped).
@@ -82,6 +96,7 @@ type NopHandler struct{}
 
 func (NopHandler) FeaturesAcked(Features)   {}
 func (NopHandler) RingStarted(Queue)        {}
+func (NopHandler) RingStopping(Queue)       {}
 func (NopHandler) RingStopped(Queue)        {}
 func (NopHandler) VringEnabled(Queue, bool) {}
 func (NopHandler) SetMTU(int) error         { return nil }
@@ -108,9 +123,18 @@ type Config struct {
 	// shorter chain breaks the ring); nil: none.
 	HeaderLen func(acked uint64) int
 	// NetMTU offers PROTOCOL_F_NET_MTU (NET_SET_MTU → Handler.SetMTU).
-	NetMTU  bool
-	Handler Handler
-	Stats   *Stats // nil: the Backend allocates one
+	NetMTU bool
+	// RARP, if set, offers PROTOCOL_F_RARP: after a migration QEMU sends SEND_RARP with
+	// the guest's MAC, for the device to announce where the guest now is (a net device
+	// puts a RARP from that MAC on its link). An error answers the request with a
+	// failure.
+	RARP func(mac [6]byte) error
+	// UnloggedRX is for tests only: the dirty log is not told about bytes written into
+	// receive chains (used rings still are). It breaks migration on purpose, for the
+	// test that proves a migration test can catch a back-end that forgets them.
+	UnloggedRX bool
+	Handler    Handler
+	Stats      *Stats // nil: the Backend allocates one
 	// Logf reports what a session accepted but the operator should know (guest memory
 	// that can be truncated under us, a kick fd that never goes quiet); nil discards.
 	// What ends a session is its error, returned by Serve.
@@ -141,7 +165,10 @@ func NewBackend(cfg Config) (*Backend, error) {
 	if cfg.Logf == nil {
 		cfg.Logf = func(string, ...any) {}
 	}
-	cfg.Features |= protocolFeaturesMask
+	// Dirty logging (log.go) is the core's, whatever the device: VHOST_F_LOG_ALL with
+	// PROTOCOL_F_LOG_SHMFD is what QEMU needs before it migrates a guest at all (without
+	// it hw/virtio/vhost.c vhost_dev_init installs a migration blocker).
+	cfg.Features |= protocolFeaturesMask | 1<<virtio.LogAll
 	b := &Backend{cfg: cfg, stats: cfg.Stats}
 	if b.stats == nil {
 		b.stats = new(Stats)
@@ -153,10 +180,14 @@ func NewBackend(cfg Config) (*Backend, error) {
 func (b *Backend) Stats() *Stats { return b.stats }
 
 // protocolFeatures is what GET_PROTOCOL_FEATURES offers: REPLY_ACK always (so QEMU gets
-// an answer to SET_MEM_TABLE instead of a GET_FEATURES round trip), MQ with more than
-// one pair, NET_MTU if configured. Nothing that needs features not implemented here.
+// an answer to SET_MEM_TABLE instead of a GET_FEATURES round trip), LOG_SHMFD always
+// (the dirty log QEMU migrates with, log.go), MQ with more than one pair, NET_MTU and
+// RARP if configured. Nothing that needs features not implemented here.
 func (b *Backend) protocolFeatures() uint64 {
-	p := uint64(1) << vuproto.ProtoReplyAck
+	p := uint64(1)<<vuproto.ProtoReplyAck | 1<<vuproto.ProtoLogShmfd
+	if b.cfg.RARP != nil {
+		p |= 1 << vuproto.ProtoRARP
+	}
 	if b.cfg.QueueNum > 1 {
 		p |= 1 << vuproto.ProtoMQ
 	}
@@ -180,6 +211,9 @@ type Session struct {
 	mem        *guestMem
 	rings      []*Vring
 	msg        message
+	// Dirty logging: LOG_ALL in the acked features, and the log SET_LOG_BASE mapped.
+	logAll bool
+	log    *dirtyLog
 
 	// abortErr is why another goroutine ended the session (Session.abort).
 	abortMu  sync.Mutex
@@ -204,6 +238,7 @@ func (b *Backend) Serve(uc *net.UnixConn) error {
 		s.rings[i] = newVring(i, b.cfg.Writable(i), b.stats)
 		s.rings[i].onFault = s.abort
 		s.rings[i].logf = b.cfg.Logf
+		s.rings[i].unloggedRX = b.cfg.UnloggedRX
 	}
 	spoke, err := s.loop()
 	s.teardown()
@@ -302,8 +337,14 @@ func (s *Session) negotiated(req uint32) bool {
 		return s.b.protocolFeatures()&(1<<vuproto.ProtoMQ) != 0
 	case ReqNetSetMTU:
 		return s.b.protocolFeatures()&(1<<vuproto.ProtoNetMTU) != 0
-	case ReqSetLogBase, ReqSetLogFd, ReqSendRARP:
-		return false // LOG_SHMFD, RARP not offered
+	case ReqSetLogBase:
+		// Without LOG_SHMFD the log would be QEMU's private memory: the request then
+		// carries a bare address and no fd, and cannot be served.
+		return s.protocol&(1<<vuproto.ProtoLogShmfd) != 0
+	case ReqSendRARP:
+		return s.protocol&(1<<vuproto.ProtoRARP) != 0
+	case ReqSetLogFd:
+		return false // the log's eventfd: QEMU never sends it to a net device
 	}
 	return true
 }
@@ -365,12 +406,24 @@ func (s *Session) handle(m *message, p []byte) (replied bool, err error) {
 		}
 		v.mu.Lock()
 		defer v.mu.Unlock()
-		if v.state == ringRunning {
-			return false, reqErr("SET_VRING_ADDR on running ring %d", a.Index)
+		if v.state == ringRunning && (a.Desc != v.addr.Desc || a.Used != v.addr.Used || a.Avail != v.addr.Avail) {
+			return false, reqErr("SET_VRING_ADDR moves running ring %d", a.Index)
 		}
+		// On a running ring QEMU changes only the log flag and address: it turns
+		// logging on and off this way when a migration starts and ends
+		// (hw/virtio/vhost.c vhost_dev_set_log → vhost_virtqueue_set_addr).
 		v.addr, v.addrSet = a, true
+		v.setLogLocked(s.log, s.logAll)
 	case ReqSetVringKick, ReqSetVringCall, ReqSetVringErr:
 		return false, s.vringFile(m, p)
+	case ReqSetLogBase:
+		return true, s.setLogBase(m, p)
+	case ReqSendRARP:
+		var mac [6]byte
+		copy(mac[:], p) // the MAC is the u64's first 6 bytes (hw/virtio/vhost-user.c vhost_user_migration_done)
+		if err := s.b.cfg.RARP(mac); err != nil {
+			return false, reqErr("SEND_RARP: %v", err)
+		}
 	case ReqNetSetMTU:
 		mtu, _ := decodeU64(p)
 		if mtu < 68 || mtu > 65535 {
@@ -385,18 +438,54 @@ func (s *Session) handle(m *message, p []byte) (replied bool, err error) {
 
 // setFeatures fixes the session's ring features and the device's header length
 // (Config.HeaderLen) for the acks, on running rings too.
+//
+// VHOST_F_LOG_ALL turns dirty logging on or off for every ring whose address says
+// VHOST_VRING_F_LOG: QEMU sends SET_FEATURES again with it set when a migration starts
+// and cleared when it ends or fails (hw/virtio/vhost.c vhost_dev_set_log). The device
+// hears of every SET_FEATURES, logging ones included.
 func (s *Session) setFeatures(f uint64) {
 	s.features, s.featuresOK = f, true
 	s.hdrLen = s.b.cfg.HeaderLen(f)
+	s.logAll = f&(1<<virtio.LogAll) != 0
 	fe := s.feats()
 	for _, v := range s.rings {
 		v.mu.Lock()
 		if v.state == ringRunning {
 			v.eventIdx, v.indirectOK, v.hdrLen = fe.eventIdx, fe.indirect, fe.hdrLen
 		}
+		v.setLogLocked(s.log, s.logAll)
 		v.mu.Unlock()
 	}
+	s.stats.Logging.Store(s.logAll && s.log != nil)
 	s.h.FeaturesAcked(Features{Bits: f, HdrLen: s.hdrLen})
+}
+
+// setLogBase maps the dirty log SET_LOG_BASE carries ({mmap_size, mmap_offset} and one
+// fd, PROTOCOL_F_LOG_SHMFD) and swaps it into every ring under the ring's lock before
+// the old one is unmapped, as setMemTable does with guest memory: QEMU sends a new one
+// whenever the log must grow (hw/virtio/vhost.c vhost_dev_log_resize), rings running.
+// QEMU waits for the reply, a header with no payload (hw/virtio/vhost-user.c
+// vhost_user_set_log_base reads one; DPDK's vhost_user_set_log_base answers with size
+// 0). A log that cannot be mapped ends the session: QEMU only logs that failure and
+// would migrate on, copying none of the pages this back-end writes, so the guest would
+// arrive with corrupt memory; a back-end that goes away instead costs frames, not data.
+func (s *Session) setLogBase(m *message, p []byte) error {
+	le := binary.LittleEndian
+	size, offset := le.Uint64(p[0:]), le.Uint64(p[8:])
+	l, err := mapLog(m.takeFd(0), size, offset, s.stats)
+	if err != nil {
+		return protoErr("SET_LOG_BASE: %v", err)
+	}
+	old := s.log
+	s.log = l
+	for _, v := range s.rings {
+		v.mu.Lock()
+		v.setLogLocked(s.log, s.logAll)
+		v.mu.Unlock()
+	}
+	old.unmap()
+	s.stats.Logging.Store(s.logAll && s.log != nil)
+	return s.c.reply(m.req, nil)
 }
 
 func (s *Session) feats() feats {
@@ -456,6 +545,12 @@ func (s *Session) vringState(req uint32, v *Vring, st vuproto.VringState) (bool,
 		s.h.VringEnabled(v, st.Num == 1)
 		return false, nil
 	case ReqGetVringBase:
+		v.mu.Lock()
+		running := v.announced && v.state == ringRunning && !v.broken
+		v.mu.Unlock()
+		if running {
+			s.h.RingStopping(v)
+		}
 		v.mu.Lock()
 		wasAnnounced := v.announced
 		v.announced = false
@@ -592,4 +687,12 @@ func (s *Session) teardown() {
 	}
 	s.mem.unmap()
 	s.mem = nil
+	for _, v := range s.rings {
+		v.mu.Lock()
+		v.setLogLocked(nil, false)
+		v.mu.Unlock()
+	}
+	s.log.unmap()
+	s.log, s.logAll = nil, false
+	s.stats.Logging.Store(false)
 }

@@ -48,6 +48,9 @@ func (v *Vring) End() {
 			// Ask for a kick at the next index we will look at (QEMU
 			// virtqueue_split_pop → vring_set_avail_event(vq, last_avail_idx)).
 			store16(v.used, v.availEv, v.lastAvail)
+			if v.log != nil {
+				v.logUsedLocked(v.availEv, 2)
+			}
 		}
 	}
 	v.inBatch = false
@@ -84,7 +87,16 @@ func (v *Vring) Pop(iov [][]byte) (Chain, error) {
 	}
 	slot := int(v.lastAvail & v.mask)
 	head := binary.LittleEndian.Uint16(v.avail[4+2*slot:])
-	c, r, ok := v.walk(head, iov)
+	var wlog *[]piece
+	if v.log != nil && v.writable && uint32(head) < v.num {
+		// Logging: keep the chain's guest-physical ranges for Push and Wrote.
+		if len(v.wlog) != int(v.num) {
+			v.wlog = make([][]piece, v.num)
+		}
+		wlog = &v.wlog[head]
+		*wlog = (*wlog)[:0]
+	}
+	c, r, ok := v.walk(head, iov, wlog)
 	if !ok {
 		return Chain{}, v.failLocked(r)
 	}
@@ -96,7 +108,11 @@ func (v *Vring) Pop(iov [][]byte) (Chain, error) {
 // walk follows a chain from head. Every index is checked before use, every address is
 // translated through the region table, and the number of descriptors is bounded, so a
 // hostile table can make it fail but not loop or touch unmapped memory.
-func (v *Vring) walk(head uint16, iov [][]byte) (Chain, Reason, bool) {
+//
+// With wlog non-nil (dirty logging) each descriptor's guest-physical range is appended
+// to it, as read here once: what the device writes and what it marks are the same
+// ranges, whatever the guest does to its table meanwhile.
+func (v *Vring) walk(head uint16, iov [][]byte, wlog *[]piece) (Chain, Reason, bool) {
 	num := v.num
 	if uint32(head) >= num {
 		return Chain{}, RejectHeadRange, false
@@ -155,6 +171,9 @@ func (v *Vring) walk(head uint16, iov [][]byte) (Chain, Reason, bool) {
 		if k, r, ok = v.mem.gpaIov(addr, uint64(ln), iov, k); !ok {
 			return Chain{}, r, false
 		}
+		if wlog != nil {
+			*wlog = append(*wlog, piece{addr, uint64(ln)})
+		}
 		if flags&descFNext == 0 {
 			break
 		}
@@ -176,9 +195,16 @@ func (v *Vring) Push(head uint16, n uint32) {
 	if !v.inBatch || v.broken || v.pending == 0 {
 		return
 	}
-	e := v.used[4+8*int(v.usedIdx&v.mask):]
+	off := 4 + 8*int(v.usedIdx&v.mask)
+	e := v.used[off:]
 	binary.LittleEndian.PutUint32(e[0:], uint32(head))
 	binary.LittleEndian.PutUint32(e[4:], n)
+	if v.log != nil {
+		if v.writable {
+			v.logChainLocked(head, uint64(n))
+		}
+		v.logUsedLocked(off, 8)
+	}
 	v.usedIdx++
 	v.pending--
 	v.sinceCall += int(n)

@@ -56,6 +56,8 @@ func (r *recorder) RingStarted(q Queue) {
 	}
 	r.started <- v
 }
+func (r *recorder) RingStopping(Queue) {}
+
 func (r *recorder) RingStopped(q Queue) {
 	v := q.(*Vring)
 	if r.onStop != nil {

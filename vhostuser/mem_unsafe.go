@@ -72,3 +72,12 @@ func store16(b []byte, off int, v uint16) {
 // addrOf is the address of b's first byte (the test front-end uses it as QEMU's
 // userspace_addr for its own mapping).
 func addrOf(b []byte) uintptr { return uintptr(unsafe.Pointer(&b[0])) }
+
+// words32 views b, which must start 4-aligned (a page-aligned mapping at an 8-aligned
+// offset: mapLog), as 32-bit words for the dirty log's atomic ORs.
+func words32(b []byte) []uint32 {
+	if len(b) < 4 {
+		return nil
+	}
+	return unsafe.Slice((*uint32)(unsafe.Pointer(&b[0])), len(b)/4)
+}

@@ -20,6 +20,9 @@ func (v *Vring) publishLocked() {
 	// The used entries (plain stores) precede this seq-cst store, which is the write
 	// barrier before used->idx (QEMU virtqueue_split_flush: smp_wmb, then idx).
 	store32(v.used, 0, uint32(v.usedIdx)<<16|uint32(v.usedFlags))
+	if v.log != nil {
+		v.logUsedLocked(0, 4)
+	}
 	v.pubIdx = v.usedIdx
 	if v.callFd < 0 {
 		return

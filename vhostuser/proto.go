@@ -131,6 +131,8 @@ func sizeRule(req uint32) int {
 		return 8 // struct vhost_vring_state
 	case ReqSetVringAddr:
 		return 40 // struct vhost_vring_addr
+	case ReqSetLogBase:
+		return 16 // VhostUserLog {mmap_size, mmap_offset}, with PROTOCOL_F_LOG_SHMFD
 	case ReqSetMemTable:
 		return -1
 	}
@@ -148,6 +150,8 @@ func fdRule(req uint32, p []byte) int {
 			return 0
 		}
 		return 1
+	case ReqSetLogBase:
+		return 1 // the log's memfd
 	}
 	if sizeRule(req) == -2 {
 		return -1

@@ -53,6 +53,11 @@ type Queue interface {
 	Rewind(n int)
 	// Publish makes what was pushed visible to the driver now, within the batch.
 	Publish()
+	// Wrote tells the dirty log (migration, log.go) that the first n bytes of chain
+	// head were written although the chain is handed back unused; Push does the same
+	// for the bytes of a used chain. Logging reports whether the ring is being logged.
+	Wrote(head uint16, n int)
+	Logging() bool
 
 	// Wait sleeps until the driver makes a chain available (or the ring stops).
 	Wait() error

@@ -129,7 +129,7 @@ func TestMultiqueue(t *testing.T) {
 	h.Stop()
 	// One pair: no MQ, GET_QUEUE_NUM is not negotiated and is answered as unknown.
 	h1 := startSession(t, opts{})
-	if p := h1.FE.Get(ReqGetProtocolFeatures); p != 1<<vuproto.ProtoReplyAck|1<<vuproto.ProtoNetMTU {
+	if p := h1.FE.Get(ReqGetProtocolFeatures); p != 1<<vuproto.ProtoReplyAck|1<<vuproto.ProtoNetMTU|1<<vuproto.ProtoLogShmfd {
 		t.Fatalf("protocol %#x", p)
 	}
 	if r := h1.FE.Ack(ReqGetQueueNum, nil); r != 1 {
@@ -148,7 +148,7 @@ func TestUnknownRequest(t *testing.T) {
 		t.Fatalf("ack %d", r)
 	}
 	h.FE.Send(41, vuproto.FlagVersion, []byte{1, 2, 3})
-	h.FE.Send(ReqSetLogBase, vuproto.FlagVersion, make([]byte, 16), efd) // LOG_SHMFD not offered
+	h.FE.Send(ReqSetLogFd, vuproto.FlagVersion, make([]byte, 8), efd) // never offered
 	unix.Close(efd)
 	if f := h.FE.Get(ReqGetFeatures); f&(1<<virtio.VhostUserProtocolFeatures) == 0 {
 		t.Fatal("session broken after unknown requests")

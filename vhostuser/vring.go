@@ -172,6 +172,15 @@ type Vring struct {
 	callDeferred bool          // a call is owed and callTimer will send it
 	callTimer    *time.Timer
 
+	// Dirty logging (log.go), under mu: the session's log while it applies to this
+	// ring (nil: not logging), logOn the same for readers without the lock, and per
+	// head the guest-physical ranges of the receive chain popped there (recorded only
+	// while logging).
+	log        *dirtyLog
+	logOn      atomic.Bool
+	wlog       [][]piece
+	unloggedRX bool // Config.UnloggedRX (tests only)
+
 	kickBuf [8]byte
 	one     [8]byte
 }

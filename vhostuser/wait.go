@@ -33,18 +33,25 @@ func (v *Vring) waitAvail(at uint16, atLast bool) error {
 		}
 		if v.eventIdx {
 			store16(v.used, v.availEv, at)
+			if v.log != nil {
+				v.logUsedLocked(v.availEv, 2)
+			}
 		} else {
 			v.usedFlags = 0
 		}
 		// Seq-cst store then seq-cst load: the full barrier between enabling kicks
 		// and the final check of avail->idx.
 		store32(v.used, 0, uint32(v.pubIdx)<<16|uint32(v.usedFlags))
+		if v.log != nil {
+			v.logUsedLocked(0, 4)
+		}
 		if uint16(load32(v.avail, 0)>>16) != at {
 			if atLast && !v.eventIdx {
 				// Kicks are not needed while the worker takes what is there (virtio
 				// spec "Used Buffer Notification Suppression", VIRTQ_USED_F_NO_NOTIFY).
 				v.usedFlags = usedFNoNotify
 				store32(v.used, 0, uint32(v.pubIdx)<<16|uint32(v.usedFlags))
+				// Marked above already: the same word of the same page.
 			}
 			v.unlockForWait()
 			v.pollWait, v.idleKicks = 0, 0

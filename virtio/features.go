@@ -14,20 +14,21 @@ import (
 
 // Network device feature bits (VIRTIO_NET_F_*).
 const (
-	NetCsum      = 0  // the driver may send partial checksums (NEEDS_CSUM)
-	NetGuestCsum = 1  // the driver takes partial checksums and DATA_VALID
-	NetMTU       = 3  // the device advises an MTU
-	NetGuestTSO4 = 7  // the driver takes TCPv4 GSO frames
-	NetGuestTSO6 = 8  // the driver takes TCPv6 GSO frames
-	NetGuestECN  = 9  // ... with ECN
-	NetHostTSO4  = 11 // the device takes TCPv4 GSO frames
-	NetHostTSO6  = 12 // the device takes TCPv6 GSO frames
-	NetHostECN   = 13 // ... with ECN
-	NetMrgRxbuf  = 15 // a received frame may span several chains (num_buffers)
-	NetMQ        = 22 // several queue pairs
-	NetGuestUSO4 = 54 // the driver takes UDPv4 GSO frames
-	NetGuestUSO6 = 55 // the driver takes UDPv6 GSO frames
-	NetHostUSO   = 56 // the device takes UDP GSO frames
+	NetCsum          = 0  // the driver may send partial checksums (NEEDS_CSUM)
+	NetGuestCsum     = 1  // the driver takes partial checksums and DATA_VALID
+	NetMTU           = 3  // the device advises an MTU
+	NetGuestTSO4     = 7  // the driver takes TCPv4 GSO frames
+	NetGuestTSO6     = 8  // the driver takes TCPv6 GSO frames
+	NetGuestECN      = 9  // ... with ECN
+	NetHostTSO4      = 11 // the device takes TCPv4 GSO frames
+	NetHostTSO6      = 12 // the device takes TCPv6 GSO frames
+	NetHostECN       = 13 // ... with ECN
+	NetMrgRxbuf      = 15 // a received frame may span several chains (num_buffers)
+	NetGuestAnnounce = 21 // the driver announces itself when the device asks (after a migration)
+	NetMQ            = 22 // several queue pairs
+	NetGuestUSO4     = 54 // the driver takes UDPv4 GSO frames
+	NetGuestUSO6     = 55 // the driver takes UDPv6 GSO frames
+	NetHostUSO       = 56 // the device takes UDP GSO frames
 )
 
 // Device-independent bits (VIRTIO_F_* and VIRTIO_RING_F_*) and vhost's.

@@ -177,7 +177,8 @@ func run(tb TB, fd int, done chan error, o Options) *Session {
 	// Step 3, DRIVER_OK (vhost_net_start).
 	ack := o.Ack
 	if ack == 0 {
-		ack = offered &^ (1 << virtio.VhostUserProtocolFeatures)
+		// QEMU acks VHOST_F_LOG_ALL only while it migrates (StartLog).
+		ack = offered &^ (1<<virtio.VhostUserProtocolFeatures | 1<<virtio.LogAll)
 	}
 	ack &= offered &^ o.AckMask
 	if ack&(1<<virtio.NetMTU) != 0 && proto&(1<<vuproto.ProtoNetMTU) != 0 {
