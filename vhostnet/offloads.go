@@ -17,10 +17,11 @@ import (
 // ones whose virtio_net_hdr_to_skb takes VIRTIO_NET_HDR_GSO_UDP_L4: both came with the
 // same series); guest RX offloads only as far as the TAP can be told to produce them
 // (GUEST_CSUM, GUEST_TSO4/6/ECN, GUEST_USO4/6). No UFO either way (the TAP never
-// produces it and ValidatePeer refuses it).
+// produces it and ValidatePeer refuses it). GUEST_ANNOUNCE lets QEMU ask a migrated
+// guest to announce itself (migrate.go); it asks nothing of the back-end.
 func Offer(probed vnethdr.Offloads) uint64 {
 	f := uint64(1)<<virtio.Version1 | 1<<virtio.NetMrgRxbuf |
-		1<<virtio.RingEventIdx | 1<<virtio.RingIndirectDesc | 1<<virtio.NetMTU |
+		1<<virtio.RingEventIdx | 1<<virtio.RingIndirectDesc | 1<<virtio.NetMTU | 1<<virtio.NetGuestAnnounce |
 		1<<virtio.NetCsum | 1<<virtio.NetHostTSO4 | 1<<virtio.NetHostTSO6 | 1<<virtio.NetHostECN
 	uso := probed&vnethdr.OffloadUSO == vnethdr.OffloadUSO
 	if uso {

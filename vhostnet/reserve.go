@@ -75,6 +75,21 @@ func (r *rxReservation) release(v vhostuser.Queue) {
 	}
 }
 
+// releaseWritten is release for chains that n bytes were already written into (a TAP
+// read, a cleared flag): guest memory changed although the chains go back unused, so
+// the dirty log hears of those bytes (vhostuser.Queue.Wrote; a migration copies the
+// pages again). Cheap when not logging: one atomic load.
+func (r *rxReservation) releaseWritten(v vhostuser.Queue, n int) {
+	if n > 0 && r.n > 0 && v.Logging() {
+		for i := 0; i < r.n && n > 0; i++ {
+			w := min(n, r.chains[i].cap)
+			v.Wrote(r.chains[i].head, w)
+			n -= w
+		}
+	}
+	r.release(v)
+}
+
 // forget drops the reservation without touching the ring: End has handed it back.
 func (r *rxReservation) forget() { r.n = 0 }
 

@@ -180,6 +180,17 @@ func (r *rxRSC) batch(ringHL int) int {
 	return state
 }
 
+// flushAll delivers the stash and every held aggregate, as far as the ring has room
+// (a ring about to stop: migrate.go).
+func (r *rxRSC) flushAll(ringHL int) {
+	r.ringHL, r.broken = ringHL, false
+	if !r.drain() {
+		return
+	}
+	for r.stashN == 0 && !r.broken && r.c.FlushOne() {
+	}
+}
+
 // stalled is the state after the ring ran out of buffers (or broke) with packets
 // pending: wait for the guest, not the TAP.
 func (r *rxRSC) stalled() int {

@@ -57,6 +57,7 @@ func (n *Net) rxLoop(w *worker) {
 		resv: newReservation(v.Num())}
 	defer v.Guard(&st.faulted)
 	for !w.stop.Load() {
+		n.drainRequested(w, st) // GET_VRING_BASE is coming (migrate.go)
 		if !v.Enabled() {
 			// Started but disabled: no RX (vhost-user.rst "Ring states"). Enabling comes
 			// with no kick, so look again shortly.
@@ -78,7 +79,9 @@ func (n *Net) rxLoop(w *worker) {
 				if w.stop.Load() || isClosed(err) {
 					return
 				}
-				time.Sleep(time.Millisecond)
+				if w.drain.Load() == nil {
+					time.Sleep(time.Millisecond)
+				}
 			}
 		case rxRetry:
 			time.Sleep(100 * time.Microsecond)
@@ -134,7 +137,7 @@ func (n *Net) rxFrames(v vhostuser.Queue, st *rxState, ringHL int) int {
 			}
 			continue
 		}
-		segs, _, err := st.resv.reserve(v, need, st.iov, n.mrg)
+		segs, capTot, err := st.resv.reserve(v, need, st.iov, n.mrg)
 		if err != nil {
 			if !errors.Is(err, vhostuser.ErrEmpty) {
 				return rxStop
@@ -155,7 +158,13 @@ func (n *Net) rxFrames(v vhostuser.Queue, st *rxState, ringHL int) int {
 		}
 		k, err := st.tap.TryReadv(segs)
 		if err != nil {
-			st.resv.release(v)
+			if errors.Is(err, tapdev.ErrWouldBlock) {
+				st.resv.release(v)
+			} else {
+				// A truncated frame filled every reserved byte; after any other
+				// failure what the kernel wrote is unknown: all of it, for the log.
+				st.resv.releaseWritten(v, capTot)
+			}
 			if state := n.rxReadFailed(err); state != rxGo {
 				return state
 			}
@@ -227,7 +236,7 @@ func (n *Net) rxDeliver(v vhostuser.Queue, st *rxState, segs [][]byte, k, ringHL
 		return rxGo
 	}
 	ok := st.split.load(segs, ringHL, k-ringHL, &st.h, n.guestCsm)
-	st.resv.release(v) // the segments are reserved one by one
+	st.resv.releaseWritten(v, k) // the segments are reserved one by one
 	if !ok {
 		n.stats.Drops[DropRXOffload].Add(1)
 		return rxGo
@@ -255,7 +264,7 @@ func (n *Net) rxSplitRest(v vhostuser.Queue, st *rxState, ringHL int) int {
 // check refused it.
 func (n *Net) rxCommit(v vhostuser.Queue, st *rxState, segs [][]byte, k, ringHL int, ok bool) {
 	if !ok {
-		st.resv.release(v)
+		st.resv.releaseWritten(v, k) // the TAP wrote the frame there
 		n.stats.Drops[DropRXOffload].Add(1)
 		return
 	}

@@ -85,6 +85,10 @@ type Stats struct {
 	Linearized atomic.Uint64
 	// FeatureChanges counts SET_FEATURES applied to the TAP.
 	FeatureChanges atomic.Uint64
+	// Drains counts receive rings that handed the guest what they held before a
+	// GET_VRING_BASE stopped them; RARPs the announcements put into the TAP after a
+	// migration (migrate.go).
+	Drains, RARPs atomic.Uint64
 	// GRO are the counters of the engines that coalesce guest TCP segments toward the
 	// TAP (gro.go), RSC those of the ones that coalesce TAP frames toward the guest
 	// (rsc.go); the engines (one per ring worker) count into them across sessions.
@@ -158,6 +162,10 @@ type Config struct {
 	// and why a call owed is never lost).
 	PerFrame     bool
 	CallInterval time.Duration
+
+	// UnloggedRX is for tests only (vhostuser.Config.UnloggedRX): a migration's dirty
+	// log is not told about receive buffers, so a migrated guest gets stale ones.
+	UnloggedRX bool
 }
 
 // Net is the datapath between one TAP and one vhost-user-net device: one queue pair per
@@ -286,15 +294,17 @@ func New(cfg Config) (*Net, error) {
 	n.tapHdr = n.pairs[0].tap.VnetHdrLen()
 	n.resetQueues()
 	b, err := vhostuser.NewBackend(vhostuser.Config{
-		Features:  n.offer(),
-		Rings:     2 * len(n.pairs),
-		QueueNum:  len(n.pairs), // QEMU net/vhost-user.c compares it with queues= (pairs)
-		Writable:  isRX,
-		HeaderLen: hdrLenFor,
-		NetMTU:    true,
-		Handler:   n,
-		Stats:     cfg.BackendStats,
-		Logf:      n.logf,
+		Features:   n.offer(),
+		Rings:      2 * len(n.pairs),
+		QueueNum:   len(n.pairs), // QEMU net/vhost-user.c compares it with queues= (pairs)
+		Writable:   isRX,
+		HeaderLen:  hdrLenFor,
+		NetMTU:     true,
+		RARP:       n.sendRARP,
+		UnloggedRX: cfg.UnloggedRX,
+		Handler:    n,
+		Stats:      cfg.BackendStats,
+		Logf:       n.logf,
 	})
 	if err != nil {
 		return nil, err
@@ -326,10 +336,11 @@ func (n *Net) BackendStats() *vhostuser.Stats { return n.backend.Stats() }
 
 // worker is one ring's goroutine; q is its pair (the TAP queue it uses).
 type worker struct {
-	v    vhostuser.Queue
-	q    *queuePair
-	stop atomic.Bool
-	done chan struct{}
+	v     vhostuser.Queue
+	q     *queuePair
+	stop  atomic.Bool
+	drain drainSlot // RingStopping's request (migrate.go)
+	done  chan struct{}
 }
 
 // pair is ring v's queue pair: ring 2·i is pair i's RX, 2·i+1 its TX (virtio spec

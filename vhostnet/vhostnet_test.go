@@ -413,7 +413,7 @@ func TestServe(t *testing.T) {
 func TestFeatureNames(t *testing.T) {
 	f := Offer(vnethdr.OffloadCSUM | vnethdr.OffloadTSO4 | vnethdr.OffloadTSO6 | vnethdr.OffloadTSOECN)
 	got := virtio.String(f | 1<<45)
-	want := "CSUM GUEST_CSUM MTU GUEST_TSO4 GUEST_TSO6 GUEST_ECN HOST_TSO4 HOST_TSO6 HOST_ECN MRG_RXBUF INDIRECT_DESC EVENT_IDX VERSION_1 bit(45)"
+	want := "CSUM GUEST_CSUM MTU GUEST_TSO4 GUEST_TSO6 GUEST_ECN HOST_TSO4 HOST_TSO6 HOST_ECN MRG_RXBUF GUEST_ANNOUNCE INDIRECT_DESC EVENT_IDX VERSION_1 bit(45)"
 	if got != want {
 		t.Errorf("virtio.String = %q\nwant            %q", got, want)
 	}
