@@ -115,4 +115,3 @@ func TestLogBaseRefused(t *testing.T) {
 		})
 	}
 }
-
