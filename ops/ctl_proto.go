@@ -80,6 +80,11 @@ type VhostStatus struct {
 	GSOCut uint64 `json:"gso_cut"`
 	// OffloadChoice is the cap on the TAP's offloads (--offload, `tapgro ctl offload`).
 	OffloadChoice string `json:"offload_choice"`
+	// Logging: the front-end has dirty logging on (a live migration runs); LogPages the
+	// pages marked so far, RARPs the announcements sent after migrations.
+	Logging  bool   `json:"migration_log"`
+	LogPages uint64 `json:"log_pages"`
+	RARPs    uint64 `json:"rarps"`
 
 	// QueuePairs offered (queues=N) and the pairs whose TAP queue is attached (the
 	// guest enabled them).

@@ -52,6 +52,7 @@ func (st *Status) lines() [][2]string {
 			{"kicks / calls", fmt.Sprintf("%d / %d", v.Kicks, v.Calls)},
 			{"rx stalls", fmt.Sprintf("%d (the guest had no receive buffers)", v.RXStalls)},
 			{"rings rejected", fmt.Sprint(v.Rejected)},
+			{"migration log", fmt.Sprintf("%s, %d pages marked, %d RARP sent", onoff.String(v.Logging), v.LogPages, v.RARPs)},
 			{"pcap port", st.PcapPort},
 		}
 		if v.QueuePairs > 1 {

@@ -150,6 +150,11 @@ func (v *vhostDP) catalogue(m *Metrics) {
 	m.add("tapgro_vhost_calls_total", "vhost-user: call eventfd signals (interrupts to the guest).", Counter, nil, u(bs.Calls.Load))
 	m.add("tapgro_vhost_calls_deferred_total", "vhost-user: calls to the guest moderation held back (--call-interval); each was sent later, merged with the next, or found unneeded.", Counter, nil, u(bs.CallsDeferred.Load))
 	m.add("tapgro_vhost_calls_dropped_total", "vhost-user: calls the front-end's call eventfd refused (its counter full); the count already in it wakes the guest.", Counter, nil, u(bs.CallsDropped.Load))
+	m.add("tapgro_vhost_log_active", "vhost-user: 1 while the front-end has dirty logging on (a live migration is copying guest memory).", Gauge, nil,
+		func(*Source) float64 { return b2f(bs.Logging.Load()) })
+	m.add("tapgro_vhost_log_pages_total", "vhost-user: guest pages marked dirty for a migration (bits set from 0 to 1 in the front-end's log).", Counter, nil, u(bs.LogPages.Load))
+	m.add("tapgro_vhost_log_beyond_total", "vhost-user: pages written past the end of the front-end's dirty log (a log sized too small; not marked).", Counter, nil, u(bs.LogBeyond.Load))
+	m.add("tapgro_vhost_rarp_total", "vhost-user: announcements (RARP from the guest's MAC) put into the TAP after a migration.", Counter, nil, u(st.RARPs.Load))
 	m.add("tapgro_vhost_messages_unknown_total", "vhost-user: front-end requests refused as unknown or not negotiated.", Counter, nil, u(bs.Unknown.Load))
 	m.add("tapgro_vhost_messages_failed_total", "vhost-user: front-end requests answered with a failure.", Counter, nil, u(bs.Failed.Load))
 	// GRO toward the TAP: the engine's series, same names and meaning, except the
@@ -206,6 +211,7 @@ func (v *vhostDP) status() *Status {
 		Sessions: bs.Sessions.Load(), Kicks: bs.Kicks.Load(), Calls: bs.Calls.Load(),
 		RXStalls: st.RXStalls.Load(), GSOToTap: st.TXGSO.Load(), GSOToGuest: st.RXGSO.Load(),
 		GSOCut: st.GSOSegmented.Load(), OffloadChoice: v.vn.OffloadChoice().String(),
+		Logging: bs.Logging.Load(), LogPages: bs.LogPages.Load(), RARPs: st.RARPs.Load(),
 		QueuePairs: vs.QueuePairs, QueuesAttached: []int{},
 	}
 	for i, a := range vs.Attached {
