@@ -16,6 +16,11 @@
 // segments to MTU frames, as it must for a QEMU guest; B's tapgro coalesces them back into
 // GSO packets for B's TAP. The same holds in the other direction.
 //
+// QEMU. The tests with a real guest (TestQEMU*) run once per QEMU and guest-kernel
+// flavour, as subtests named by it: Debian 12's QEMU 7.2 with a Linux 6.1 guest, and
+// bookworm-backports' QEMU 10.0 (unpacked, not installed) with a Linux 6.12 guest
+// (flavour_test.go). TAPGRO_QEMU_FLAVOURS=name,... runs only those named.
+//
 // Privilege. Everything here needs root and /dev/net/tun. Tests skip with the reason when
 // those are missing, except under TAPGRO_REQUIRE_PRIV=1 (set by the README's test command
 // when run as root, and so in CI), where a missing privilege fails the test instead.

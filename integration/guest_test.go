@@ -4,90 +4,31 @@ package integration
 
 import (
 	"bytes"
-	"compress/gzip"
-	"encoding/base64"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"tapgro/integration/netnstest"
 )
 
-// The QEMU guest: a Debian 12 kernel and a busybox initramfs built by guest/build.sh, booted
-// under TCG (this machine's /dev/kvm cannot boot a stock kernel) with one virtio-net-pci NIC
-// on a -netdev that points at tapgro. guest/init configures eth0 from the kernel command
-// line, runs the test's shell script, prints TAPGRO-GUEST-EXIT=<status> on the serial
-// console and powers off, so QEMU exits by itself.
-
-const qemuBin = "qemu-system-x86_64"
-
-// guestMaxCmdline is x86's COMMAND_LINE_SIZE (2048) less the terminating NUL.
-const guestMaxCmdline = 2047
-
-var (
-	imageOnce                sync.Once
-	imageKernel, imageInitrd string
-	imageSkip                string
-	imageErr                 error
-)
-
-// guestImage builds (or finds cached) the guest kernel and initramfs once per test binary
-// and returns their paths. The cache directory is $TAPGRO_GUEST_CACHE or
-// /var/tmp/tapgro-guest; build.sh rebuilds only when its own text or init changed. Without
-// qemu-system-x86_64 the test is skipped, or failed under TAPGRO_REQUIRE_PRIV=1.
-func guestImage(t testing.TB) (kernel, initrd string) {
-	t.Helper()
-	imageOnce.Do(func() {
-		if _, err := exec.LookPath(qemuBin); err != nil {
-			imageSkip = qemuBin + " not installed (apt-get install qemu-system-x86)"
-			return
-		}
-		script, err := filepath.Abs(filepath.Join("guest", "build.sh"))
-		if err != nil {
-			imageErr = err
-			return
-		}
-		cache := os.Getenv("TAPGRO_GUEST_CACHE")
-		if cache == "" {
-			cache = "/var/tmp/tapgro-guest"
-		}
-		start := time.Now()
-		out, err := exec.Command("sh", script, cache).CombinedOutput()
-		if err != nil {
-			imageErr = fmt.Errorf("%s %s: %v\n%s", script, cache, err, out)
-			return
-		}
-		t.Logf("guest image ready in %v (%s)%s", time.Since(start).Round(time.Millisecond), cache, out)
-		// The uncompressed ELF boots through QEMU's PVH entry in seconds; the bzImage
-		// decompresses itself under emulation first (see build.sh).
-		imageKernel = filepath.Join(cache, "vmlinux")
-		if _, err := os.Stat(imageKernel); err != nil {
-			imageKernel = filepath.Join(cache, "vmlinuz")
-		}
-		imageInitrd = filepath.Join(cache, "initrd.img")
-	})
-	if imageSkip != "" {
-		if os.Getenv("TAPGRO_REQUIRE_PRIV") == "1" {
-			t.Fatalf("%s, and TAPGRO_REQUIRE_PRIV=1 forbids skipping", imageSkip)
-		}
-		t.Skip(imageSkip)
-	}
-	if imageErr != nil {
-		t.Fatal(imageErr)
-	}
-	return imageKernel, imageInitrd
-}
+// The QEMU guest: a Debian kernel and a busybox initramfs built by guest/build.sh, booted
+// by the flavour's QEMU (flavour_test.go) under TCG (this machine's /dev/kvm cannot boot a
+// stock kernel) with one virtio-net-pci NIC on a -netdev that points at tapgro.
+// guest/init configures eth0 from the kernel command line, runs the test's shell script
+// (/tg/cmd.sh, in an initramfs archive appended per boot), prints
+// TAPGRO-GUEST-EXIT=<status> on the serial console and powers off, so QEMU exits by
+// itself.
 
 // guestOpts describes one guest boot.
 type guestOpts struct {
 	Name    string        // for logs; "guest" if empty
+	Flavour *qemuFlavour  // the QEMU and guest kernel (forEachFlavour)
 	NS      *netnstest.NS // namespace QEMU runs in (its inet sockets live there); nil: the test's own
 	Netdev  string        // QEMU -netdev value without id, e.g. "stream,server=off,addr.type=unix,addr.path=/x"; "" for no NIC
 	IP      string        // eth0 IPv4 with prefix, e.g. "198.18.0.2/24"
@@ -112,53 +53,41 @@ type guest struct {
 
 var guestExitRe = regexp.MustCompile(`TAPGRO-GUEST-EXIT=(\d+)`)
 
-// guestCmdline is the kernel command line for o; the script travels base64-encoded, and
-// gzipped first when the plain form would not fit in COMMAND_LINE_SIZE.
-func guestCmdline(o guestOpts) (string, error) {
+// guestCmdline is the kernel command line for o: only eth0's settings, which are short.
+// The script goes in the initramfs (guestInitrd): Linux 6.12 panics with "Too many boot
+// init vars" on the long command line a script made.
+func guestCmdline(o guestOpts) string {
 	// quiet keeps the boot log off the serial console; mitigations=off saves a little
 	// emulated time in a throwaway guest.
-	base := "console=ttyS0 quiet panic=-1 mitigations=off"
+	line := "console=ttyS0 quiet panic=-1 mitigations=off"
 	if o.IP != "" {
-		base += " tg.ip=" + o.IP
+		line += " tg.ip=" + o.IP
 	}
 	if o.IP6 != "" {
-		base += " tg.ip6=" + o.IP6
+		line += " tg.ip6=" + o.IP6
 	}
 	if o.MTU != 0 {
-		base += " tg.mtu=" + strconv.Itoa(o.MTU)
+		line += " tg.mtu=" + strconv.Itoa(o.MTU)
 	}
-	line := base + " tg.cmd=" + base64.StdEncoding.EncodeToString([]byte(o.Cmd))
-	if len(line) <= guestMaxCmdline {
-		return line, nil
-	}
-	var z bytes.Buffer
-	w, _ := gzip.NewWriterLevel(&z, gzip.BestCompression)
-	w.Write([]byte(o.Cmd))
-	w.Close()
-	line = base + " tg.cmdgz=" + base64.StdEncoding.EncodeToString(z.Bytes())
-	if len(line) > guestMaxCmdline {
-		return "", fmt.Errorf("guest command line is %d bytes even gzipped; the kernel takes %d", len(line), guestMaxCmdline)
-	}
-	return line, nil
+	return line
 }
 
 // startGuest boots a guest. QEMU is killed at the end of the test if it is still running,
 // and its console is logged when the test failed.
 func startGuest(t testing.TB, o guestOpts) *guest {
 	t.Helper()
-	kernel, initrd := guestImage(t)
+	f := o.Flavour
+	if f == nil {
+		t.Fatal("startGuest: guestOpts.Flavour not set")
+	}
 	if o.Name == "" {
 		o.Name = "guest"
 	}
-	line, err := guestCmdline(o)
-	if err != nil {
-		t.Fatal(err)
-	}
-	args := []string{
+	args := append(append([]string(nil), f.QEMUArgs...),
 		"-nodefaults", "-no-user-config", "-accel", "tcg", "-m", "256", "-smp", "1",
 		"-display", "none", "-serial", "stdio", "-no-reboot",
-		"-kernel", kernel, "-initrd", initrd, "-append", line,
-	}
+		"-kernel", f.Kernel, "-initrd", guestInitrd(t, f.Initrd, o.Cmd), "-append", guestCmdline(o),
+	)
 	args = append(args, o.QEMUArgs...)
 	if o.Netdev != "" {
 		dev := "virtio-net-pci,netdev=n0"
@@ -171,24 +100,78 @@ func startGuest(t testing.TB, o guestOpts) *guest {
 	var cmd *exec.Cmd
 	if o.NS != nil {
 		// ip netns exec execs in place: the PID we hold is QEMU's.
-		cmd = exec.Command("ip", append([]string{"netns", "exec", o.NS.Name, qemuBin}, args...)...)
+		cmd = exec.Command("ip", append([]string{"netns", "exec", o.NS.Name, f.QEMU}, args...)...)
 	} else {
-		cmd = exec.Command(qemuBin, args...)
+		cmd = exec.Command(f.QEMU, args...)
 	}
 	g := &guest{t: t, name: o.Name, cmd: cmd, out: &syncBuffer{}, done: make(chan struct{})}
 	cmd.Stdout = g.out
 	cmd.Stderr = g.out
 	if err := cmd.Start(); err != nil {
-		t.Fatalf("start %s: %v", qemuBin, err)
+		t.Fatalf("start %s: %v", f.QEMU, err)
 	}
 	go func() { cmd.Wait(); close(g.done) }()
 	t.Cleanup(func() {
 		g.kill()
 		if t.Failed() {
-			t.Logf("--- console of %s (netdev %q) ---\n%s", g.name, o.Netdev, g.console())
+			t.Logf("--- console of %s (%s, netdev %q) ---\n%s", g.name, f.Name, o.Netdev, g.console())
 		}
 	})
 	return g
+}
+
+// guestInitrd writes, into a test directory, the initramfs for one boot: the image at
+// base with a second newc archive appended that holds script as /tg/cmd.sh, which
+// guest/init runs. The kernel unpacks concatenated archives one over the other
+// (init/initramfs.c unpack_to_rootfs reads archives, skipping zero padding between them,
+// until the image ends); each must start 4-byte aligned, where it looks for the "0707"
+// magic.
+func guestInitrd(t testing.TB, base, script string) string {
+	t.Helper()
+	src, err := os.Open(base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer src.Close()
+	dst, err := os.CreateTemp(t.TempDir(), "initrd-*.img")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dst.Close()
+	n, err := io.Copy(dst, src)
+	if err != nil {
+		t.Fatalf("copy %s: %v", base, err)
+	}
+	var a bytes.Buffer
+	a.Write(make([]byte, (4-n%4)%4))
+	newcEntry(&a, 1, "tg", 0o040755, nil)
+	newcEntry(&a, 2, "tg/cmd.sh", 0o100755, []byte(script))
+	newcEntry(&a, 0, "TRAILER!!!", 0, nil)
+	if _, err := dst.Write(a.Bytes()); err != nil {
+		t.Fatal(err)
+	}
+	if err := dst.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return dst.Name()
+}
+
+// newcEntry appends one entry of a "newc" cpio archive, as the kernel parses it
+// (init/initramfs.c do_header, do_name, do_copy): a 110-byte header of "070701" and 13
+// eight-digit hex fields, the name with its NUL, and the data, each padded to 4 bytes.
+// Owner root, mtime 0.
+func newcEntry(w *bytes.Buffer, ino int, name string, mode uint32, data []byte) {
+	nlink := 1
+	if mode&0o040000 != 0 {
+		nlink = 2
+	}
+	fmt.Fprintf(w, "070701%08x%08x%08x%08x%08x%08x%08x%08x%08x%08x%08x%08x%08x",
+		ino, mode, 0, 0, nlink, 0, len(data), 0, 0, 0, 0, len(name)+1, 0)
+	w.WriteString(name)
+	w.WriteByte(0)
+	w.Write(make([]byte, (4-(110+len(name)+1)%4)%4))
+	w.Write(data)
+	w.Write(make([]byte, (4-len(data)%4)%4))
 }
 
 func (g *guest) kill() {

@@ -78,6 +78,7 @@ var qemuBackends = []qemuBackend{
 
 // qemuSetup is one namespace with tapgro on tg0 and iperf3 -s listening.
 type qemuSetup struct {
+	f    *qemuFlavour // the QEMU and guest kernel every guest of the setup boots
 	ns   *netnstest.NS
 	dir  string
 	args []string
@@ -95,9 +96,9 @@ type qemuSetup struct {
 	whileWaiting func()
 }
 
-func newQEMUSetup(t *testing.T, tapgroSpec func(string) string, mtu int) *qemuSetup {
+func newQEMUSetup(t *testing.T, f *qemuFlavour, tapgroSpec func(string) string, mtu int) *qemuSetup {
 	t.Helper()
-	s := &qemuSetup{ns: netnstest.New(t, "qemu"), dir: t.TempDir()}
+	s := &qemuSetup{f: f, ns: netnstest.New(t, "qemu"), dir: t.TempDir()}
 	s.args = []string{"--tap", "tg0", "--mtu", strconv.Itoa(mtu), "--addr", hostIP4 + "/24", "--addr", hostIP6 + "/64",
 		"--netdev", tapgroSpec(s.dir), "--metrics-addr", metricsAddr}
 	startIperf3Server(t, s.ns)
@@ -309,7 +310,7 @@ func runFullGuest(t *testing.T, s *qemuSetup, netdev string, mtu int) string {
 		size = guestFile
 	}
 	files := serveGuestFiles(t, s.ns, size)
-	o := guestOpts{NS: s.ns, Netdev: netdev, IP: guestIP4 + "/24", IP6: guestIP6 + "/64", MTU: mtu,
+	o := guestOpts{Flavour: s.f, NS: s.ns, Netdev: netdev, IP: guestIP4 + "/24", IP6: guestIP6 + "/64", MTU: mtu,
 		Cmd: fullGuestCmd(size, s.guestExtra), QEMUArgs: s.guestArgs, DevOpts: s.guestDev}
 	if mtu != 1500 {
 		o.HostMTU = mtu
@@ -355,31 +356,53 @@ func groCounters(t *testing.T, s *qemuSetup) (segments, packets uint64) {
 	return segments, packets
 }
 
-// TestQEMUGuest runs a real virtio-net guest against tapgro on every QEMU backend.
+// x86CommandLineSize is the kernel command line's limit on x86, NUL included
+// (arch/x86/include/asm/setup.h COMMAND_LINE_SIZE).
+const x86CommandLineSize = 2048
+
+// TestQEMUGuest runs a real virtio-net guest against tapgro on every QEMU backend, with
+// each QEMU and guest kernel flavour.
 func TestQEMUGuest(t *testing.T) {
 	netnstest.RequirePriv(t)
-	guestImage(t)
 	tapgroBin(t)
+	forEachFlavour(t, testQEMUGuest)
+}
 
+func testQEMUGuest(t *testing.T, f *qemuFlavour) {
 	// The image on its own, no NIC: the script's output and exit status come back over
-	// the serial console, and a script too long for the plain command line travels gzipped.
+	// the serial console. The script is longer than any kernel command line and arrives
+	// whole through the appended initramfs (every line counts), and the command line
+	// carries no script.
 	t.Run("boot", func(t *testing.T) {
 		start := time.Now()
-		long := "echo start\n" + strings.Repeat(": padding that compresses well\n", 80) + "echo GUEST-SAYS-$((6 * 7)); exit 3\n"
-		status, console := startGuest(t, guestOpts{Name: "bare guest", Cmd: long}).wait(guestLimit)
+		const lines = 100
+		var b strings.Builder
+		b.WriteString("n=0\n")
+		for i := 0; i < lines; i++ {
+			fmt.Fprintf(&b, "n=$((n + 1)) # line %d of a script longer than the kernel command line\n", i)
+		}
+		b.WriteString("grep -q tg.cmd /proc/cmdline && echo GUEST-CMDLINE-HAS-SCRIPT\necho GUEST-SAYS-$n; exit 3\n")
+		long := b.String()
+		if len(long) <= x86CommandLineSize {
+			t.Fatalf("the script is %d bytes, want more than %d", len(long), x86CommandLineSize)
+		}
+		status, console := startGuest(t, guestOpts{Name: "bare guest", Flavour: f, Cmd: long}).wait(guestLimit)
 		if status != 3 {
 			t.Errorf("guest exit status %d, want 3", status)
 		}
-		if !strings.Contains(console, "GUEST-SAYS-42") {
-			t.Errorf("script output missing from the console:\n%s", console)
+		if want := fmt.Sprintf("GUEST-SAYS-%d", lines); !strings.Contains(console, want) {
+			t.Errorf("%s missing from the console (the %d-byte script did not run whole):\n%s", want, len(long), console)
 		}
-		t.Logf("took %v", time.Since(start).Round(time.Millisecond))
+		if strings.Contains(console, "GUEST-CMDLINE-HAS-SCRIPT") {
+			t.Errorf("the kernel command line carries tg.cmd:\n%s", console)
+		}
+		t.Logf("%d-byte script; took %v", len(long), time.Since(start).Round(time.Millisecond))
 	})
 
 	for _, be := range qemuBackends {
 		t.Run(be.name, func(t *testing.T) {
 			start := time.Now()
-			s := newQEMUSetup(t, be.tapgro, 1500)
+			s := newQEMUSetup(t, f, be.tapgro, 1500)
 			s.startTapgro(t, "tapgro")
 			runFullGuest(t, s, be.qemu(s.dir), 1500)
 			seg, pkt := groCounters(t, s)
@@ -391,7 +414,7 @@ func TestQEMUGuest(t *testing.T) {
 	t.Run("stream-unix-mtu9000", func(t *testing.T) {
 		start := time.Now()
 		be := qemuBackends[0]
-		s := newQEMUSetup(t, be.tapgro, 9000)
+		s := newQEMUSetup(t, f, be.tapgro, 9000)
 		s.startTapgro(t, "tapgro")
 		runFullGuest(t, s, be.qemu(s.dir), 9000)
 		seg, pkt := groCounters(t, s)
@@ -399,17 +422,17 @@ func TestQEMUGuest(t *testing.T) {
 	})
 
 	// The guest powers off and a new one connects to the same tapgro, which must have gone
-	// back to accepting (QEMU 7.2 has no reconnect=; it arrived in 8.0). Both guests only send
-	// guest->host bulk TCP, so tapgro's GRO counters describe the guest's stream: with
-	// MTU frames arriving in batches, several segments must share each packet.
+	// back to accepting. Both guests only send guest->host bulk TCP, so tapgro's GRO
+	// counters describe the guest's stream: with MTU frames arriving in batches, several
+	// segments must share each packet.
 	t.Run("guest-restart-gro", func(t *testing.T) {
 		start := time.Now()
 		be := qemuBackends[0]
-		s := newQEMUSetup(t, be.tapgro, 1500)
+		s := newQEMUSetup(t, f, be.tapgro, 1500)
 		s.startTapgro(t, "tapgro")
 		cmd := fmt.Sprintf("set -e\nping -c 2 %[1]s\niperf3 -c %[1]s -t 3\n", hostIP4)
 		for i := 1; i <= 2; i++ {
-			g := startGuest(t, guestOpts{Name: fmt.Sprintf("guest %d", i), NS: s.ns, Netdev: be.qemu(s.dir),
+			g := startGuest(t, guestOpts{Name: fmt.Sprintf("guest %d", i), Flavour: f, NS: s.ns, Netdev: be.qemu(s.dir),
 				IP: guestIP4 + "/24", IP6: guestIP6 + "/64", MTU: 1500, Cmd: cmd})
 			console := g.mustSucceed(guestLimit)
 			for _, m := range iperfSummaryRe.FindAllString(console, -1) {
@@ -432,11 +455,42 @@ func TestQEMUGuest(t *testing.T) {
 	t.Run("tapgro-restart", func(t *testing.T) {
 		start := time.Now()
 		var sock string
-		s := newQEMUSetup(t, func(d string) string {
+		s := newQEMUSetup(t, f, func(d string) string {
 			sock = filepath.Join(d, "q.sock")
 			return "stream,server=off,addr.type=unix,addr.path=" + sock
 		}, 1500)
-		cmd := fmt.Sprintf(`ping -c 1 -W 30 %[1]s
+		g := startGuest(t, guestOpts{Flavour: f, NS: s.ns, Netdev: "stream,server=on,addr.type=unix,addr.path=" + sock,
+			IP: guestIP4 + "/24", IP6: guestIP6 + "/64", MTU: 1500, Cmd: restartGuestCmd()})
+		s.startTapgro(t, "tapgro")
+		s.tg.waitLog(portConnectedRe, guestLimit)
+		restartTapgroUnderGuest(t, s, g)
+		t.Logf("took %v", time.Since(start).Round(time.Millisecond))
+	})
+
+	// The roles reversed: tapgro is the stream server and QEMU the client, which
+	// reconnects by itself when tapgro comes back (StreamReconnect: QEMU 8.0 and later;
+	// 7.2's client connects once). With such a QEMU either side of the stream path may
+	// restart under a running guest.
+	if f.StreamReconnect() != "" {
+		t.Run("stream-client-reconnect", func(t *testing.T) {
+			start := time.Now()
+			be := qemuBackends[0]
+			s := newQEMUSetup(t, f, be.tapgro, 1500)
+			s.startTapgro(t, "tapgro")
+			g := startGuest(t, guestOpts{Flavour: f, NS: s.ns, Netdev: be.qemu(s.dir) + "," + f.StreamReconnect(),
+				IP: guestIP4 + "/24", IP6: guestIP6 + "/64", MTU: 1500, Cmd: restartGuestCmd()})
+			s.tg.waitLog(portConnectedRe, guestLimit)
+			restartTapgroUnderGuest(t, s, g)
+			t.Logf("took %v", time.Since(start).Round(time.Millisecond))
+		})
+	}
+}
+
+// restartGuestCmd is the guest's side of a tapgro restart: it waits for the host, says
+// GUEST-WAITING and waits on guestGo while tapgro is killed and restarted, then pings
+// and runs iperf3 through the new tapgro.
+func restartGuestCmd() string {
+	return fmt.Sprintf(`ping -c 1 -W 30 %[1]s
 echo GUEST-WAITING
 nc -l -p %[3]d </dev/null >/dev/null
 set -e
@@ -444,24 +498,28 @@ ping -c 3 %[1]s
 ping6 -c 3 %[2]s
 iperf3 -c %[1]s -t 2
 `, hostIP4, hostIP6, guestGo)
-		g := startGuest(t, guestOpts{NS: s.ns, Netdev: "stream,server=on,addr.type=unix,addr.path=" + sock,
-			IP: guestIP4 + "/24", IP6: guestIP6 + "/64", MTU: 1500, Cmd: cmd})
-		s.startTapgro(t, "tapgro")
-		s.tg.waitLog(portConnectedRe, guestLimit)
-		g.waitConsole(guestWaitingRe, guestLimit)
-		waitPing(t, s.ns, guestIP4, 30*time.Second)
+}
 
-		s.tg.kill()
-		s.startTapgro(t, "tapgro (restarted)")
-		s.tg.waitLog(portConnectedRe, 30*time.Second)
-		waitPing(t, s.ns, guestIP4, 60*time.Second)
-		waitPing(t, s.ns, guestIP6, 30*time.Second)
-		releaseGuest(t, s.ns)
-		console := g.mustSucceed(guestLimit)
-		for _, m := range iperfSummaryRe.FindAllString(console, -1) {
-			t.Logf("guest iperf3: %s", strings.TrimSpace(m))
-		}
-		s.tg.stop()
-		t.Logf("took %v", time.Since(start).Round(time.Millisecond))
-	})
+// restartTapgroUnderGuest is the host's side: once g (running restartGuestCmd) and s's
+// tapgro are connected and the guest answers, tapgro is SIGKILLed and started again; the
+// new tapgro must get a connection, the guest must answer pings again, and its pings and
+// iperf3 must succeed.
+func restartTapgroUnderGuest(t *testing.T, s *qemuSetup, g *guest) {
+	t.Helper()
+	g.waitConsole(guestWaitingRe, guestLimit)
+	waitPing(t, s.ns, guestIP4, 30*time.Second)
+
+	s.tg.kill()
+	restarted := time.Now()
+	s.startTapgro(t, "tapgro (restarted)")
+	s.tg.waitLog(portConnectedRe, 30*time.Second)
+	waitPing(t, s.ns, guestIP4, 60*time.Second)
+	waitPing(t, s.ns, guestIP6, 30*time.Second)
+	t.Logf("traffic resumed %v after the restart", time.Since(restarted).Round(time.Millisecond))
+	releaseGuest(t, s.ns)
+	console := g.mustSucceed(guestLimit)
+	for _, m := range iperfSummaryRe.FindAllString(console, -1) {
+		t.Logf("guest iperf3: %s", strings.TrimSpace(m))
+	}
+	s.tg.stop()
 }

@@ -14,7 +14,7 @@ import (
 // GRO and RSC on the vhost-user path (vhostnet/gro.go, rsc.go), with the real guest.
 //
 // tx-gro: the guest switches TSO and GSO off inside (`ethtool -K eth0 tso off gso off`;
-// QEMU 7.2 never tells a vhost-user back-end, so the features stay acked) and sends MTU
+// QEMU, 7.2 as 10.0, never tells a vhost-user back-end, so the features stay acked) and sends MTU
 // segments: tapgro's GRO engine must hand the TAP GSO packets (tapgro_gro_*), and a
 // hashed file must arrive intact.
 //
@@ -34,15 +34,17 @@ const (
 
 func TestQEMUVhostGRO(t *testing.T) {
 	netnstest.RequirePriv(t)
-	guestImage(t)
 	tapgroBin(t)
+	forEachFlavour(t, testQEMUVhostGRO)
+}
 
+func testQEMUVhostGRO(t *testing.T, f *qemuFlavour) {
 	t.Run("tx-gro", func(t *testing.T) {
 		start := time.Now()
-		s, sock := newVhostUserSetup(t, 1500)
+		s, sock := newVhostUserSetup(t, f, 1500)
 		s.startTapgro(t, "tapgro")
 		files := serveGuestFiles(t, s.ns, guestFile)
-		args, netdev, dev := vhostUserGuest(sock)
+		args, netdev, dev := vhostUserGuest(f, sock)
 		cmd := fmt.Sprintf(`set -e
 ethtool -K eth0 tso off gso off
 ethtool -k eth0 | grep -E '^(tcp-segmentation-offload|generic-segmentation-offload):'
@@ -52,7 +54,7 @@ dd if=/dev/urandom of=up bs=64k count=%[2]d 2>/dev/null
 echo "GUEST-UP-SHA=$(sha256sum <up | cut -d' ' -f1)"
 nc %[1]s %[3]d <up
 `, hostIP4, guestFile/(64<<10), guestUp)
-		g := startGuest(t, guestOpts{NS: s.ns, Netdev: netdev, QEMUArgs: args, DevOpts: dev,
+		g := startGuest(t, guestOpts{Flavour: f, NS: s.ns, Netdev: netdev, QEMUArgs: args, DevOpts: dev,
 			IP: guestIP4 + "/24", IP6: guestIP6 + "/64", MTU: 1500, Cmd: cmd})
 		console := g.mustSucceed(guestLimit)
 		for _, m := range iperfSummaryRe.FindAllString(console, -1) {
@@ -84,18 +86,18 @@ nc %[1]s %[3]d <up
 
 	t.Run("rsc", func(t *testing.T) {
 		start := time.Now()
-		s, sock := newVhostUserSetup(t, 1500)
+		s, sock := newVhostUserSetup(t, f, 1500)
 		s.args = append(s.args, "--offload", "off")
 		s.startTapgro(t, "tapgro")
 		files := serveGuestFiles(t, s.ns, guestFile)
-		args, netdev, dev := vhostUserGuest(sock)
+		args, netdev, dev := vhostUserGuest(f, sock)
 		cmd := fmt.Sprintf(`set -e
 cat /sys/class/net/eth0/device/features
 ping -c 2 %[1]s
 iperf3 -c %[1]s -t 4 -R
 echo "GUEST-DOWN-SHA=$(nc %[1]s %[2]d </dev/null | sha256sum | cut -d' ' -f1)"
 `, hostIP4, guestDown)
-		g := startGuest(t, guestOpts{NS: s.ns, Netdev: netdev, QEMUArgs: args, DevOpts: dev,
+		g := startGuest(t, guestOpts{Flavour: f, NS: s.ns, Netdev: netdev, QEMUArgs: args, DevOpts: dev,
 			IP: guestIP4 + "/24", IP6: guestIP6 + "/64", MTU: 1500, Cmd: cmd})
 		console := g.mustSucceed(guestLimit)
 		for _, m := range iperfSummaryRe.FindAllString(console, -1) {

@@ -101,11 +101,13 @@ wait
 // TestQEMUVhostMQ: two queue pairs with the real guest; see the comment above.
 func TestQEMUVhostMQ(t *testing.T) {
 	netnstest.RequirePriv(t)
-	guestImage(t)
 	tapgroBin(t)
-	start := time.Now()
+	forEachFlavour(t, testQEMUVhostMQ)
+}
 
-	s := &qemuSetup{ns: netnstest.New(t, "vumq"), dir: t.TempDir()}
+func testQEMUVhostMQ(t *testing.T, f *qemuFlavour) {
+	start := time.Now()
+	s := &qemuSetup{f: f, ns: netnstest.New(t, "vumq"), dir: t.TempDir()}
 	sock := filepath.Join(s.dir, "vu.sock")
 	s.args = []string{"--tap", "tg0", "--mtu", "1500", "--addr", hostIP4 + "/24", "--addr", hostIP6 + "/64",
 		"--netdev", "vhost-user,path=" + sock + ",queues=2", "--metrics-addr", metricsAddr}
@@ -117,9 +119,9 @@ func TestQEMUVhostMQ(t *testing.T) {
 	if out := s.ns.MustRun(t, "ip", "-d", "link", "show", "tg0"); !strings.Contains(string(out), "multi_queue") {
 		t.Errorf("tg0 is not a multiqueue TAP: %s", out)
 	}
-	args, netdev, dev := vhostUserGuest(sock)
+	args, netdev, dev := vhostUserGuest(f, sock)
 	files := serveGuestFiles(t, s.ns, guestFile)
-	g := startGuest(t, guestOpts{NS: s.ns, Netdev: netdev + ",queues=2", QEMUArgs: args, DevOpts: ",mq=on" + dev,
+	g := startGuest(t, guestOpts{Flavour: f, NS: s.ns, Netdev: netdev + ",queues=2", QEMUArgs: args, DevOpts: ",mq=on" + dev,
 		IP: guestIP4 + "/24", IP6: guestIP6 + "/64", MTU: 1500, Cmd: mqGuestCmd()})
 
 	// One pair in use: pair 1's TAP queue is detached.

@@ -17,7 +17,7 @@ import (
 // Inside the guest, `ethtool -K eth0 tso off` changes only what the guest's stack hands
 // its driver (it sends MTU segments from then on, which tapgro's GRO coalesces again);
 // `ethtool -K eth0 rx-gro-hw off` sends VIRTIO_NET_CTRL_GUEST_OFFLOADS_SET, which QEMU
-// 7.2 handles alone — net/vhost-user.c has no set_offload, so qemu_set_offload is a
+// (7.2 as 10.0) handles alone — net/vhost-user.c has no set_offload, so qemu_set_offload is a
 // no-op — and tapgro keeps handing the guest the GSO kinds it acked at start, which
 // Linux's virtio_net accepts whatever its offload setting (drivers/net/virtio_net.c
 // receive_buf → virtio_net_hdr_to_skb). A driver reload (rmmod/insmod virtio_net)
@@ -27,13 +27,16 @@ import (
 // through any of it.
 func TestQEMUVhostGuestOffloads(t *testing.T) {
 	netnstest.RequirePriv(t)
-	guestImage(t)
 	tapgroBin(t)
+	forEachFlavour(t, testQEMUVhostGuestOffloads)
+}
+
+func testQEMUVhostGuestOffloads(t *testing.T, f *qemuFlavour) {
 	start := time.Now()
-	s, sock := newVhostUserSetup(t, 1500)
+	s, sock := newVhostUserSetup(t, f, 1500)
 	s.startTapgro(t, "tapgro")
 	files := serveGuestFiles(t, s.ns, guestFile)
-	args, netdev, dev := vhostUserGuest(sock)
+	args, netdev, dev := vhostUserGuest(f, sock)
 	// Offloads flipped while iperf3 runs, each way; then the driver reloaded, eth0
 	// configured again, and the hashed files moved over the new driver instance.
 	cmd := fmt.Sprintf(`set -e
@@ -69,7 +72,7 @@ echo "GUEST-UP-SHA=$(sha256sum <up | cut -d' ' -f1)"
 nc %[1]s %[4]d <up
 echo "GUEST-DOWN-SHA=$(nc %[1]s %[5]d </dev/null | sha256sum | cut -d' ' -f1)"
 `, hostIP4, guestIP4, guestFile/(64<<10), guestUp, guestDown)
-	g := startGuest(t, guestOpts{NS: s.ns, Netdev: netdev, QEMUArgs: args, DevOpts: dev,
+	g := startGuest(t, guestOpts{Flavour: f, NS: s.ns, Netdev: netdev, QEMUArgs: args, DevOpts: dev,
 		IP: guestIP4 + "/24", MTU: 1500, Cmd: cmd})
 	console := g.mustSucceed(guestLimit)
 	for _, m := range iperfSummaryRe.FindAllString(console, -1) {

@@ -23,7 +23,7 @@ import (
 //	netns                                 QEMU (TCG), same netns, listening on P
 //	198.18.0.1 ─ tg0 ─ tapgro ══ vhost-user (guest RAM, rings) ══ virtio-net ─ eth0 198.18.0.2
 //
-// What QEMU 7.2 does, as measured here (and in its source):
+// What QEMU 7.2 does, as measured here (and in its source); 10.0 passes the same checks:
 //
 //   - wait=off does not let the machine start without a back-end: -netdev vhost-user
 //     waits in net_vhost_user_init (net/vhost-user.c), which loops on
@@ -46,22 +46,22 @@ import (
 //     with the guest's driver untouched. QEMU removes P when it exits, so a tapgro
 //     outliving QEMU retries on ENOENT until the next QEMU listens.
 
-// vhostUserClientGuest is what QEMU needs for a tapgro with server=off: RAM (the
+// vhostUserClientGuest is what f's QEMU needs for a tapgro with server=off: RAM (the
 // harness's -m 256) in a memfd the back-end can map, the chardev listening on sock, and
 // an HMP monitor on mon to ask QEMU about the chardev.
-func vhostUserClientGuest(sock, mon string) (args []string, netdev, dev string) {
+func vhostUserClientGuest(f *qemuFlavour, sock, mon string) (args []string, netdev, dev string) {
 	return []string{
 		"-object", "memory-backend-memfd,id=mem,size=256M,share=on", "-machine", "memory-backend=mem",
 		"-chardev", "socket,id=vu0,path=" + sock + ",server=on,wait=off",
 		"-monitor", "unix:" + mon + ",server=on,wait=off",
-	}, "vhost-user,chardev=vu0", ",vectors=0"
+	}, "vhost-user,chardev=vu0", f.devOpts()
 }
 
 // newVhostUserClientSetup is a namespace with iperf3 -s and the arguments of a tapgro
 // that dials QEMU's socket; debug logging shows its retries.
-func newVhostUserClientSetup(t *testing.T) (s *qemuSetup, sock, mon string) {
+func newVhostUserClientSetup(t *testing.T, f *qemuFlavour) (s *qemuSetup, sock, mon string) {
 	t.Helper()
-	s = &qemuSetup{ns: netnstest.New(t, "vuc"), dir: t.TempDir()}
+	s = &qemuSetup{f: f, ns: netnstest.New(t, "vuc"), dir: t.TempDir()}
 	sock = filepath.Join(s.dir, "qemu-vu.sock")
 	mon = filepath.Join(s.dir, "hmp.sock")
 	s.args = []string{"--tap", "tg0", "--mtu", "1500", "--addr", hostIP4 + "/24", "--addr", hostIP6 + "/64",
@@ -136,18 +136,20 @@ func logIperf(t *testing.T, console string) {
 	}
 }
 
-// TestQEMUVhostUserClient: tapgro with server=off against a real QEMU 7.2 that serves
-// the chardev.
+// TestQEMUVhostUserClient: tapgro with server=off against a real QEMU, of each flavour,
+// that serves the chardev.
 func TestQEMUVhostUserClient(t *testing.T) {
 	netnstest.RequirePriv(t)
-	guestImage(t)
 	tapgroBin(t)
+	forEachFlavour(t, testQEMUVhostUserClient)
+}
 
+func testQEMUVhostUserClient(t *testing.T, f *qemuFlavour) {
 	// tapgro first: it retries on ENOENT until QEMU creates the socket, then serves the
 	// guest's ping v4/v6 and iperf3 both ways.
 	t.Run("tapgro-first", func(t *testing.T) {
 		start := time.Now()
-		s, sock, mon := newVhostUserClientSetup(t)
+		s, sock, mon := newVhostUserClientSetup(t, f)
 		s.startTapgro(t, "tapgro")
 		out := s.tg.out.String()
 		if !strings.Contains(out, "-chardev socket,id=vu0,path="+sock+",server=on,wait=off -netdev vhost-user,id=n0,chardev=vu0") ||
@@ -155,7 +157,7 @@ func TestQEMUVhostUserClient(t *testing.T) {
 			t.Errorf("tapgro's ready line does not give the QEMU options for server=off:\n%s", out)
 		}
 		s.tg.waitLog(vhostRetryRe, 10*time.Second)
-		args, netdev, dev := vhostUserClientGuest(sock, mon)
+		args, netdev, dev := vhostUserClientGuest(f, sock, mon)
 		cmd := fmt.Sprintf(`set -e
 ping -c 3 %[1]s
 ping6 -c 3 %[2]s
@@ -164,7 +166,7 @@ iperf3 -c %[1]s -t 3 -R
 echo GUEST-WAITING
 nc -l -p %[3]d </dev/null >/dev/null
 `, hostIP4, hostIP6, guestGo)
-		g := startGuest(t, guestOpts{NS: s.ns, Netdev: netdev, QEMUArgs: args, DevOpts: dev,
+		g := startGuest(t, guestOpts{Flavour: f, NS: s.ns, Netdev: netdev, QEMUArgs: args, DevOpts: dev,
 			IP: guestIP4 + "/24", IP6: guestIP6 + "/64", MTU: 1500, Cmd: cmd})
 		g.waitConsole(guestWaitingRe, guestLimit)
 		s.ns.MustRun(t, "ping", "-c", "2", "-W", "5", guestIP4)
@@ -192,8 +194,8 @@ nc -l -p %[3]d </dev/null >/dev/null
 	// gone back to listening on, and traffic resumes in the same guest.
 	t.Run("qemu-first-tapgro-restart", func(t *testing.T) {
 		start := time.Now()
-		s, sock, mon := newVhostUserClientSetup(t)
-		args, netdev, dev := vhostUserClientGuest(sock, mon)
+		s, sock, mon := newVhostUserClientSetup(t, f)
+		args, netdev, dev := vhostUserClientGuest(f, sock, mon)
 		// The watcher prints eth0's carrier each time it changes: QEMU's link state as the
 		// guest's driver sees it (VIRTIO_NET_S_LINK_UP in the config space).
 		cmd := fmt.Sprintf(`(p=; while :; do read c </sys/class/net/eth0/carrier; [ "$c" != "$p" ] && echo "GUEST-CARRIER=$c"; p=$c; sleep 0.1; done) &
@@ -205,7 +207,7 @@ ping -c 3 %[1]s
 iperf3 -c %[1]s -t 2
 iperf3 -c %[1]s -t 2 -R
 `, hostIP4, guestGo)
-		g := startGuest(t, guestOpts{NS: s.ns, Netdev: netdev, QEMUArgs: args, DevOpts: dev,
+		g := startGuest(t, guestOpts{Flavour: f, NS: s.ns, Netdev: netdev, QEMUArgs: args, DevOpts: dev,
 			IP: guestIP4 + "/24", IP6: guestIP6 + "/64", MTU: 1500, Cmd: cmd})
 		g.waitConsole(qemuWaitingRe, 30*time.Second)
 		time.Sleep(3 * time.Second)

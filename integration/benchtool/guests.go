@@ -2,7 +2,6 @@ package main
 
 import (
 	"bytes"
-	"encoding/base64"
 	"fmt"
 	"os"
 	"os/exec"
@@ -128,8 +127,8 @@ func (b *bench) guestBoot(f guestFlavour, be guestBackend) (map[string]*guestRes
 		"-nodefaults", "-no-user-config", "-accel", "tcg", "-m", strconv.Itoa(guestRAM), "-smp", "1",
 		"-display", "none", "-serial", "stdio", "-no-reboot",
 		"-object", fmt.Sprintf("memory-backend-memfd,id=mem,size=%dM,share=on", guestRAM), "-machine", "memory-backend=mem",
-		"-kernel", f.kernel, "-initrd", f.initrd, "-append", fmt.Sprintf("console=ttyS0 quiet panic=-1 mitigations=off tg.ip=198.18.0.2/24 tg.mtu=%d tg.cmd=%s",
-			b.mtu, base64.StdEncoding.EncodeToString([]byte(b.guestScript()))))
+		// The script is /tg/cmd.sh in the initramfs (guestInitrd).
+		"-kernel", f.kernel, "-initrd", f.initrd, "-append", fmt.Sprintf("console=ttyS0 quiet panic=-1 mitigations=off tg.ip=198.18.0.2/24 tg.mtu=%d", b.mtu))
 	tapName := "tgq0"
 	switch be {
 	case beVhostUser:
@@ -480,13 +479,18 @@ func (l *lockedBuffer) String() string {
 	return l.buf.String()
 }
 
-// withUDPBulk returns an initramfs that is base with udpbulk added as /usr/bin/udpbulk: a
-// second newc archive appended to the first, which the kernel unpacks over it
-// (init/initramfs.c unpack_to_rootfs reads archives until the end of the image).
-func (b *bench) withUDPBulk(base, name string) (string, error) {
+// guestInitrd returns an initramfs that is base with udpbulk added as /usr/bin/udpbulk
+// and the matrix's guest script as /tg/cmd.sh (which the guest's init runs): a second
+// newc archive appended to the first, which the kernel unpacks over it
+// (init/initramfs.c unpack_to_rootfs reads archives until the end of the image). The
+// script cannot go on the kernel command line: Linux 6.12 panics with "Too many boot
+// init vars" on it.
+func (b *bench) guestInitrd(base, name string) (string, error) {
 	dir := filepath.Join(b.work, "extra-"+name)
-	if err := os.MkdirAll(filepath.Join(dir, "usr", "bin"), 0o755); err != nil {
-		return "", err
+	for _, d := range []string{"usr/bin", "tg"} {
+		if err := os.MkdirAll(filepath.Join(dir, d), 0o755); err != nil {
+			return "", err
+		}
 	}
 	data, err := os.ReadFile(b.udpbulk)
 	if err != nil {
@@ -495,7 +499,10 @@ func (b *bench) withUDPBulk(base, name string) (string, error) {
 	if err := os.WriteFile(filepath.Join(dir, "usr", "bin", "udpbulk"), data, 0o755); err != nil {
 		return "", err
 	}
-	cp := exec.Command("sh", "-c", "find usr | LC_ALL=C sort | cpio -o -H newc --quiet -R 0:0")
+	if err := os.WriteFile(filepath.Join(dir, "tg", "cmd.sh"), []byte(b.guestScript()), 0o755); err != nil {
+		return "", err
+	}
+	cp := exec.Command("sh", "-c", "find usr tg | LC_ALL=C sort | cpio -o -H newc --quiet -R 0:0")
 	cp.Dir = dir
 	extra, err := cp.Output()
 	if err != nil {
@@ -505,27 +512,51 @@ func (b *bench) withUDPBulk(base, name string) (string, error) {
 	if err != nil {
 		return "", err
 	}
+	// Each archive must start 4-byte aligned (unpack_to_rootfs looks for the magic
+	// there); cpio pads its output to 512 bytes, but base may come from elsewhere.
+	img = append(img, make([]byte, (4-len(img)%4)%4)...)
 	out := filepath.Join(b.work, "initrd-"+name+".img")
 	return out, os.WriteFile(out, append(img, extra...), 0o644)
 }
 
-// guestFlavours provisions the flavours named in list (comma-separated; "" all).
+// guestFlavours provisions the flavours named in list (comma-separated; "" all): each
+// QEMU with the guest the integration tests boot with it (integration/flavour_test.go).
 func (b *bench) guestFlavours(list string) ([]guestFlavour, error) {
 	var out []guestFlavour
-	for _, name := range []string{"qemu7.2-linux6.1"} {
+	for _, name := range []string{"qemu7.2-linux6.1", "qemu10.0-linux6.12"} {
 		if list != "" && !strings.Contains(","+list+",", ","+name+",") {
 			continue
 		}
-		kernel, initrd, err := guestImage(b.work)
+		f := guestFlavour{name: name, qemu: []string{"qemu-system-x86_64"}, vectors0: true, reconnect: "reconnect=1"}
+		suite := "bookworm"
+		if name == "qemu10.0-linux6.12" {
+			// bookworm-backports' QEMU, unpacked by qemu.sh, loads its own firmware
+			// (-L); it takes MSI-X on a vhost-user NIC under TCG, and its chardev's
+			// reconnect is reconnect-ms since 9.2 (chardev/char-socket.c
+			// qemu_chr_parse_socket).
+			const prefix = "/var/tmp/tapgro-qemu10"
+			script, err := filepath.Abs("integration/guest/qemu.sh")
+			if err != nil {
+				return nil, err
+			}
+			if o, err := exec.Command("sh", script, prefix).CombinedOutput(); err != nil {
+				return nil, fmt.Errorf("QEMU 10.0 from bookworm-backports: %v: %s", err, o)
+			}
+			f.qemu = []string{filepath.Join(prefix, "usr/bin/qemu-system-x86_64"),
+				"-L", filepath.Join(prefix, "usr/share/seabios"), "-L", filepath.Join(prefix, "usr/share/qemu")}
+			f.vectors0, f.reconnect = false, "reconnect-ms=1000"
+			suite = "bookworm-backports"
+		}
+		kernel, initrd, err := guestImage(suite)
 		if err != nil {
 			return nil, err
 		}
-		if initrd, err = b.withUDPBulk(initrd, name); err != nil {
+		if initrd, err = b.guestInitrd(initrd, name); err != nil {
 			return nil, err
 		}
 		pkg, _ := os.ReadFile(filepath.Join(filepath.Dir(kernel), "kernel"))
-		out = append(out, guestFlavour{name: name, kernelPkg: strings.TrimSpace(string(pkg)), qemu: []string{"qemu-system-x86_64"}, kernel: kernel, initrd: initrd,
-			vectors0: true, reconnect: "reconnect=1"})
+		f.kernelPkg, f.kernel, f.initrd = strings.TrimSpace(string(pkg)), kernel, initrd
+		out = append(out, f)
 	}
 	if len(out) == 0 {
 		return nil, fmt.Errorf("-guest-flavours %q names no flavour", list)

@@ -325,7 +325,7 @@ func main() {
 		if tests[0].name != tcp1 {
 			fatal("the QEMU rows go in the %q table: include test 0 in -tests or give -qemu=false", tcp1)
 		}
-		kernel, initrd, err := guestImage(b.work)
+		kernel, initrd, err := guestImage("bookworm")
 		if err != nil {
 			fatal("%v", err)
 		}

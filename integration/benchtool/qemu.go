@@ -49,17 +49,23 @@ const (
 // as large (QEMU refuses a memory-backend whose size differs from -m).
 const guestRAM = 256
 
-func guestImage(work string) (kernel, initrd string, err error) {
-	cache := os.Getenv("TAPGRO_GUEST_CACHE")
-	if cache == "" {
-		cache = "/var/tmp/tapgro-guest"
+// guestImage builds (or finds cached) the guest integration/guest/build.sh makes from
+// suite's kernel: "bookworm" (Linux 6.1) in $TAPGRO_GUEST_CACHE or /var/tmp/tapgro-guest,
+// "bookworm-backports" (Linux 6.12) in /var/tmp/tapgro-guest-bpo, the integration
+// tests' caches.
+func guestImage(suite string) (kernel, initrd string, err error) {
+	cache := "/var/tmp/tapgro-guest-bpo"
+	if suite == "bookworm" {
+		if cache = os.Getenv("TAPGRO_GUEST_CACHE"); cache == "" {
+			cache = "/var/tmp/tapgro-guest"
+		}
 	}
 	script, err := filepath.Abs("integration/guest/build.sh")
 	if err != nil {
 		return "", "", err
 	}
-	if out, err := exec.Command("bash", script, cache).CombinedOutput(); err != nil {
-		return "", "", fmt.Errorf("guest image: %v: %s", err, out)
+	if out, err := exec.Command("sh", script, cache, suite).CombinedOutput(); err != nil {
+		return "", "", fmt.Errorf("guest image (%s): %v: %s", suite, err, out)
 	}
 	kernel = filepath.Join(cache, "vmlinux")
 	if _, err := os.Stat(kernel); err != nil {

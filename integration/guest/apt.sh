@@ -10,9 +10,12 @@ apt_state=${APT_STATE:-/var/tmp/tapgro-apt}
 # apt_opts SUITE prints the apt options for SUITE (none for the host's own).
 apt_opts() {
 	[ "$1" = bookworm ] && return 0
+	# No dpkg status either: with the host's, a package installed here is its own
+	# candidate while the suite's lists are missing (registry unreachable), and the
+	# host's QEMU 7.2 would be fetched as backports' QEMU.
 	printf '%s\n' -o "Dir::Etc::sourcelist=$apt_state/$1.list" -o Dir::Etc::sourceparts=- \
 		-o "Dir::State::Lists=$apt_state/lists-$1" -o "Dir::Cache=$apt_state/cache-$1" \
-		-o APT::Sandbox::User=root
+		-o Dir::State::status=/dev/null -o APT::Sandbox::User=root
 }
 
 # apt_update SUITE refreshes SUITE's package lists (the private ones for a foreign suite).
