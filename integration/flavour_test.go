@@ -39,6 +39,9 @@ type qemuFlavour struct {
 	Major, Minor   int      // parsed from Version
 }
 
+// version is MAJOR.MINOR, as tapgro --qemu-version takes it.
+func (f *qemuFlavour) version() string { return fmt.Sprintf("%d.%d", f.Major, f.Minor) }
+
 // atLeast reports whether f's QEMU is major.minor or newer.
 func (f *qemuFlavour) atLeast(major, minor int) bool {
 	return f.Major > major || f.Major == major && f.Minor >= minor

@@ -100,7 +100,7 @@ func newQEMUSetup(t *testing.T, f *qemuFlavour, tapgroSpec func(string) string, 
 	t.Helper()
 	s := &qemuSetup{f: f, ns: netnstest.New(t, "qemu"), dir: t.TempDir()}
 	s.args = []string{"--tap", "tg0", "--mtu", strconv.Itoa(mtu), "--addr", hostIP4 + "/24", "--addr", hostIP6 + "/64",
-		"--netdev", tapgroSpec(s.dir), "--metrics-addr", metricsAddr}
+		"--netdev", tapgroSpec(s.dir), "--metrics-addr", metricsAddr, "--qemu-version", f.version()}
 	startIperf3Server(t, s.ns)
 	return s
 }
@@ -477,6 +477,11 @@ func testQEMUGuest(t *testing.T, f *qemuFlavour) {
 			be := qemuBackends[0]
 			s := newQEMUSetup(t, f, be.tapgro, 1500)
 			s.startTapgro(t, "tapgro")
+			// tapgro's hint, written for this QEMU (--qemu-version), gives the option
+			// this test boots QEMU with.
+			if out := s.tg.out.String(); !strings.Contains(out, "give QEMU "+f.version()+": -netdev "+be.qemu(s.dir)+","+f.StreamReconnect()+" ") {
+				t.Errorf("tapgro's ready line does not give QEMU %s's stream client option %s:\n%s", f.version(), f.StreamReconnect(), out)
+			}
 			g := startGuest(t, guestOpts{Flavour: f, NS: s.ns, Netdev: be.qemu(s.dir) + "," + f.StreamReconnect(),
 				IP: guestIP4 + "/24", IP6: guestIP6 + "/64", MTU: 1500, Cmd: restartGuestCmd()})
 			s.tg.waitLog(portConnectedRe, guestLimit)
