@@ -86,6 +86,10 @@ var cases = []caseDef{
 	// multi-queue); compare with the plain row in the 4-stream table, where the kernel
 	// spreads the flows over the queues.
 	{vhostTwoQueues, kindVhostUser, nil},
+	// The front-end logs as QEMU does while it migrates (vhostrelay -log: LOG_ALL, the
+	// rings flagged, the log collected every 100 ms): tapgro marks every receive buffer
+	// and used-ring write. Compare with the plain row: the cost of logging.
+	{vhostMigrationLog, kindVhostUser, nil},
 }
 
 // vnetRow joins the two tapgro with the vnet-hdr=on stream (tapgro to tapgro only):
@@ -104,6 +108,7 @@ const (
 	vhostTAPOffRSCOn       = "tapgro vhost-user, TAP offloads off, RSC on"
 	vhostTAPOffRSCOff      = "tapgro vhost-user, TAP offloads off, RSC off"
 	vhostTwoQueues         = "tapgro vhost-user, 2 queue pairs"
+	vhostMigrationLog      = "tapgro vhost-user, migration dirty logging on"
 )
 
 // netdevSuffix is appended to both tapgro --netdev specs of a row (vhost-user rows: to
@@ -116,6 +121,7 @@ var frontEndArgs = map[string][]string{
 	vhostGuestTSOOffGROOn:  {"-tso=false"},
 	vhostGuestTSOOffGROOff: {"-tso=false"},
 	vhostTwoQueues:         {"-queues", "2"},
+	vhostMigrationLog:      {"-log"},
 }
 
 type testDef struct {

@@ -92,8 +92,9 @@ func main() {
 	wait := flag.Duration("wait", 10*time.Second, "how long to wait for the socket to appear")
 	tso := flag.Bool("tso", true, "TSO4/6 in our TAP's read offloads; false: CSUM only, MTU segments on the TX ring (a guest with tso off), HOST_TSO4/6 still acked")
 	queues := flag.Int("queues", 1, "queue pairs (acks MQ when > 1; tapgro needs queues=N or more) and TAP queues")
+	migLog := flag.Bool("log", false, "turn on dirty logging as QEMU does while it migrates (SET_LOG_BASE, LOG_ALL, VHOST_VRING_F_LOG), and collect the log every 100 ms as its passes do: what logging costs tapgro")
 	flag.Parse()
-	if err := run(*sock, *tapName, *addr, *mtu, *num, *rxBuf, *wait, *tso, *queues); err != nil {
+	if err := run(*sock, *tapName, *addr, *mtu, *num, *rxBuf, *wait, *tso, *queues, *migLog); err != nil {
 		fmt.Fprintln(os.Stderr, "vhostrelay:", err)
 		os.Exit(1)
 	}
@@ -128,7 +129,7 @@ func (c *counters) String() string {
 		c.kicksRX.Load(), c.kicksTX.Load(), c.sleepsRX.Load(), c.sleepsTX.Load(), c.txRingFull.Load())
 }
 
-func run(sock, tapName, addr string, mtu, num, rxBuf int, wait time.Duration, tso bool, queues int) error {
+func run(sock, tapName, addr string, mtu, num, rxBuf int, wait time.Duration, tso bool, queues int, migLog bool) error {
 	if sock == "" || addr == "" {
 		return errors.New("-connect and -addr are required")
 	}
@@ -202,6 +203,19 @@ func run(sock, tapName, addr string, mtu, num, rxBuf int, wait time.Duration, ts
 	}
 	fmt.Fprintf(os.Stderr, "vhostrelay: %s on %s: acked %#x of %#x, TAP offloads %s, %d queue pair(s), ring %d, RX buffers %d B\n",
 		tap.Name(), sock, s.Acked, s.Offered, eff, queues, num, rxBuf)
+
+	// Logging is turned on before the relays start: StartLog talks to tapgro on the
+	// socket, which watch reads from then on.
+	var pages atomic.Uint64
+	if migLog {
+		l := s.StartLog()
+		go func() {
+			for range time.Tick(100 * time.Millisecond) {
+				pages.Add(uint64(len(l.Collect())))
+			}
+		}()
+		defer func() { fmt.Fprintf(os.Stderr, "vhostrelay: dirty log: %d pages collected\n", pages.Load()) }()
+	}
 
 	// Counters per pair, so that goroutines of different pairs share no cache lines.
 	rs := make([]*relay, queues)
