@@ -26,8 +26,8 @@
 // ring size) is answered with a non-zero REPLY_ACK and the session goes on; an unknown
 // request is drained, counted, reported and, if it asked, answered with 1. The owner hears
 // of it through Handler: FeaturesAcked (with the header length Config.HeaderLen gives),
-// RingStarted, RingStopped, VringEnabled (every SET_VRING_ENABLE, running ring or not),
-// SetMTU, Unknown, SessionEnded.
+// RingStarted, RingStopping, RingStopped, VringEnabled (every SET_VRING_ENABLE, running
+// ring or not), SetMTU, Unknown, SessionEnded.
 //
 // mem.go and mem_unsafe.go hold guest memory. Each SET_MEM_TABLE region's fd must be a
 // regular file (memfd, tmpfs, hugetlbfs) that holds the whole region, checked with
@@ -116,6 +116,22 @@
 // sends it before the front-end takes over. A device whose unit spans several chains
 // (a frame over mergeable buffers) must not Publish between them: End and Publish are
 // the only publishes.
+//
+// # Dirty logging (live migration)
+//
+// log.go: VHOST_F_LOG_ALL and PROTOCOL_F_LOG_SHMFD are always offered. SET_LOG_BASE
+// maps QEMU's bitmap (checked and mapped like guest memory, swapped under every ring's
+// lock like a new memory table); logging applies to a ring while LOG_ALL is acked and
+// its SET_VRING_ADDR carries VHOST_VRING_F_LOG, both of which QEMU sends to running
+// rings as a migration starts and ends (a running ring's address may change only in
+// those two fields). While logging, Pop records each writable chain's descriptors as
+// guest-physical ranges, and Push (bytes used) and Wrote (bytes written into a chain
+// handed back) mark the pages of those bytes; every used-ring store marks its page at
+// log_guest_addr. Bits are set with atomic ORs, and a page past the bitmap is counted,
+// not marked. GET_VRING_BASE first tells the device (Handler.RingStopping), so it can
+// hand the guest what it holds before the ring stops, and SEND_RARP (PROTOCOL_F_RARP,
+// Config.RARP) is the device's to answer. While logging is off the data path pays one
+// pointer test per chain and per used-ring store.
 //
 // # Hostile guests
 //
