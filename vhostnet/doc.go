@@ -162,6 +162,15 @@
 // past deadline, joins it, and clears the deadline. Nothing touches guest memory after
 // RingStopped returns.
 //
+// # Live migration (migrate.go)
+//
+// vhostuser marks the pages a migration must copy again (its log.go); what the device
+// adds: bytes written into chains handed back unused are reported (Queue.Wrote), a
+// receive ring asked to stop (RingStopping, before GET_VRING_BASE) first delivers the
+// frame it holds, the rest of a cut frame and RSC's packets, and SEND_RARP puts QEMU's
+// own announcement, a RARP from the guest's MAC, into the TAP. GUEST_ANNOUNCE is offered,
+// so a guest that acks it announces itself instead.
+//
 // # Faults
 //
 // Guest memory can vanish under a worker (the front-end truncates the file behind it).
