@@ -104,7 +104,7 @@ func (b *bench) guestScript() string {
 		// Linux's virtio_net makes UDP segmentation available with HOST_USO but leaves it
 		// off (virtnet_probe: NETIF_F_GSO_UDP_L4 in hw_features only, outside
 		// NETIF_F_ALL_TSO): turn it on where the NIC has it, as a user would.
-		"ethtool -K eth0 tx-udp-segmentation on 2>/dev/null || true",
+		"ethtool -K eth0 tx-udp-segmentation on >/dev/null 2>&1 || true",
 		"ethtool -k eth0 | grep -E '^(tcp-segmentation-offload|tx-udp-segmentation|rx-gro-hw):'",
 		"echo TG-STEP tcp-g2h; iperf3 -c 198.18.0.1 -t " + t + " -f m",
 		"echo TG-STEP tcp-h2g; iperf3 -c 198.18.0.1 -t " + t + " -f m -R",
