@@ -479,7 +479,8 @@ func testQEMUGuest(t *testing.T, f *qemuFlavour) {
 			s.startTapgro(t, "tapgro")
 			// tapgro's hint, written for this QEMU (--qemu-version), gives the option
 			// this test boots QEMU with.
-			if out := s.tg.out.String(); !strings.Contains(out, "give QEMU "+f.version()+": -netdev "+be.qemu(s.dir)+","+f.StreamReconnect()+" ") {
+			if out := s.tg.out.String(); !strings.Contains(out, "give QEMU "+f.version()+": -netdev stream,id=n0,") ||
+				!strings.Contains(out, ","+f.StreamReconnect()+" -device virtio-net-pci") {
 				t.Errorf("tapgro's ready line does not give QEMU %s's stream client option %s:\n%s", f.version(), f.StreamReconnect(), out)
 			}
 			g := startGuest(t, guestOpts{Flavour: f, NS: s.ns, Netdev: be.qemu(s.dir) + "," + f.StreamReconnect(),
