@@ -97,9 +97,16 @@ func TestQEMUMigrate(t *testing.T) {
 			t.Logf("MIGRATION %s vhost-user: total %d ms, downtime %d ms, longest ping gap %.3f s, pages logged %.0f",
 				f.Name, r.totalMS, r.downtimeMS, r.gap, r.logPages)
 		})
+		// The reference, for its figures: it is QEMU's own back-end, so what goes wrong
+		// there is reported, not failed. (It does go wrong: in about a third of the runs
+		// here QEMU 7.2's TAP back-end leaves the migrated guest's transmit queue stuck,
+		// "NETDEV WATCHDOG: transmit queue 0 timed out" on the guest's console.)
 		t.Run("qemu-tap", func(t *testing.T) {
-			r := runMigration(t, f, migOpts{kind: migQEMUTap})
-			r.mustBeIntact(t)
+			r := runMigration(t, f, migOpts{kind: migQEMUTap, reference: true})
+			if !r.upOK || !r.downOK || !r.guestOK {
+				t.Logf("REFERENCE FAILED: QEMU's own TAP back-end did not carry the migrated guest: guest->host file intact %v, host->guest file intact %v, guest script ok %v",
+					r.upOK, r.downOK, r.guestOK)
+			}
 			t.Logf("MIGRATION %s qemu-tap: total %d ms, downtime %d ms, longest ping gap %.3f s", f.Name, r.totalMS, r.downtimeMS, r.gap)
 		})
 		// Guest RAM in the destination, held paused (-S) when the migration completes,
@@ -136,6 +143,7 @@ func TestQEMUMigrate(t *testing.T) {
 type migOpts struct {
 	kind             migKind
 	compare, control bool
+	reference        bool // QEMU's own back-end: a guest that does not finish is reported, not failed
 }
 
 func (r *migResult) mustBeIntact(t *testing.T) {
@@ -223,8 +231,11 @@ func runMigration(t *testing.T, f *qemuFlavour, o migOpts) migResult {
 	src, dst := newQMP(t, ns, qmp[0]), newQMP(t, ns, qmp[1])
 
 	limit := guestLimit
-	if control {
+	switch {
+	case control:
 		limit = 20 * time.Second
+	case o.reference:
+		limit = time.Minute
 	}
 	q[0].waitConsole(regexp.MustCompile(`GUEST-READY`), guestLimit)
 	waitPing(t, ns, guestIP4, 30*time.Second)
@@ -293,8 +304,11 @@ func runMigration(t *testing.T, f *qemuFlavour, o migOpts) migResult {
 	r.upOK, r.downOK = files.verdict(t, r.console, !o.control)
 	if !done {
 		t.Logf("the guest did not finish within %v after the migration", limit)
-		if !control {
+		if !control && !o.reference {
 			t.Fatalf("console:\n%s", r.console)
+		}
+		if o.reference {
+			t.Logf("console of the destination:\n%s", q[1].console())
 		}
 		return r
 	}
