@@ -97,14 +97,22 @@ func startGuest(t testing.TB, o guestOpts) *guest {
 		dev += o.DevOpts
 		args = append(args, "-netdev", o.Netdev+",id=n0", "-device", dev)
 	}
+	return launchQEMU(t, o.NS, f, o.Name, fmt.Sprintf("%s, netdev %q", f.Name, o.Netdev), args)
+}
+
+// launchQEMU starts f's QEMU with args, in ns if it is not nil. QEMU is killed at the end
+// of the test if it is still running, and its console is logged (headed by name and
+// about) when the test failed.
+func launchQEMU(t testing.TB, ns *netnstest.NS, f *qemuFlavour, name, about string, args []string) *guest {
+	t.Helper()
 	var cmd *exec.Cmd
-	if o.NS != nil {
+	if ns != nil {
 		// ip netns exec execs in place: the PID we hold is QEMU's.
-		cmd = exec.Command("ip", append([]string{"netns", "exec", o.NS.Name, f.QEMU}, args...)...)
+		cmd = exec.Command("ip", append([]string{"netns", "exec", ns.Name, f.QEMU}, args...)...)
 	} else {
 		cmd = exec.Command(f.QEMU, args...)
 	}
-	g := &guest{t: t, name: o.Name, cmd: cmd, out: &syncBuffer{}, done: make(chan struct{})}
+	g := &guest{t: t, name: name, cmd: cmd, out: &syncBuffer{}, done: make(chan struct{})}
 	cmd.Stdout = g.out
 	cmd.Stderr = g.out
 	if err := cmd.Start(); err != nil {
@@ -114,7 +122,7 @@ func startGuest(t testing.TB, o guestOpts) *guest {
 	t.Cleanup(func() {
 		g.kill()
 		if t.Failed() {
-			t.Logf("--- console of %s (%s, netdev %q) ---\n%s", g.name, f.Name, o.Netdev, g.console())
+			t.Logf("--- console of %s (%s) ---\n%s", g.name, about, g.console())
 		}
 	})
 	return g

@@ -6,12 +6,10 @@ import (
 	"bufio"
 	"bytes"
 	"crypto/sha256"
-	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"io"
-	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
@@ -234,7 +232,7 @@ func runMigration(t *testing.T, f *qemuFlavour, o migOpts) migResult {
 			}
 			name = "destination QEMU"
 		}
-		q[i] = startQEMU(t, ns, f, name, args)
+		q[i] = launchQEMU(t, ns, f, name, f.Name, args)
 		if kind == migQEMUTap {
 			waitLink(t, ns, port[i])
 			ns.MustRun(t, "ip", "link", "set", port[i], "master", "br0")
@@ -442,25 +440,6 @@ func tellGuestGo(t *testing.T, ns *netnstest.NS) {
 	}
 }
 
-// startQEMU starts QEMU with args in ns, killed at the end of the test.
-func startQEMU(t *testing.T, ns *netnstest.NS, f *qemuFlavour, name string, args []string) *guest {
-	t.Helper()
-	cmd := exec.Command("ip", append([]string{"netns", "exec", ns.Name, f.QEMU}, args...)...)
-	g := &guest{t: t, name: name, cmd: cmd, out: &syncBuffer{}, done: make(chan struct{})}
-	cmd.Stdout, cmd.Stderr = g.out, g.out
-	if err := cmd.Start(); err != nil {
-		t.Fatalf("start %s: %v", f.QEMU, err)
-	}
-	go func() { cmd.Wait(); close(g.done) }()
-	t.Cleanup(func() {
-		g.kill()
-		if t.Failed() {
-			t.Logf("--- console of %s (%s) ---\n%s", name, f.Name, g.console())
-		}
-	})
-	return g
-}
-
 // waitLink waits until QEMU has created the TAP name in ns.
 func waitLink(t *testing.T, ns *netnstest.NS, name string) {
 	t.Helper()
@@ -610,30 +589,15 @@ type migFiles struct {
 
 func serveMigFiles(t *testing.T, ns *netnstest.NS, paceDown bool) *migFiles {
 	t.Helper()
-	var upLn, downLn net.Listener
-	if err := ns.Do(func() (err error) {
-		if upLn, err = net.Listen("tcp", net.JoinHostPort(hostIP4, strconv.Itoa(migUp))); err != nil {
-			return err
-		}
-		downLn, err = net.Listen("tcp", net.JoinHostPort(hostIP4, strconv.Itoa(migDown)))
-		return err
-	}); err != nil {
-		t.Fatalf("listen: %v", err)
-	}
-	t.Cleanup(func() { upLn.Close(); downLn.Close() })
+	upLn, downLn := listenFiles(t, ns, migUp, migDown)
 	// The control's download runs unpaced and four times as long, so that receive
 	// buffers are written all through the migration, its last pass included.
 	size := migFile
 	if !paceDown {
 		size = 4 * migFile
 	}
-	data := make([]byte, size)
-	rng := rand.New(rand.NewPCG(migFile, migDown))
-	for i := 0; i < len(data); i += 8 {
-		binary.LittleEndian.PutUint64(data[i:], rng.Uint64())
-	}
-	sum := sha256.Sum256(data)
-	f := &migFiles{up: make(chan upResult, 1), downSum: hex.EncodeToString(sum[:])}
+	data, sum := seededData(size, migFile)
+	f := &migFiles{up: make(chan upResult, 1), downSum: sum}
 	go func() {
 		c, err := upLn.Accept()
 		if err != nil {

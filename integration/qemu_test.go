@@ -164,27 +164,9 @@ type upResult struct {
 
 func serveGuestFiles(t *testing.T, ns *netnstest.NS, size int) *guestFiles {
 	t.Helper()
-	var upLn, downLn net.Listener
-	if err := ns.Do(func() (err error) {
-		if upLn, err = net.Listen("tcp", net.JoinHostPort(hostIP4, strconv.Itoa(guestUp))); err != nil {
-			return err
-		}
-		downLn, err = net.Listen("tcp", net.JoinHostPort(hostIP4, strconv.Itoa(guestDown)))
-		return err
-	}); err != nil {
-		t.Fatalf("listen in %s: %v", ns.Name, err)
-	}
-	t.Cleanup(func() { upLn.Close(); downLn.Close() })
-
-	data := make([]byte, size)
-	rng := rand.New(rand.NewPCG(uint64(size), guestDown))
-	for i := 0; i < size; i += 8 {
-		var w [8]byte
-		binary.LittleEndian.PutUint64(w[:], rng.Uint64())
-		copy(data[i:], w[:])
-	}
-	sum := sha256.Sum256(data)
-	f := &guestFiles{up: make(chan upResult, 1), downSum: hex.EncodeToString(sum[:]), downSize: size,
+	upLn, downLn := listenFiles(t, ns, guestUp, guestDown)
+	data, sum := seededData(size, uint64(size))
+	f := &guestFiles{up: make(chan upResult, 1), downSum: sum, downSize: size,
 		downTook: make(chan time.Duration, 1)}
 
 	go func() {
@@ -248,6 +230,35 @@ echo "GUEST-CLOCK-DONE=$(cut -d' ' -f1 /proc/uptime)"
 echo GUEST-WAITING
 nc -l -p %[6]d </dev/null >/dev/null
 `, hostIP4, hostIP6, size/(64<<10), guestUp, guestDown, guestGo, extra)
+}
+
+// listenFiles listens on the host's address in ns on the upload and download ports of
+// a guest's two file transfers, for the rest of the test.
+func listenFiles(t *testing.T, ns *netnstest.NS, up, down int) (upLn, downLn net.Listener) {
+	t.Helper()
+	if err := ns.Do(func() (err error) {
+		if upLn, err = net.Listen("tcp", net.JoinHostPort(hostIP4, strconv.Itoa(up))); err != nil {
+			return err
+		}
+		downLn, err = net.Listen("tcp", net.JoinHostPort(hostIP4, strconv.Itoa(down)))
+		return err
+	}); err != nil {
+		t.Fatalf("listen in %s: %v", ns.Name, err)
+	}
+	t.Cleanup(func() { upLn.Close(); downLn.Close() })
+	return upLn, downLn
+}
+
+// seededData is size bytes of pseudo-random data from seed (a multiple of 8 bytes) and
+// its SHA-256, hex.
+func seededData(size int, seed uint64) ([]byte, string) {
+	data := make([]byte, size)
+	rng := rand.New(rand.NewPCG(seed, guestDown))
+	for i := 0; i+8 <= size; i += 8 {
+		binary.LittleEndian.PutUint64(data[i:], rng.Uint64())
+	}
+	sum := sha256.Sum256(data)
+	return data, hex.EncodeToString(sum[:])
 }
 
 // check compares what the host's ends of the transfers saw with the SHA-256 sums the

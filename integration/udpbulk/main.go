@@ -1,6 +1,6 @@
 //go:build linux
 
-// Command udpbulk is the UDP bulk sender and receiver of the QEMU benchmark rows and
+// Package main is udpbulk, the UDP bulk sender and receiver of the QEMU benchmark rows and
 // tests. It is built static (CGO_ENABLED=0) so it runs in the test guest, which has no
 // libc, as well as on the host.
 //
