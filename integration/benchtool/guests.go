@@ -85,6 +85,10 @@ type guestResult struct {
 	cpuQEMUIO  float64
 	gigabytes  float64
 	guestOffld string // the guest's view of its NIC's offloads
+	// -trace: tracepoint counts over the test (trace.go), for tapgro's threads and for
+	// QEMU's other than the vCPU, and tapgro's own counters' growth.
+	traceTG, traceQ map[string]float64
+	vc              vhostCounters
 }
 
 var (
@@ -138,8 +142,12 @@ func (b *bench) guestBoot(f guestFlavour, be guestBackend) (map[string]*guestRes
 	case beVhostUser:
 		sock := filepath.Join(b.work, "g.sock")
 		os.Remove(sock)
+		ctl := ""
+		if b.trace {
+			ctl = filepath.Join(b.work, "g.ctl")
+		}
 		b.start("host", b.nsHost, b.tapgro, "--tap", "tg0", "--mtu", strconv.Itoa(b.mtu), "--addr", "198.18.0.1/24",
-			"--log-level", "warn", "--netdev", "vhost-user,path="+sock, "--ctl-socket", "")
+			"--log-level", "warn", "--netdev", "vhost-user,path="+sock, "--ctl-socket", ctl)
 		for i := 0; i < 50; i++ {
 			if _, err := os.Stat(sock); err == nil {
 				break
@@ -207,7 +215,10 @@ func (b *bench) guestBoot(f guestFlavour, be guestBackend) (map[string]*guestRes
 	defer func() { urecv.Process.Kill(); urecv.Wait() }()
 
 	cpuAt := map[string][2]float64{} // step -> tapgro, QEMU I/O seconds at its start
+	traced := newStepTrace(b, be, qpid)
+	defer traced.stop()
 	sample := func(step string) {
+		traced.step(step)
 		tg := b.cpu()["host"]
 		cpuAt[step] = [2]float64{tg, qemuIOCPU(qpid)}
 	}
@@ -268,6 +279,9 @@ func (b *bench) guestBoot(f guestFlavour, be guestBackend) (map[string]*guestRes
 			z = cpuAt["udp-h2g-1"] // the guest's receiver start-up lies between
 		}
 		res[k] = &guestResult{cpuTapgro: z[0] - a[0], cpuQEMUIO: z[1] - a[1], guestOffld: offl}
+		if t := traced.done[k]; t != nil {
+			res[k].traceTG, res[k].traceQ, res[k].vc = t.tg, t.q, t.vc
+		}
 	}
 	tcp := iperfRecvRe.FindAllStringSubmatch(text, -1)
 	if len(tcp) != 2 {
@@ -347,11 +361,13 @@ func qemuIOCPU(pid int) float64 {
 
 // runGuestMatrix runs reps alternating rounds over every flavour and back-end and writes
 // the report to path.
+// key is one row of the guest matrix: a flavour on a back-end.
+type key struct {
+	flav string
+	be   guestBackend
+}
+
 func (b *bench) runGuestMatrix(flavours []guestFlavour, path string) error {
-	type key struct {
-		flav string
-		be   guestBackend
-	}
 	results := map[key][]map[string]*guestResult{}
 	errs := map[key]error{}
 	var rows []key
@@ -427,6 +443,9 @@ func (b *bench) runGuestMatrix(flavours []guestFlavour, path string) error {
 			md.WriteString("\n")
 		}
 		md.WriteString("\n")
+	}
+	if b.trace {
+		md.WriteString(traceReport(rows, results))
 	}
 	fmt.Fprint(os.Stderr, md.String())
 	return os.WriteFile(path, []byte(md.String()), 0o644)

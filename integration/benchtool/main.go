@@ -153,6 +153,7 @@ type bench struct {
 	rr              []rrRow        // the QEMU ping-pong rows (-qemu-rr)
 	calls           uint64         // the last QEMU vhost-user run's calls to the guest
 	perfDir         string         // -perf: where profiles go ("" off)
+	trace           bool           // -trace: tracepoint counts in the guest matrix (trace.go)
 	log             *bufio.Writer
 }
 
@@ -176,6 +177,7 @@ func main() {
 	guests := flag.Bool("guests", false, "only the QEMU guest matrix (tapgro vhost-user and QEMU's TAP back-end, each guest flavour): writes -guests-out")
 	guestsOut := flag.String("guests-out", "docs/benchmarks/GUESTS.md", "the guest matrix's markdown report")
 	guestFlavourList := flag.String("guest-flavours", "", "comma-separated guest flavours for -guests (default all)")
+	flag.BoolVar(&b.trace, "trace", false, "with -guests: count system calls, context switches and wake-ups per GB in the TCP tests, tapgro's threads and QEMU's other than the vCPU (needs perf and tracefs)")
 	flag.StringVar(&b.perfDir, "perf", "", "during the first run of each TCP row, perf record -g each relay into DIR and write DIR/*.txt summaries (needs perf)")
 	flag.Parse()
 	if *rrAddr != "" {
@@ -236,6 +238,11 @@ func main() {
 	defer b.teardown()
 
 	if *guests {
+		if b.trace {
+			if err := traceReady(); err != nil {
+				fatal("%v", err)
+			}
+		}
 		fl, err := b.guestFlavours(*guestFlavourList)
 		if err != nil {
 			fatal("%v", err)
