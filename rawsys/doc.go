@@ -1,5 +1,5 @@
 // Package rawsys makes the data path's system calls on non-blocking descriptors — read,
-// write, readv, writev, recvmmsg, sendmmsg — without the Go scheduler's system-call
+// write, readv, writev, recvmmsg, sendmmsg, and poll with a zero timeout — without the Go scheduler's system-call
 // bookkeeping.
 //
 // # Why

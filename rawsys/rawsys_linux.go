@@ -27,6 +27,18 @@ func Writev(fd uintptr, iov []unix.Iovec) (int, syscall.Errno) {
 	return call(unix.SYS_WRITEV, fd, unsafe.Pointer(unsafe.SliceData(iov)), len(iov))
 }
 
+// PollNow is ppoll(2) over fds with a zero timeout: it reports which are ready now and
+// never sleeps, so it obeys the package's rule whatever the descriptors are.
+func PollNow(fds []unix.PollFd) (int, syscall.Errno) {
+	r, _, e := unix.RawSyscall6(unix.SYS_PPOLL, uintptr(unsafe.Pointer(unsafe.SliceData(fds))), uintptr(len(fds)),
+		uintptr(unsafe.Pointer(&zeroTimeout)), 0, 0, 0)
+	return int(r), e
+}
+
+// zeroTimeout is PollNow's timeout: package-level, so the pointer the kernel reads
+// needs no keep-alive.
+var zeroTimeout unix.Timespec
+
 // Recvmmsg is recvmmsg(2) into msgs with no timeout.
 func Recvmmsg(fd uintptr, msgs []unix.Mmsghdr, flags int) (int, syscall.Errno) {
 	return mmsg(unix.SYS_RECVMMSG, fd, msgs, flags)

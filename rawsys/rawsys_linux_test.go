@@ -96,15 +96,33 @@ func TestMmsg(t *testing.T) {
 	}
 }
 
+// PollNow reports readiness as it is, without waiting for it.
+func TestPollNow(t *testing.T) {
+	a, b := pair(t, unix.SOCK_DGRAM)
+	fds := []unix.PollFd{{Fd: int32(b), Events: unix.POLLIN}}
+	if n, e := PollNow(fds); n != 0 || e != 0 || fds[0].Revents != 0 {
+		t.Fatalf("empty socket: %d, %v, revents %#x; want 0 ready", n, e, fds[0].Revents)
+	}
+	Write(uintptr(a), []byte("x"))
+	if n, e := PollNow(fds); n != 1 || e != 0 || fds[0].Revents&unix.POLLIN == 0 {
+		t.Fatalf("after a write: %d, %v, revents %#x; want POLLIN", n, e, fds[0].Revents)
+	}
+	if n, e := PollNow(nil); n != 0 || e != 0 {
+		t.Fatalf("no fds: %d, %v", n, e)
+	}
+}
+
 func TestAllocs(t *testing.T) {
 	a, b := pair(t, unix.SOCK_STREAM)
 	w, r := []byte("0123456789"), make([]byte, 16)
 	v := iov(w[:5], w[5:])
+	fds := []unix.PollFd{{Fd: int32(b), Events: unix.POLLIN}}
 	if n := testing.AllocsPerRun(100, func() {
 		Write(uintptr(a), w)
 		Writev(uintptr(a), v)
 		Read(uintptr(b), r)
 		Read(uintptr(b), r)
+		PollNow(fds)
 	}); n != 0 {
 		t.Fatalf("%v allocations per run, want 0", n)
 	}

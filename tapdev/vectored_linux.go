@@ -305,11 +305,16 @@ func (d *Device) Readable() (bool, error) {
 func (v *vecIO) poll(fd uintptr) {
 	v.pfd[0] = unix.PollFd{Fd: int32(fd), Events: v.events}
 	for {
-		n, err := unix.Poll(v.pfd[:], 0)
-		if err == unix.EINTR {
+		// Raw: a zero-timeout poll never sleeps, and the scheduler's system-call
+		// bookkeeping would wake sysmon on every wait (package rawsys says why).
+		n, e := rawsys.PollNow(v.pfd[:])
+		if e == unix.EINTR {
 			continue
 		}
-		v.n, v.err = n, err
+		v.n, v.err = n, nil
+		if e != 0 {
+			v.err = e
+		}
 		return
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"os"
 	"sync"
 	"sync/atomic"
+	"syscall"
 
 	"golang.org/x/sys/unix"
 
@@ -639,11 +640,17 @@ func (s *Session) vringFile(m *message, p []byte) error {
 	// Kick. The eventfd goes into the runtime poller; closing the os.File wakes a
 	// blocked Read.
 	var f *os.File
+	var rc syscall.RawConn
 	if fd >= 0 {
 		f = os.NewFile(uintptr(fd), fmt.Sprintf("vhost-user-kick-%d", v.index))
+		if rc, err = f.SyscallConn(); err != nil {
+			f.Close()
+			v.mu.Unlock()
+			return protoErr("%s ring %d: %v", reqName(m.req), v.index, err)
+		}
 	}
 	v.closeKickLocked()
-	v.kick, v.hasKick, v.kickNoFd = f, true, fd < 0
+	v.kick, v.kickRC, v.hasKick, v.kickNoFd = f, rc, true, fd < 0
 	if v.state == ringRunning {
 		v.mu.Unlock()
 		return nil

@@ -467,9 +467,13 @@ func TestKickStorm(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	rc, err := z.SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
 	v.mu.Lock()
 	v.kick.Close()
-	v.kick = z
+	v.kick, v.kickRC = z, rc
 	v.mu.Unlock()
 	if err := v.Wait(); !errors.Is(err, ErrBroken) {
 		t.Fatalf("Wait: %v", err)

@@ -10,9 +10,12 @@ import (
 	"runtime/debug"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"tapgro/rawsys"
 
 	"tapgro/vhostuser/vuproto"
 )
@@ -123,7 +126,8 @@ type Vring struct {
 	addr      vuproto.VringAddr
 	addrSet   bool
 	base      uint16
-	kick      *os.File // nil: none yet, or polling when kickNoFd
+	kick      *os.File        // nil: none yet, or polling when kickNoFd
+	kickRC    syscall.RawConn // kick's, for reading it without the scheduler's bookkeeping
 	kickNoFd  bool
 	hasKick   bool
 	callFd    int
@@ -181,13 +185,16 @@ type Vring struct {
 	wlog       [][]piece
 	unloggedRX bool // Config.UnloggedRX (tests only)
 
-	kickBuf [8]byte
-	one     [8]byte
+	kickBuf  [8]byte
+	kickErr  syscall.Errno      // what readKick's last read returned
+	readKick func(uintptr) bool // v.readKickFd, made once: the worker waits without allocating
+	one      [8]byte
 }
 
 func newVring(index int, writable bool, stats *Stats) *Vring {
 	v := &Vring{index: index, writable: writable, stats: stats, callFd: -1, errFd: -1,
 		logf: func(string, ...any) {}}
+	v.readKick = v.readKickFd
 	binary.LittleEndian.PutUint64(v.one[:], 1)
 	return v
 }
@@ -286,8 +293,10 @@ func (v *Vring) failLocked(r Reason) error {
 // file later, and a write blocked then holds this goroutine, not the whole runtime
 // (a raw system call never lets the garbage collector stop the world).
 func (v *Vring) signal(fd int) bool {
-	n, err := unix.Write(fd, v.one[:])
-	return err == nil && n == len(v.one)
+	// Raw: an eventfd write never sleeps (the fd is non-blocking: vringFile), and the
+	// scheduler's system-call bookkeeping would wake sysmon (package rawsys).
+	n, e := rawsys.Write(uintptr(fd), v.one[:])
+	return e == 0 && n == len(v.one)
 }
 
 // stopLocked ends a running ring: it publishes what the data path pushed (End already
@@ -330,7 +339,7 @@ func (v *Vring) flushOnStopLocked() {
 func (v *Vring) closeKickLocked() {
 	if v.kick != nil {
 		v.kick.Close() // wakes a Wait blocked on it (os.File is in the poller)
-		v.kick = nil
+		v.kick, v.kickRC = nil, nil
 	}
 	v.hasKick, v.kickNoFd = false, false
 }

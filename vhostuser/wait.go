@@ -3,9 +3,12 @@
 package vhostuser
 
 import (
-	"errors"
-	"os"
+	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
+
+	"tapgro/rawsys"
 )
 
 // Sleeping until the ring has work: re-enabling kicks, the last look at avail->idx,
@@ -57,9 +60,9 @@ func (v *Vring) waitAvail(at uint16, atLast bool) error {
 			v.pollWait, v.idleKicks = 0, 0
 			return nil
 		}
-		f, poll := v.kick, v.kickNoFd
+		rc, poll := v.kickRC, v.kickNoFd
 		v.unlockForWait()
-		if err := v.sleep(f, poll); err != nil {
+		if err := v.sleep(rc, poll); err != nil {
 			return err
 		}
 		// After a kick, or the kick file closed by a stop or replaced, loop: the
@@ -110,11 +113,18 @@ const (
 // otherwise keep the worker spinning on a core.
 const kickStorm = 1 << 16
 
-// sleep waits for the next kick on f, or polls. ErrStopped: nothing to wait on (the
-// ring has no kick: it is stopping). ErrBroken: the kick never goes quiet; the ring is
-// stopped as the other violations stop it, counted (RejectKick) and logged.
-func (v *Vring) sleep(f *os.File, poll bool) error {
-	if f == nil {
+// sleep waits for the next kick on rc (the kick eventfd's RawConn), or polls.
+// ErrStopped: nothing to wait on (the ring has no kick: it is stopping). ErrBroken: the
+// kick never goes quiet; the ring is stopped as the other violations stop it, counted
+// (RejectKick) and logged.
+//
+// The eventfd is read with a raw read(2) inside RawConn.Read, which parks the goroutine
+// on the runtime poller at EAGAIN: os.File.Read would make the same call through
+// syscall.Syscall, whose entersyscall wakes the runtime's sysmon thread out of its deep
+// sleep on every wait of an otherwise idle process (package rawsys says what that
+// costs).
+func (v *Vring) sleep(rc syscall.RawConn, poll bool) error {
+	if rc == nil {
 		if !poll {
 			return ErrStopped
 		}
@@ -122,13 +132,18 @@ func (v *Vring) sleep(f *os.File, poll bool) error {
 		time.Sleep(v.pollWait)
 		return nil
 	}
-	_, err := f.Read(v.kickBuf[:])
-	if errors.Is(err, os.ErrClosed) {
-		return nil
-	}
-	if err == nil {
+	v.kickErr = 0
+	var last error
+	switch last = rc.Read(v.readKick); {
+	case last != nil:
+	case v.kickErr == 0:
 		v.stats.Kicks.Add(1)
+	default:
+		last = v.kickErr
 	}
+	// An error from rc.Read is the kick file closed (a stop, or a new SET_VRING_KICK
+	// replaced it): the state check in waitAvail decides what comes next. Counted
+	// like a kick without work all the same, so nothing can make this loop spin.
 	if v.idleKicks++; v.idleKicks < kickStorm {
 		return nil
 	}
@@ -139,8 +154,24 @@ func (v *Vring) sleep(f *os.File, poll bool) error {
 		return ErrStopped
 	}
 	v.failLocked(RejectKick)
-	v.logf("vhost-user: ring %d: %d kicks in a row found no work (last read: %v); ring stopped", v.index, kickStorm, err)
+	v.logf("vhost-user: ring %d: %d kicks in a row found no work (last read: %v); ring stopped", v.index, kickStorm, last)
 	return ErrBroken
+}
+
+// readKickFd is sleep's RawConn callback: one read of the eventfd's counter. At EAGAIN
+// it asks the poller to wait; any other result ends the wait, its errno in kickErr.
+func (v *Vring) readKickFd(fd uintptr) bool {
+	for {
+		_, e := rawsys.Read(fd, v.kickBuf[:])
+		switch e {
+		case unix.EINTR:
+			continue
+		case unix.EAGAIN:
+			return false
+		}
+		v.kickErr = e
+		return true
+	}
 }
 
 // WaitMore blocks until the driver makes a chain available beyond those the last Pop
