@@ -50,13 +50,28 @@ type guestBackend int
 const (
 	beVhostUser guestBackend = iota
 	beQEMUTap
+	beVhostUserBefore // tapgro vhost-user from the -before binary
 )
 
 func (be guestBackend) String() string {
-	if be == beVhostUser {
+	switch be {
+	case beVhostUser:
 		return "tapgro vhost-user"
+	case beVhostUserBefore:
+		return "tapgro vhost-user, -before binary"
 	}
 	return "QEMU -netdev tap,vnet_hdr=on (no tapgro)"
+}
+
+// vhost reports a tapgro vhost-user row.
+func (be guestBackend) vhost() bool { return be != beQEMUTap }
+
+// guestBackends are the rows of each flavour, in the order a round runs them.
+func (b *bench) guestBackends() []guestBackend {
+	if b.before != "" {
+		return []guestBackend{beVhostUserBefore, beVhostUser, beQEMUTap}
+	}
+	return []guestBackend{beVhostUser, beQEMUTap}
 }
 
 // guestTests are the matrix's columns, in the order the guest runs them.
@@ -84,7 +99,8 @@ type guestResult struct {
 	cpuTapgro  float64 // seconds over the test
 	cpuQEMUIO  float64
 	gigabytes  float64
-	guestOffld string // the guest's view of its NIC's offloads
+	guestOffld string    // the guest's view of its NIC's offloads
+	rtts       []float64 // tcp-rr: each measured round trip, µs
 	// -trace: tracepoint counts over the test (trace.go), for tapgro's threads and for
 	// QEMU's other than the vCPU, and tapgro's own counters' growth.
 	traceTG, traceQ map[string]float64
@@ -115,6 +131,8 @@ func (b *bench) guestScript() string {
 		fmt.Sprintf("echo TG-STEP udp-g2h-1; udpbulk send -to 198.18.0.1:%d -t %s -size %d -gso 1; sleep 3", udpG2HPort, t, udpSize),
 		fmt.Sprintf("echo TG-STEP udp-g2h-gso; udpbulk send -to 198.18.0.1:%d -t %s -size %d -gso %d; sleep 3", udpG2HPort, t, udpSize, udpGSO),
 		fmt.Sprintf("echo TG-STEP udp-h2g; udpbulk recv -on 198.18.0.2:%d -bursts 2 -idle 2 -max %d", udpH2GPort, 4*b.secs+60),
+		// One connection, echoed by cat until the host's ping-pong client closes it.
+		fmt.Sprintf("echo TG-STEP tcp-rr; nc -l -p %d -e /bin/cat", rrPort),
 		// QEMU must outlive the last step's CPU sample.
 		"echo TG-STEP end; sleep 2",
 	}, "\n") + "\n"
@@ -139,14 +157,18 @@ func (b *bench) guestBoot(f guestFlavour, be guestBackend) (map[string]*guestRes
 		"-kernel", f.kernel, "-initrd", f.initrd, "-append", fmt.Sprintf("console=ttyS0 quiet panic=-1 mitigations=off tg.ip=198.18.0.2/24 tg.mtu=%d", b.mtu))
 	tapName := "tgq0"
 	switch be {
-	case beVhostUser:
+	case beVhostUser, beVhostUserBefore:
+		bin := b.tapgro
+		if be == beVhostUserBefore {
+			bin = b.before
+		}
 		sock := filepath.Join(b.work, "g.sock")
 		os.Remove(sock)
 		ctl := ""
 		if b.trace {
 			ctl = filepath.Join(b.work, "g.ctl")
 		}
-		b.start("host", b.nsHost, b.tapgro, "--tap", "tg0", "--mtu", strconv.Itoa(b.mtu), "--addr", "198.18.0.1/24",
+		b.start("host", b.nsHost, bin, "--tap", "tg0", "--mtu", strconv.Itoa(b.mtu), "--addr", "198.18.0.1/24",
 			"--log-level", "warn", "--netdev", "vhost-user,path="+sock, "--ctl-socket", ctl)
 		for i := 0; i < 50; i++ {
 			if _, err := os.Stat(sock); err == nil {
@@ -215,6 +237,7 @@ func (b *bench) guestBoot(f guestFlavour, be guestBackend) (map[string]*guestRes
 	defer func() { urecv.Process.Kill(); urecv.Wait() }()
 
 	cpuAt := map[string][2]float64{} // step -> tapgro, QEMU I/O seconds at its start
+	var rrTimes []float64
 	traced := newStepTrace(b, be, qpid)
 	defer traced.stop()
 	sample := func(step string) {
@@ -247,6 +270,19 @@ func (b *bench) guestBoot(f guestFlavour, be guestBackend) (map[string]*guestRes
 			if m[1] != "udp-h2g" {
 				sample(m[1])
 			}
+			if m[1] == "tcp-rr" {
+				// The guest's nc is starting; the client retries until it listens.
+				out, err := exec.Command("ip", "netns", "exec", b.nsHost, b.self, "-rr-client",
+					fmt.Sprintf("198.18.0.2:%d", rrPort), "-rr-rounds", strconv.Itoa(rrRounds)).CombinedOutput()
+				sample("tcp-rr-done")
+				if err != nil {
+					hostErr = fmt.Errorf("ping-pong client: %v: %s", err, out)
+					break
+				}
+				if rrTimes, hostErr = parseRTTs("ping-pong client", out); hostErr != nil {
+					break
+				}
+			}
 		}
 		if seen["udp-h2g"] && !seen["h2g-sent"] && guestReadyRe.MatchString(text[strings.Index(text, "TG-STEP udp-h2g"):]) {
 			seen["h2g-sent"] = true
@@ -272,17 +308,21 @@ func (b *bench) guestBoot(f guestFlavour, be guestBackend) (map[string]*guestRes
 	res := map[string]*guestResult{}
 	offl := strings.Join(guestOffl(text), ", ")
 	// Each test's CPU is the difference to the next test's start.
-	order := []string{"tcp-g2h", "tcp-h2g", "udp-g2h-1", "udp-g2h-gso", "udp-h2g-1", "udp-h2g-gso", "end"}
+	order := []string{"tcp-g2h", "tcp-h2g", "udp-g2h-1", "udp-g2h-gso", "udp-h2g-1", "udp-h2g-gso", "tcp-rr", "end"}
 	for i, k := range order[:len(order)-1] {
 		a, z := cpuAt[k], cpuAt[order[i+1]]
-		if k == "udp-g2h-gso" {
+		switch k {
+		case "udp-g2h-gso":
 			z = cpuAt["udp-h2g-1"] // the guest's receiver start-up lies between
+		case "tcp-rr":
+			z = cpuAt["tcp-rr-done"] // the client's run, no more
 		}
 		res[k] = &guestResult{cpuTapgro: z[0] - a[0], cpuQEMUIO: z[1] - a[1], guestOffld: offl}
 		if t := traced.done[k]; t != nil {
 			res[k].traceTG, res[k].traceQ, res[k].vc = t.tg, t.q, t.vc
 		}
 	}
+	res["tcp-rr"].rtts = rrTimes
 	tcp := iperfRecvRe.FindAllStringSubmatch(text, -1)
 	if len(tcp) != 2 {
 		return nil, fmt.Errorf("want 2 iperf3 receiver lines on the console, got %d; console: %s", len(tcp), tail(text))
@@ -372,13 +412,13 @@ func (b *bench) runGuestMatrix(flavours []guestFlavour, path string) error {
 	errs := map[key]error{}
 	var rows []key
 	for _, f := range flavours {
-		for _, be := range []guestBackend{beVhostUser, beQEMUTap} {
+		for _, be := range b.guestBackends() {
 			rows = append(rows, key{f.name, be})
 		}
 	}
 	for round := 0; round < b.reps; round++ {
 		for _, f := range flavours {
-			for _, be := range []guestBackend{beVhostUser, beQEMUTap} {
+			for _, be := range b.guestBackends() {
 				k := key{f.name, be}
 				if errs[k] != nil {
 					continue
@@ -395,6 +435,10 @@ func (b *bench) runGuestMatrix(flavours []guestFlavour, path string) error {
 					fmt.Fprintf(os.Stderr, "   %-44s %6.3f Gbit/s  tapgro %.2f s  QEMU I/O %.2f s  loss %.1f%% bad %d\n",
 						t.name, x.gbps, x.cpuTapgro, x.cpuQEMUIO, x.lossPct, x.bad)
 				}
+				x := r["tcp-rr"]
+				rr := rrRow{rtts: x.rtts}
+				fmt.Fprintf(os.Stderr, "   %-44s p50 %.0f µs  p99 %.0f µs  tapgro %.2f s  QEMU I/O %.2f s\n",
+					"TCP 1-byte ping-pong, host -> guest", rr.pct(50), rr.pct(99), x.cpuTapgro, x.cpuQEMUIO)
 				results[k] = append(results[k], r)
 			}
 		}
@@ -402,8 +446,12 @@ func (b *bench) runGuestMatrix(flavours []guestFlavour, path string) error {
 	var md strings.Builder
 	fmt.Fprintf(&md, "# QEMU guests: tapgro vhost-user beside QEMU's own TAP back-end\n\n")
 	hostname, _ := os.Hostname()
-	fmt.Fprintf(&md, "Generated by `go run ./integration/benchtool -guests -t %d -r %d -mtu %d` on %s (kernel %s, %d cores, %s), %s.\n",
-		b.secs, b.reps, b.mtu, hostname, strings.TrimSpace(output("uname", "-r")), runtime.NumCPU(), cpuModel(), time.Now().UTC().Format("2006-01-02 15:04 UTC"))
+	before := ""
+	if b.before != "" {
+		before = " -before BIN"
+	}
+	fmt.Fprintf(&md, "Generated by `go run ./integration/benchtool -guests%s -t %d -r %d -mtu %d` on %s (kernel %s, %d cores, %s), %s.\n",
+		before, b.secs, b.reps, b.mtu, hostname, strings.TrimSpace(output("uname", "-r")), runtime.NumCPU(), cpuModel(), time.Now().UTC().Format("2006-01-02 15:04 UTC"))
 	fmt.Fprintf(&md, "Every guest runs under TCG (no KVM here), so the emulator bounds every row; %d alternating rounds, %d s per test, MTU %d; medians [min–max].\n", b.reps, b.secs, b.mtu)
 	fmt.Fprintf(&md, "CPU is seconds per GB received: tapgro's process, and QEMU's threads other than the vCPU (where its TAP back-end runs; on vhost-user they relay kicks and calls, which KVM's ioeventfd/irqfd would do in the kernel).\n")
 	fmt.Fprintf(&md, "UDP rows give the loss (datagrams sent and not received intact) and the datagrams received corrupted (must be 0).\n\n")
@@ -422,7 +470,7 @@ func (b *bench) runGuestMatrix(flavours []guestFlavour, path string) error {
 			}
 			med, lo, hi, tg, qio, loss, bad, offl := summarize(results[k], t.key)
 			ratio := ""
-			if k.be == beVhostUser {
+			if k.be.vhost() {
 				if ref := results[key{k.flav, beQEMUTap}]; len(ref) > 0 {
 					if m, _, _, _, _, _, _, _ := summarize(ref, t.key); m > 0 {
 						ratio = fmt.Sprintf("%.2fx", med/m)
@@ -444,11 +492,50 @@ func (b *bench) runGuestMatrix(flavours []guestFlavour, path string) error {
 		}
 		md.WriteString("\n")
 	}
+	md.WriteString(rrReport(rows, results, errs))
 	if b.trace {
 		md.WriteString(traceReport(rows, results))
 	}
 	fmt.Fprint(os.Stderr, md.String())
 	return os.WriteFile(path, []byte(md.String()), 0o644)
+}
+
+// rrReport is the ping-pong table: every row's round trips pooled over its rounds, and
+// CPU per round trip (the warm-up's included: the client's whole run is timed).
+func rrReport(rows []key, results map[key][]map[string]*guestResult, errs map[key]error) string {
+	var md strings.Builder
+	fmt.Fprintf(&md, "## TCP 1-byte ping-pong, host -> guest\n\n")
+	fmt.Fprintf(&md, "One connection to the guest's `nc -l -e /bin/cat`, %d round trips after %d unmeasured, one outstanding at a time (netperf TCP_RR's pattern). CPU is µs per round trip over the client's whole run.\n\n", rrRounds, rrWarm)
+	fmt.Fprintf(&md, "| guest | back-end | p50 µs | p99 µs | p50 vs QEMU TAP | tapgro CPU µs/RT | QEMU I/O CPU µs/RT |\n|---|---|---|---|---|---|---|\n")
+	pooled := func(k key) (rrRow, float64, float64) {
+		var r rrRow
+		var tg, q float64
+		for _, x := range results[k] {
+			r.rtts = append(r.rtts, x["tcp-rr"].rtts...)
+			tg += x["tcp-rr"].cpuTapgro
+			q += x["tcp-rr"].cpuQEMUIO
+		}
+		n := float64(len(results[k]) * (rrRounds + rrWarm))
+		return r, 1e6 * tg / n, 1e6 * q / n
+	}
+	for _, k := range rows {
+		if len(results[k]) == 0 {
+			fmt.Fprintf(&md, "| %s | %s | FAILED: %v | | | | |\n", k.flav, k.be, errs[k])
+			continue
+		}
+		r, tg, q := pooled(k)
+		ratio, tgs := "", "—"
+		if k.be.vhost() {
+			tgs = fmt.Sprintf("%.0f", tg)
+			if ref := results[key{k.flav, beQEMUTap}]; len(ref) > 0 {
+				rq, _, _ := pooled(key{k.flav, beQEMUTap})
+				ratio = fmt.Sprintf("%.2fx", r.pct(50)/rq.pct(50))
+			}
+		}
+		fmt.Fprintf(&md, "| %s | %s | %.0f | %.0f | %s | %s | %.0f |\n", k.flav, k.be, r.pct(50), r.pct(99), ratio, tgs, q)
+	}
+	md.WriteString("\n")
+	return md.String()
 }
 
 // summarize gives one row's medians over its rounds for test key: throughput (and its

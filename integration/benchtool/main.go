@@ -154,6 +154,7 @@ type bench struct {
 	calls           uint64         // the last QEMU vhost-user run's calls to the guest
 	perfDir         string         // -perf: where profiles go ("" off)
 	trace           bool           // -trace: tracepoint counts in the guest matrix (trace.go)
+	before          string         // -before: a second tapgro binary for the guest matrix ("" none)
 	log             *bufio.Writer
 }
 
@@ -178,6 +179,7 @@ func main() {
 	guestsOut := flag.String("guests-out", "docs/benchmarks/GUESTS.md", "the guest matrix's markdown report")
 	guestFlavourList := flag.String("guest-flavours", "", "comma-separated guest flavours for -guests (default all)")
 	flag.BoolVar(&b.trace, "trace", false, "with -guests: count system calls, context switches and wake-ups per GB in the TCP tests, tapgro's threads and QEMU's other than the vCPU (needs perf and tracefs)")
+	flag.StringVar(&b.before, "before", "", "with -guests: also run tapgro vhost-user rows from the tapgro binary at PATH (built from an earlier commit), alternating with this tree's, for before/after tables")
 	flag.StringVar(&b.perfDir, "perf", "", "during the first run of each TCP row, perf record -g each relay into DIR and write DIR/*.txt summaries (needs perf)")
 	flag.Parse()
 	if *rrAddr != "" {
@@ -238,6 +240,14 @@ func main() {
 	defer b.teardown()
 
 	if *guests {
+		if b.before != "" {
+			if b.before, err = filepath.Abs(b.before); err == nil {
+				_, err = os.Stat(b.before)
+			}
+			if err != nil {
+				fatal("-before: %v", err)
+			}
+		}
 		if b.trace {
 			if err := traceReady(); err != nil {
 				fatal("%v", err)

@@ -202,7 +202,7 @@ func (s *stepTrace) step(step string) {
 	}
 	s.cur = step
 	var err error
-	if s.be == beVhostUser {
+	if s.be.vhost() {
 		if s.tg, err = startTrace(s.b.work, s.b.relayPIDs["host"], false, step+"-tapgro"); err != nil {
 			s.failed = err
 		}
@@ -274,7 +274,7 @@ func traceReport(rows []key, results map[key][]map[string]*guestResult) string {
 				}
 				return out
 			}
-			if k.be == beVhostUser {
+			if k.be.vhost() {
 				p := per(tg)
 				p["frames → TAP"], p["frames → guest"] = vc.framesTX/gb, vc.framesRX/gb
 				p["kicks"], p["calls"] = vc.kicks/gb, vc.calls/gb
