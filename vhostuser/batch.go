@@ -44,14 +44,12 @@ func (v *Vring) End() {
 			// what it has: a call owed is due now, or the ring idles until the timer.
 			v.callLocked()
 		}
-		if v.eventIdx {
-			// Ask for a kick at the next index we will look at (QEMU
-			// virtqueue_split_pop → vring_set_avail_event(vq, last_avail_idx)).
-			store16(v.used, v.availEv, v.lastAvail)
-			if v.log != nil {
-				v.logUsedLocked(v.availEv, 2)
-			}
-		}
+		// Kicks stay as they are: disabled while the worker runs (avail_event left
+		// behind, or NO_NOTIFY) until it is about to sleep, when Wait or WaitMore
+		// enables them and looks at avail->idx once more (wait.go). QEMU instead moves
+		// avail_event at every pop (virtqueue_split_pop → vring_set_avail_event), which
+		// lets the driver kick a worker that is awake and about to look anyway (Linux
+		// vhost's handle_tx keeps them off until the ring is empty: vhost_enable_notify).
 	}
 	v.inBatch = false
 	v.mu.Unlock()
