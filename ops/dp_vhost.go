@@ -147,6 +147,7 @@ func (v *vhostDP) catalogue(m *Metrics) {
 	m.add("tapgro_vhost_tx_blocked_total", "vhost-user: times guest → TAP waited for the TAP to take a frame.", Counter, nil, u(st.TXBlocked.Load))
 	m.add("tapgro_vhost_tx_linearized_total", "vhost-user: guest frames of more segments than one writev takes, copied.", Counter, nil, u(st.Linearized.Load))
 	m.add("tapgro_vhost_kicks_total", "vhost-user: kick eventfd reads (the guest posted work).", Counter, nil, u(bs.Kicks.Load))
+	m.add("tapgro_vhost_poll_hits_total", "vhost-user: times a TX worker's poll window (--vhost-poll) saw the guest post chains, taken with no kick.", Counter, nil, u(bs.PollHits.Load))
 	m.add("tapgro_vhost_calls_total", "vhost-user: call eventfd signals (interrupts to the guest).", Counter, nil, u(bs.Calls.Load))
 	m.add("tapgro_vhost_calls_deferred_total", "vhost-user: calls to the guest moderation held back (--call-interval); each was sent later, merged with the next, or found unneeded.", Counter, nil, u(bs.CallsDeferred.Load))
 	m.add("tapgro_vhost_calls_dropped_total", "vhost-user: calls the front-end's call eventfd refused (its counter full); the count already in it wakes the guest.", Counter, nil, u(bs.CallsDropped.Load))

@@ -64,7 +64,18 @@ func (n *Net) rxLoop(w *worker) {
 			time.Sleep(time.Millisecond)
 			continue
 		}
+		var sent uint64
+		if n.pollWindow > 0 {
+			sent = w.q.stats.RXFrames.Load()
+		}
 		state := n.rxBatch(v, st)
+		if n.pollWindow > 0 && w.q.stats.RXFrames.Load() != sent {
+			// The guest has frames to answer: its TX worker watches for the answer
+			// (vhostuser.Vring.Poke).
+			if tx := w.q.tx.Load(); tx != nil {
+				tx.q.Poke()
+			}
+		}
 		switch state {
 		case rxGuest:
 			n.stats.RXStalls.Add(1)

@@ -162,6 +162,10 @@ type Config struct {
 	// and why a call owed is never lost).
 	PerFrame     bool
 	CallInterval time.Duration
+	// PollWindow > 0 makes each TX worker watch its ring for that long after work and
+	// after its pair's RX worker handed the guest frames, before it sleeps on the kick
+	// (--vhost-poll; vhostuser.Vring.SetPollWindow says why and what it costs).
+	PollWindow time.Duration
 
 	// UnloggedRX is for tests only (vhostuser.Config.UnloggedRX): a migration's dirty
 	// log is not told about receive buffers, so a migrated guest gets stale ones.
@@ -188,6 +192,7 @@ type Net struct {
 
 	perFrame     bool          // publish and signal every frame (Config.PerFrame)
 	callInterval time.Duration // receive queues' call moderation (Config.CallInterval)
+	pollWindow   time.Duration // TX rings' poll window (Config.PollWindow)
 
 	// capture records every frame that crosses, as the guest sent or received it
 	// (--pcap-port, `tapgro ctl pcap port=…`).
@@ -235,7 +240,12 @@ type queuePair struct {
 	tap      *tapdev.Device
 	stats    *QueueStats
 	attached bool // the TAP queue is attached (under Net.qmu)
+	// tx is the pair's TX ring while it runs, for the RX worker's Poke (poll window).
+	tx atomic.Pointer[queueRef]
 }
+
+// queueRef holds a Queue for atomic.Pointer.
+type queueRef struct{ q vhostuser.Queue }
 
 // New checks cfg, probes the TAP's offloads and builds the Backend.
 func New(cfg Config) (*Net, error) {
@@ -262,7 +272,7 @@ func New(cfg Config) (*Net, error) {
 		n.stats = new(Stats)
 	}
 	n.gro, n.timerFlush, n.rscInterval, n.maxFlows = cfg.GRO, cfg.TimerFlush, cfg.RSCInterval, cfg.MaxFlows
-	n.perFrame, n.callInterval = cfg.PerFrame, cfg.CallInterval
+	n.perFrame, n.callInterval, n.pollWindow = cfg.PerFrame, cfg.CallInterval, cfg.PollWindow
 	if n.timerFlush && n.rscInterval <= 0 {
 		return nil, errors.New("vhostnet: TimerFlush needs an RSCInterval")
 	}
@@ -375,6 +385,8 @@ func (n *Net) RingStarted(v vhostuser.Queue) {
 	if isRX(v.Index()) {
 		go n.rxLoop(w)
 	} else {
+		v.SetPollWindow(n.pollWindow)
+		q.tx.Store(&queueRef{v})
 		go n.txLoop(w)
 	}
 }
@@ -396,6 +408,7 @@ func (n *Net) RingStopped(v vhostuser.Queue) {
 	if isRX(v.Index()) {
 		tap.SetReadDeadline(past)
 	} else {
+		w.q.tx.Store(nil)
 		tap.SetWriteDeadline(past)
 	}
 	<-w.done

@@ -37,8 +37,11 @@ type Stats struct {
 	// CallsDeferred counts calls moderation postponed (Vring.SetCallModeration); each
 	// was sent later, merged with the calls that followed, or found unneeded.
 	CallsDeferred atomic.Uint64
-	Sessions      atomic.Uint64 // connections whose front-end sent at least one message
-	Ended         atomic.Uint64 // those sessions that have ended
+	// PollHits counts the times a worker's poll window (Vring.SetPollWindow) saw the
+	// driver post chains while it watched, so it took them with no kick and no sleep.
+	PollHits atomic.Uint64
+	Sessions atomic.Uint64 // connections whose front-end sent at least one message
+	Ended    atomic.Uint64 // those sessions that have ended
 	// Refused counts connections closed unserved because a session was running (one
 	// front-end per socket; vhostnet.Net.Serve).
 	Refused atomic.Uint64
@@ -651,6 +654,9 @@ func (s *Session) vringFile(m *message, p []byte) error {
 	}
 	v.closeKickLocked()
 	v.kick, v.kickRC, v.hasKick, v.kickNoFd = f, rc, true, fd < 0
+	if rc != nil {
+		v.pokeRC.Store(&rc)
+	}
 	if v.state == ringRunning {
 		v.mu.Unlock()
 		return nil

@@ -76,10 +76,10 @@
 //
 // # Kicks
 //
-// A worker sleeps in Vring.Wait, reading the kick eventfd as a non-blocking os.File, so
-// the Go runtime poller (epoll) parks the goroutine instead of a thread, with no epoll
-// loop of our own to keep; stopping or replacing the kick closes the File, which wakes
-// the reader. One worker per ring (or per pair) matches cloud-hypervisor and passt.
+// A worker sleeps in Vring.Wait, reading the kick eventfd as a non-blocking os.File
+// (a raw read(2) inside its RawConn: package rawsys says why), so the Go runtime poller
+// (epoll) parks the goroutine instead of a thread, with no epoll loop of our own to
+// keep; stopping or replacing the kick closes the File, which wakes the reader. One worker per ring (or per pair) matches cloud-hypervisor and passt.
 // Kick, call and err must be eventfds (fds.go: anything else ends the session, since a
 // pipe can fill and a file never stops being readable), the kick not in semaphore
 // mode; call and err are made non-blocking and written with a plain write, so a full
@@ -87,6 +87,14 @@
 // kick that keeps signalling with no work 65536 times in a row stops the ring
 // (RejectKick). A ring with no kick fd (NOFD_MASK) is polled, 50 µs after work and
 // backing off to 50 ms while idle.
+//
+// Kicks are off while a worker runs and on only while it sleeps: Wait and WaitMore
+// enable them (avail_event = the index they wait for, or NO_NOTIFY cleared), issue a
+// full barrier and look at avail->idx once more before sleeping, and nothing else turns
+// them on, so a driver posting to a ring whose worker is awake does not kick it (Linux
+// vhost keeps them off the same way until handle_tx finds the ring empty). With
+// SetPollWindow the worker watches avail->idx for a bounded time before it enables them
+// (wait.go), and Poke opens that window from another goroutine.
 //
 // # Faults
 //
@@ -101,9 +109,9 @@
 // driver does not look at them until idx moves, so the ring itself is the shadow); End
 // stores used->idx once per batch and decides on at most one call: with EVENT_IDX by
 // vring_need_event from the used idx at the previous decision, unconditionally the first
-// time after a start; without it unless avail->flags has NO_INTERRUPT. With EVENT_IDX
-// End also writes avail_event = last_avail_idx; without it the ring sets NO_NOTIFY
-// while work remains and clears it before sleeping. Publish does the same mid-batch, for
+// time after a start; without it unless avail->flags has NO_INTERRUPT. End leaves
+// avail_event alone (see Kicks); without EVENT_IDX the ring sets NO_NOTIFY while work
+// remains and clears it before sleeping. Publish does the same mid-batch, for
 // callers that signal every frame (the baseline moderation is measured against).
 //
 // Vring.SetCallModeration bounds a ring's calls under load to one per interval. Load is

@@ -66,6 +66,10 @@ type Queue interface {
 	WaitMore() error
 	// SetCallModeration bounds the calls under load to one per d (0: none held back).
 	SetCallModeration(d time.Duration)
+	// SetPollWindow makes Wait watch the ring for up to d after work before it sleeps
+	// (0: off); Poke, from another goroutine, asks the worker to watch now.
+	SetPollWindow(d time.Duration)
+	Poke()
 	// Guard, deferred by a worker that touches guest memory, turns a fault there into
 	// the end of the session (fault.go) and sets *faulted.
 	Guard(faulted *bool)

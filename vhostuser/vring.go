@@ -185,6 +185,17 @@ type Vring struct {
 	wlog       [][]piece
 	unloggedRX bool // Config.UnloggedRX (tests only)
 
+	// The poll window (wait.go, SetPollWindow), shared with the goroutine that calls
+	// Poke: the window's length (ns, 0 off), the monotonic time until which Poke asked
+	// the worker to watch, whether the worker sleeps on its kick, the kick's RawConn for
+	// Poke's write, and how many of the kick's counts are Poke's own.
+	pollWindow atomic.Int64
+	pollUntil  atomic.Int64
+	parked     atomic.Bool
+	pokeRC     atomic.Pointer[syscall.RawConn]
+	selfPokes  atomic.Int32
+	poke       func(uintptr) bool // v.pokeFd, made once
+
 	kickBuf  [8]byte
 	kickErr  syscall.Errno      // what readKick's last read returned
 	readKick func(uintptr) bool // v.readKickFd, made once: the worker waits without allocating
@@ -194,7 +205,7 @@ type Vring struct {
 func newVring(index int, writable bool, stats *Stats) *Vring {
 	v := &Vring{index: index, writable: writable, stats: stats, callFd: -1, errFd: -1,
 		logf: func(string, ...any) {}}
-	v.readKick = v.readKickFd
+	v.readKick, v.poke = v.readKickFd, v.pokeFd
 	binary.LittleEndian.PutUint64(v.one[:], 1)
 	return v
 }
@@ -338,6 +349,7 @@ func (v *Vring) flushOnStopLocked() {
 
 func (v *Vring) closeKickLocked() {
 	if v.kick != nil {
+		v.pokeRC.Store(nil)
 		v.kick.Close() // wakes a Wait blocked on it (os.File is in the poller)
 		v.kick, v.kickRC = nil, nil
 	}

@@ -3,6 +3,7 @@
 package vhostuser
 
 import (
+	"runtime"
 	"syscall"
 	"time"
 
@@ -27,7 +28,14 @@ func (v *Vring) Wait() error { return v.waitAvail(0, true) }
 // that index (avail_event with EVENT_IDX, else NO_NOTIFY cleared), issues the full
 // barrier and looks at avail->idx once more before sleeping on the kick.
 func (v *Vring) waitAvail(at uint16, atLast bool) error {
+	watchFor := v.pollWindow.Load() // after work: the window opens once, here
 	for {
+		if atLast {
+			if found, err := v.watch(watchFor); found || err != nil {
+				return err
+			}
+			watchFor = 0
+		}
 		if err := v.lockForWait(); err != nil {
 			return err
 		}
@@ -62,7 +70,10 @@ func (v *Vring) waitAvail(at uint16, atLast bool) error {
 		}
 		rc, poll := v.kickRC, v.kickNoFd
 		v.unlockForWait()
-		if err := v.sleep(rc, poll); err != nil {
+		v.parked.Store(true)
+		err := v.sleep(rc, poll)
+		v.parked.Store(false)
+		if err != nil {
 			return err
 		}
 		// After a kick, or the kick file closed by a stop or replaced, loop: the
@@ -135,6 +146,10 @@ func (v *Vring) sleep(rc syscall.RawConn, poll bool) error {
 	v.kickErr = 0
 	var last error
 	switch last = rc.Read(v.readKick); {
+	case last == nil && v.selfPokes.Swap(0) > 0:
+		// Poke's write (perhaps merged with a kick): the caller watches the ring
+		// next, so this is neither counted as a kick nor as one without work.
+		return nil
 	case last != nil:
 	case v.kickErr == 0:
 		v.stats.Kicks.Add(1)
@@ -194,4 +209,81 @@ func (v *Vring) WaitMore() error {
 	target := v.availCache
 	v.unlockForWait()
 	return v.waitAvail(target, false)
+}
+
+// The poll window (--vhost-poll; SetPollWindow). A worker that sleeps on its kick as
+// soon as the ring is empty pays a thread wake-up for the next chain, and its driver a
+// notification. When chains come close together — the answer to a frame just handed
+// the guest, the next burst of a flow — watching avail->idx for a bounded time instead
+// catches them with neither; the kicks stay disabled while the worker watches
+// (EVENT_IDX's avail_event is left behind; NO_NOTIFY stays set), as they are while it
+// works (virtio spec "Available Buffer Notification Suppression"). The models are
+// Linux's busy polling (net/core/dev.c napi_busy_loop, bounded by busy_poll µs) and
+// DPDK's and OVS's sleep after an idle spell. A window opens when the worker has just
+// had work (Wait after a batch) and when Poke asks: vhostnet pokes a pair's TX ring each
+// time its RX worker hands the guest frames, since a request delivered is when an answer
+// is most likely to follow. It is bounded and only ever follows work, so an idle ring
+// costs nothing; 0 (the default) turns it off.
+
+// monoBase anchors the window's monotonic clock (time.Since reads the monotonic one).
+var monoBase = time.Now()
+
+func monoNow() int64 { return int64(time.Since(monoBase)) }
+
+// SetPollWindow sets the window (0: off). It may be called at any time.
+func (v *Vring) SetPollWindow(d time.Duration) { v.pollWindow.Store(int64(max(d, 0))) }
+
+// Poke opens the window now, from any goroutine: if the worker sleeps on its kick it is
+// woken by a write to the kick eventfd, which its sleep tells from the driver's kicks
+// (selfPokes), so it is not counted as one. With the window off it does nothing.
+func (v *Vring) Poke() {
+	w := v.pollWindow.Load()
+	if w == 0 {
+		return
+	}
+	v.pollUntil.Store(monoNow() + w)
+	if !v.parked.Load() {
+		return // the worker is working, or about to look at the ring anyway
+	}
+	if rc := v.pokeRC.Load(); rc != nil {
+		v.selfPokes.Add(1)
+		(*rc).Write(v.poke) // an error is a kick closed by a stop: nothing to wake
+	}
+}
+
+// pokeFd is Poke's RawConn callback: one raw eventfd write, which never blocks.
+func (v *Vring) pokeFd(fd uintptr) bool {
+	rawsys.Write(fd, v.one[:])
+	return true
+}
+
+// watch watches avail->idx for up to d from now, or until Poke's deadline if that is
+// later, and reports whether the driver posted chains meanwhile. Each look takes mu, as
+// waitAvail's do (the ring may be stopping); between looks the goroutine yields its P,
+// so a worker that watches never holds up another on a busy machine.
+func (v *Vring) watch(d int64) (bool, error) {
+	now := monoNow()
+	until := max(v.pollUntil.Load(), now+d)
+	if d == 0 && now >= until {
+		return false, nil
+	}
+	for {
+		if err := v.lockForWait(); err != nil {
+			return false, err
+		}
+		moved := uint16(load32(v.avail, 0)>>16) != v.lastAvail
+		v.unlockForWait()
+		if moved {
+			v.stats.PollHits.Add(1)
+			v.pollWait, v.idleKicks = 0, 0
+			return true, nil
+		}
+		if now = monoNow(); now >= until {
+			// Poke may have moved the deadline on while we watched.
+			if until = v.pollUntil.Load(); now >= until {
+				return false, nil
+			}
+		}
+		runtime.Gosched()
+	}
 }

@@ -1,0 +1,169 @@
+//go:build linux
+
+package vhostuser
+
+import (
+	"encoding/binary"
+	"fmt"
+	"testing"
+	"time"
+
+	"tapgro/vhostuser/vhostusertest"
+	"tapgro/virtio"
+)
+
+// pwRing is a TX ring whose worker runs Wait and one batch per wake, for the poll
+// window tests.
+type pwRing struct {
+	t     *testing.T
+	h     *harness
+	r     *vhostusertest.Ring
+	v     *Vring
+	buf   uint64
+	woken chan error
+}
+
+func newPWRing(t *testing.T, ack uint64) *pwRing {
+	h := startSession(t, opts{ack: ack})
+	p := &pwRing{t: t, h: h, r: h.Rings[1], v: h.vr[1], buf: h.G.Alloc(128, 64), woken: make(chan error, 1)}
+	// One chain, taken: the worker has just had work. (No kick: Wait sees the chain
+	// first, and a kick's count left in the eventfd would be read at the next sleep.)
+	p.post()
+	p.wait()
+	p.take()
+	return p
+}
+
+// post makes one chain available without a kick.
+func (p *pwRing) post() { p.r.Publish(p.r.AddChain([]vhostusertest.Seg{{GPA: p.buf, Len: 100}})) }
+
+// take pops and completes everything available, as a TX worker's batch does.
+func (p *pwRing) take() {
+	p.t.Helper()
+	iov := make([][]byte, 0, 8)
+	batch(p.t, p.v, func() {
+		for {
+			c, err := p.v.Pop(iov)
+			if err != nil {
+				return
+			}
+			p.v.Push(c.Head, 0)
+		}
+	})
+	p.r.Reap()
+}
+
+func (p *pwRing) wait() {
+	p.t.Helper()
+	if err := p.v.Wait(); err != nil {
+		p.t.Fatalf("Wait: %v", err)
+	}
+}
+
+// startWait runs Wait in the background; woken gets its result.
+func (p *pwRing) startWait() { go func() { p.woken <- p.v.Wait() }() }
+
+func (p *pwRing) woke() {
+	p.t.Helper()
+	select {
+	case err := <-p.woken:
+		if err != nil {
+			p.t.Fatalf("Wait: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		p.t.Fatal("Wait did not return")
+	}
+}
+
+// kickWanted is the driver's question after it made chains available: does the device
+// want a kick for them (virtio spec "Available Buffer Notification Suppression")?
+func (p *pwRing) kickWanted(eventIdx bool, old uint16) bool {
+	if eventIdx {
+		return vhostusertest.NeedEvent(p.r.AvailEvent(), p.r.AvailIdx(), old)
+	}
+	return binary.LittleEndian.Uint16(p.r.Used[0:])&usedFNoNotify == 0
+}
+
+// parked waits until the worker sleeps on its kick.
+func (p *pwRing) parked() {
+	p.t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); !p.v.parked.Load(); {
+		if time.Now().After(deadline) {
+			p.t.Fatal("the worker never went to sleep")
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// TestPollWindow: with a window, chains the driver posts just after work, or just after
+// Poke, are taken with kicks still disabled and no kick read; without one, the worker
+// re-enables kicks and sleeps at once, and Poke does nothing.
+func TestPollWindow(t *testing.T) {
+	for _, ei := range []bool{true, false} {
+		ack := uint64(featsDefault)
+		if !ei {
+			ack &^= 1 << virtio.RingEventIdx
+		}
+		stats := func(p *pwRing) (kicks, hits uint64) {
+			s := p.h.b.Stats()
+			return s.Kicks.Load(), s.PollHits.Load()
+		}
+		t.Run(fmt.Sprintf("after-work/eventidx=%v", ei), func(t *testing.T) {
+			p := newPWRing(t, ack)
+			p.v.SetPollWindow(time.Hour) // never closes during the test
+			k0, h0 := stats(p)
+			p.startWait()
+			old := p.r.AvailIdx()
+			p.post()
+			if p.kickWanted(ei, old) {
+				t.Fatalf("the watching worker asked for a kick (avail_event %d, avail idx %d -> %d)", p.r.AvailEvent(), old, p.r.AvailIdx())
+			}
+			p.woke()
+			if k, h := stats(p); k != k0 || h != h0+1 {
+				t.Fatalf("kicks %d -> %d, poll hits %d -> %d; want no kick and one hit", k0, k, h0, h)
+			}
+			p.take()
+		})
+		t.Run(fmt.Sprintf("poke/eventidx=%v", ei), func(t *testing.T) {
+			p := newPWRing(t, ack)
+			p.v.SetPollWindow(time.Millisecond)
+			p.startWait()
+			p.parked() // the window after work closed: it sleeps on the kick
+			// Counted from here: the session's first kick (the front-end signals a new
+			// kick eventfd) was read on the way to sleep.
+			k0, h0 := stats(p)
+			p.v.SetPollWindow(time.Hour)
+			p.v.Poke()
+			for p.v.parked.Load() {
+				time.Sleep(time.Millisecond) // Poke's write woke it; it watches now
+			}
+			p.post()
+			p.woke()
+			if k, h := stats(p); k != k0 || h != h0+1 {
+				t.Fatalf("kicks %d -> %d, poll hits %d -> %d; want Poke's wake-up not counted as a kick and one hit", k0, k, h0, h)
+			}
+			p.take()
+		})
+		t.Run(fmt.Sprintf("off/eventidx=%v", ei), func(t *testing.T) {
+			p := newPWRing(t, ack)
+			p.startWait()
+			p.parked()
+			k0, _ := stats(p)
+			p.v.Poke() // off: nothing to wake
+			if n := p.v.selfPokes.Load(); n != 0 {
+				t.Fatalf("Poke with the window off wrote the kick eventfd (%d)", n)
+			}
+			old := p.r.AvailIdx()
+			p.post()
+			if !p.kickWanted(ei, old) {
+				t.Fatal("the sleeping worker did not ask for a kick")
+			}
+			p.r.KickNow()
+			p.woke()
+			if k, h := stats(p); k != k0+1 || h != 0 {
+				t.Fatalf("kicks %d -> %d, poll hits %d; want one kick and no hit", k0, k, h)
+			}
+			p.take()
+		})
+	}
+}
