@@ -179,7 +179,11 @@ func main() {
 	guestsOut := flag.String("guests-out", "docs/benchmarks/GUESTS.md", "the guest matrix's markdown report")
 	guestFlavourList := flag.String("guest-flavours", "", "comma-separated guest flavours for -guests (default all)")
 	flag.BoolVar(&b.trace, "trace", false, "with -guests: count system calls, context switches and wake-ups per GB in the TCP tests, tapgro's threads and QEMU's other than the vCPU (needs perf and tracefs)")
-	flag.StringVar(&b.before, "before", "", "with -guests: also run tapgro vhost-user rows from the tapgro binary at PATH (built from an earlier commit), alternating with this tree's, for before/after tables")
+	tpmd := flag.Bool("testpmd", false, "only the ping latency table through tapgro's vhost-user port with dpdk-testpmd as the front-end, beside testpmd alone and a veth pair: writes -testpmd-out")
+	tpmdOut := flag.String("testpmd-out", "docs/benchmarks/LATENCY.md", "the -testpmd markdown report")
+	var tpmdArgs tpArgs
+	flag.Var(&tpmdArgs, "testpmd-tapgro-args", "extra tapgro flags for an additional 'through tapgro' row, e.g. --vhost-poll 50us (repeat the flag or separate with ';' for several rows)")
+	flag.StringVar(&b.before, "before", "", "with -guests or -testpmd: also run tapgro vhost-user rows from the tapgro binary at PATH (built from an earlier commit), alternating with this tree's, for before/after tables")
 	flag.StringVar(&b.perfDir, "perf", "", "during the first run of each TCP row, perf record -g each relay into DIR and write DIR/*.txt summaries (needs perf)")
 	flag.Parse()
 	if *rrAddr != "" {
@@ -205,6 +209,11 @@ func main() {
 	}
 	if os.Geteuid() != 0 {
 		fatal("needs root (network namespaces and TAP devices)")
+	}
+	if *tpmd {
+		if err := testpmdReady(); err != nil {
+			fatal("%v", err)
+		}
 	}
 	for _, tool := range []string{"ip", "iperf3", "ping", "go"} {
 		if _, err := exec.LookPath(tool); err != nil {
@@ -239,6 +248,14 @@ func main() {
 	b.nsGuest, b.nsHost = "tapgro-bench-"+tag+"-guest", "tapgro-bench-"+tag+"-host"
 	defer b.teardown()
 
+	if *tpmd {
+		err := b.runTestpmd(tpmdArgs, *tpmdOut)
+		os.RemoveAll(b.work) // fatal skips the deferred one
+		if err != nil {
+			fatal("%v", err)
+		}
+		return
+	}
 	if *guests {
 		if b.before != "" {
 			if b.before, err = filepath.Abs(b.before); err == nil {
