@@ -84,6 +84,14 @@ func (p *pwRing) kickWanted(eventIdx bool, old uint16) bool {
 	return binary.LittleEndian.Uint16(p.r.Used[0:])&usedFNoNotify == 0
 }
 
+// wouldKick is kickWanted for a chain the driver has not posted yet.
+func (p *pwRing) wouldKick(eventIdx bool) bool {
+	if eventIdx {
+		return vhostusertest.NeedEvent(p.r.AvailEvent(), p.r.AvailIdx()+1, p.r.AvailIdx())
+	}
+	return binary.LittleEndian.Uint16(p.r.Used[0:])&usedFNoNotify == 0
+}
+
 // parked waits until the worker sleeps on its kick.
 func (p *pwRing) parked() {
 	p.t.Helper()
@@ -134,10 +142,18 @@ func TestPollWindow(t *testing.T) {
 			k0, h0 := stats(p)
 			p.v.SetPollWindow(time.Hour)
 			p.v.Poke()
-			for p.v.parked.Load() {
-				time.Sleep(time.Millisecond) // Poke's write woke it; it watches now
+			for deadline := time.Now().Add(10 * time.Second); p.v.parked.Load() || p.wouldKick(ei); {
+				// Poke's write woke it; it watches now, with kicks turned off again.
+				if time.Now().After(deadline) {
+					t.Fatal("after Poke the worker did not watch with kicks off")
+				}
+				time.Sleep(time.Millisecond)
 			}
+			old := p.r.AvailIdx()
 			p.post()
+			if p.kickWanted(ei, old) {
+				t.Fatal("the worker watching after Poke asked for a kick")
+			}
 			p.woke()
 			if k, h := stats(p); k != k0 || h != h0+1 {
 				t.Fatalf("kicks %d -> %d, poll hits %d -> %d; want Poke's wake-up not counted as a kick and one hit", k0, k, h0, h)

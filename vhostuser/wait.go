@@ -258,7 +258,7 @@ func (v *Vring) pokeFd(fd uintptr) bool {
 }
 
 // watch watches avail->idx for up to d from now, or until Poke's deadline if that is
-// later, and reports whether the driver posted chains meanwhile. Each look takes mu, as
+// later, with kicks off, and reports whether the driver posted chains meanwhile. Each look takes mu, as
 // waitAvail's do (the ring may be stopping); between looks the goroutine yields its P,
 // so a worker that watches never holds up another on a busy machine.
 func (v *Vring) watch(d int64) (bool, error) {
@@ -267,9 +267,12 @@ func (v *Vring) watch(d int64) (bool, error) {
 	if d == 0 && now >= until {
 		return false, nil
 	}
-	for {
+	for first := true; ; first = false {
 		if err := v.lockForWait(); err != nil {
 			return false, err
+		}
+		if first {
+			v.kicksOffLocked()
 		}
 		moved := uint16(load32(v.avail, 0)>>16) != v.lastAvail
 		v.unlockForWait()
@@ -285,5 +288,27 @@ func (v *Vring) watch(d int64) (bool, error) {
 			}
 		}
 		runtime.Gosched()
+	}
+}
+
+// kicksOffLocked turns the driver's kicks off for a watch. After work they are off
+// already (avail_event behind, or NO_NOTIFY), but a worker Poke woke from its sleep had
+// turned them on. With EVENT_IDX, avail_event = last_avail_idx-1 is behind every index
+// the driver can move from, so vring_need_event is false for all of them; waitAvail
+// turns kicks on again, and looks once more, before any sleep.
+func (v *Vring) kicksOffLocked() {
+	if v.eventIdx {
+		store16(v.used, v.availEv, v.lastAvail-1)
+		if v.log != nil {
+			v.logUsedLocked(v.availEv, 2)
+		}
+		return
+	}
+	if v.usedFlags != usedFNoNotify {
+		v.usedFlags = usedFNoNotify
+		store32(v.used, 0, uint32(v.pubIdx)<<16|uint32(v.usedFlags))
+		if v.log != nil {
+			v.logUsedLocked(0, 4)
+		}
 	}
 }
