@@ -195,7 +195,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&rxBuf, "rx-buf-size", "2048", "TAP->port receive pool: bytes per buffer (a frame spans ceil(len/size) buffers), e.g. 2048 or 4K")
 	fs.StringVar(&rxPool, "rx-pool-bytes", "4M", "TAP->port receive pool: total bytes, the hard cap on frames queued for the port, e.g. 4M")
 	fs.DurationVar(&rxDelay, "rx-flush-delay", rxpool.DefaultFlushDelay, "after the port was full and became writable: longest wait for more room before flushing (0: none)")
-	fs.DurationVar(&o.pollWindow, "vhost-poll", 0, "vhost-user: after work, and after handing the guest frames, each TX worker watches its ring this long before sleeping on the kick (lower latency and fewer kicks for CPU; at most 1ms; 0: off)")
+	fs.DurationVar(&o.pollWindow, "vhost-poll", 0, "vhost-user: after a pair hands the guest frames, its TX worker watches the ring this long for the answer before sleeping on the kick (fewer kicks and wake-ups for CPU; needs a spare core; at most 1ms; 0: off)")
 	fs.DurationVar(&o.callInterval, "call-interval", 500*time.Microsecond, "vhost-user: under load, at most one call (interrupt) to the guest's receive queue per this interval (0: one per batch)")
 	fs.StringVar(&rxThreshold, "rx-flush-threshold", "auto", "after the port was full: free send-buffer room that flushes at once, in bytes (e.g. 256K) or percent of the buffer (e.g. 50%); auto: room for everything queued, at most 50%")
 	fs.StringVar(&rxBatch, "rx-batch", "on", "batch frames to the port (on), or write every frame on its own (off: the baseline for measurements); vhost-user: off publishes and signals every frame")

@@ -162,9 +162,9 @@ type Config struct {
 	// and why a call owed is never lost).
 	PerFrame     bool
 	CallInterval time.Duration
-	// PollWindow > 0 makes each TX worker watch its ring for that long after work and
-	// after its pair's RX worker handed the guest frames, before it sleeps on the kick
-	// (--vhost-poll; vhostuser.Vring.SetPollWindow says why and what it costs).
+	// PollWindow > 0 makes each TX worker watch its ring for that long after its pair's
+	// RX worker handed the guest frames, before it sleeps on the kick (--vhost-poll;
+	// vhostuser/wait.go says why and what it costs).
 	PollWindow time.Duration
 
 	// UnloggedRX is for tests only (vhostuser.Config.UnloggedRX): a migration's dirty

@@ -92,9 +92,9 @@
 // enable them (avail_event = the index they wait for, or NO_NOTIFY cleared), issue a
 // full barrier and look at avail->idx once more before sleeping, and nothing else turns
 // them on, so a driver posting to a ring whose worker is awake does not kick it (Linux
-// vhost keeps them off the same way until handle_tx finds the ring empty). With
-// SetPollWindow the worker watches avail->idx for a bounded time before it enables them
-// (wait.go), and Poke opens that window from another goroutine.
+// vhost keeps them off the same way until handle_tx finds the ring empty). Poke, from
+// another goroutine, has the worker watch avail->idx with kicks off for the time
+// SetPollWindow gives before it enables them and sleeps (wait.go).
 //
 // # Faults
 //

@@ -66,8 +66,8 @@ type Queue interface {
 	WaitMore() error
 	// SetCallModeration bounds the calls under load to one per d (0: none held back).
 	SetCallModeration(d time.Duration)
-	// SetPollWindow makes Wait watch the ring for up to d after work before it sleeps
-	// (0: off); Poke, from another goroutine, asks the worker to watch now.
+	// SetPollWindow sets how long Poke, from another goroutine, makes the worker watch
+	// the ring before it sleeps on the kick (0: off).
 	SetPollWindow(d time.Duration)
 	Poke()
 	// Guard, deferred by a worker that touches guest memory, turns a fault there into

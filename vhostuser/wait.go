@@ -28,13 +28,11 @@ func (v *Vring) Wait() error { return v.waitAvail(0, true) }
 // that index (avail_event with EVENT_IDX, else NO_NOTIFY cleared), issues the full
 // barrier and looks at avail->idx once more before sleeping on the kick.
 func (v *Vring) waitAvail(at uint16, atLast bool) error {
-	watchFor := v.pollWindow.Load() // after work: the window opens once, here
 	for {
 		if atLast {
-			if found, err := v.watch(watchFor); found || err != nil {
+			if found, err := v.watch(); found || err != nil {
 				return err
 			}
-			watchFor = 0
 		}
 		if err := v.lockForWait(); err != nil {
 			return err
@@ -213,17 +211,20 @@ func (v *Vring) WaitMore() error {
 
 // The poll window (--vhost-poll; SetPollWindow). A worker that sleeps on its kick as
 // soon as the ring is empty pays a thread wake-up for the next chain, and its driver a
-// notification. When chains come close together — the answer to a frame just handed
-// the guest, the next burst of a flow — watching avail->idx for a bounded time instead
-// catches them with neither; the kicks stay disabled while the worker watches
-// (EVENT_IDX's avail_event is left behind; NO_NOTIFY stays set), as they are while it
-// works (virtio spec "Available Buffer Notification Suppression"). The models are
-// Linux's busy polling (net/core/dev.c napi_busy_loop, bounded by busy_poll µs) and
-// DPDK's and OVS's sleep after an idle spell. A window opens when the worker has just
-// had work (Wait after a batch) and when Poke asks: vhostnet pokes a pair's TX ring each
-// time its RX worker hands the guest frames, since a request delivered is when an answer
-// is most likely to follow. It is bounded and only ever follows work, so an idle ring
-// costs nothing; 0 (the default) turns it off.
+// notification. When a chain is about to come — the answer to a frame just handed the
+// guest — watching avail->idx for a bounded time instead catches it with neither; the
+// kicks are turned off while the worker watches (virtio spec "Available Buffer
+// Notification Suppression"). The model is Linux's busy polling (net/core/dev.c
+// napi_busy_loop, bounded by busy_poll µs). A window opens only when Poke asks: vhostnet
+// pokes a pair's TX ring each time its RX worker hands the guest frames, since a request
+// delivered is when an answer is most likely to follow. It is bounded and only ever
+// follows traffic, so an idle ring costs nothing; 0 (the default) turns it off.
+//
+// A window after every batch of the worker's own (DPDK's and OVS's sleep after an idle
+// spell) was tried and dropped: with testpmd as the front-end it cost 143 against 94 µs
+// of CPU per ping round trip for the same latency, and under TCG, where the guest's
+// vCPU needs the host's cores, it doubled tapgro's CPU per GB and lengthened the guest's
+// round trips (docs/benchmarks/GUESTS-before-after.md, run 2).
 
 // monoBase anchors the window's monotonic clock (time.Since reads the monotonic one).
 var monoBase = time.Now()
@@ -257,14 +258,13 @@ func (v *Vring) pokeFd(fd uintptr) bool {
 	return true
 }
 
-// watch watches avail->idx for up to d from now, or until Poke's deadline if that is
-// later, with kicks off, and reports whether the driver posted chains meanwhile. Each look takes mu, as
+// watch watches avail->idx until Poke's deadline, if one is open, with kicks off, and
+// reports whether the driver posted chains meanwhile. Each look takes mu, as
 // waitAvail's do (the ring may be stopping); between looks the goroutine yields its P,
 // so a worker that watches never holds up another on a busy machine.
-func (v *Vring) watch(d int64) (bool, error) {
-	now := monoNow()
-	until := max(v.pollUntil.Load(), now+d)
-	if d == 0 && now >= until {
+func (v *Vring) watch() (bool, error) {
+	until := v.pollUntil.Load()
+	if until == 0 || monoNow() >= until {
 		return false, nil
 	}
 	for first := true; ; first = false {
@@ -281,7 +281,7 @@ func (v *Vring) watch(d int64) (bool, error) {
 			v.pollWait, v.idleKicks = 0, 0
 			return true, nil
 		}
-		if now = monoNow(); now >= until {
+		if now := monoNow(); now >= until {
 			// Poke may have moved the deadline on while we watched.
 			if until = v.pollUntil.Load(); now >= until {
 				return false, nil
