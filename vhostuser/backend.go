@@ -8,10 +8,8 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"os"
 	"sync"
 	"sync/atomic"
-	"syscall"
 
 	"golang.org/x/sys/unix"
 
@@ -583,91 +581,6 @@ func (s *Session) vringState(req uint32, v *Vring, st vuproto.VringState) (bool,
 		v.base = uint16(st.Num)
 	}
 	return false, nil
-}
-
-// vringFile handles SET_VRING_KICK/CALL/ERR: bits 0–7 ring index, bit 8 = no fd
-// (vhost-user.rst SET_VRING_KICK). A kick starts the ring (libvhost-user
-// vu_set_vring_kick_exec; QEMU creates the kick eventfd already signalled, so the ring
-// would start at the first read anyway).
-//
-// Every fd must be an eventfd (checkEventfd), and is made non-blocking: the kick
-// because the runtime poller reads it, call and err because a write to them must never
-// block a worker holding its ring (Vring.signal). Anything else (a pipe that fills, a
-// file or /dev/zero that never stops being readable) ends the session with an error
-// that says what the fd was: QEMU only ever sends eventfds (event_notifier_init).
-func (s *Session) vringFile(m *message, p []byte) error {
-	u, _ := decodeU64(p)
-	if u&^uint64(vuproto.VringIndexMask|vuproto.VringNoFd) != 0 {
-		return protoErr("request %d payload %#x", m.req, u)
-	}
-	v, err := s.ring(uint32(u & vuproto.VringIndexMask))
-	if err != nil {
-		return err
-	}
-	fd := -1
-	if u&vuproto.VringNoFd == 0 {
-		fd = m.takeFd(0)
-		err := checkEventfd(fd, m.req == ReqSetVringKick)
-		if err == nil {
-			err = unix.SetNonblock(fd, true)
-		}
-		if err != nil {
-			unix.Close(fd)
-			return protoErr("%s ring %d: %v", reqName(m.req), v.index, err)
-		}
-	}
-	v.mu.Lock()
-	switch m.req {
-	case ReqSetVringCall:
-		v.closeFd(&v.callFd)
-		v.callFd = fd
-		if fd >= 0 && v.state == ringRunning && v.pubIdx != v.base {
-			// QEMU sends CALL after KICK (hw/virtio/vhost.c vhost_virtqueue_start), so
-			// entries may have been published with no fd to signal. One spurious
-			// interrupt is harmless; a lost one stalls the guest (passt signals every
-			// new call fd, vhost_user.c vu_set_vring_call_exec).
-			if v.signal(fd) {
-				s.stats.Calls.Add(1)
-			} else {
-				s.stats.CallsDropped.Add(1)
-			}
-		}
-		v.mu.Unlock()
-		return nil
-	case ReqSetVringErr:
-		v.closeFd(&v.errFd)
-		v.errFd = fd
-		v.mu.Unlock()
-		return nil
-	}
-	// Kick. The eventfd goes into the runtime poller; closing the os.File wakes a
-	// blocked Read.
-	var f *os.File
-	var rc syscall.RawConn
-	if fd >= 0 {
-		f = os.NewFile(uintptr(fd), fmt.Sprintf("vhost-user-kick-%d", v.index))
-		if rc, err = f.SyscallConn(); err != nil {
-			f.Close()
-			v.mu.Unlock()
-			return protoErr("%s ring %d: %v", reqName(m.req), v.index, err)
-		}
-	}
-	v.closeKickLocked()
-	v.kick, v.kickRC, v.hasKick, v.kickNoFd = f, rc, true, fd < 0
-	if rc != nil {
-		v.pokeRC.Store(&rc)
-	}
-	if v.state == ringRunning {
-		v.mu.Unlock()
-		return nil
-	}
-	ok := v.startLocked(s.mem, s.feats())
-	v.announced = ok
-	v.mu.Unlock()
-	if ok {
-		s.h.RingStarted(v)
-	}
-	return nil
 }
 
 func reqName(req uint32) string {

@@ -44,7 +44,8 @@
 // The virtqueue: vring.go is its state and life cycle (configuration from SET_VRING_*,
 // start, translation, violations, stop); batch.go the worker's batch, Pop with every
 // descriptor checked, Push and Rewind; notify.go publishing and calls, with
-// moderation; wait.go sleeping for kicks. The descriptor table, avail ring and used ring
+// moderation; wait.go sleeping for kicks and the poll window; fds.go the kick, call
+// and err eventfds (SET_VRING_KICK/CALL/ERR). The descriptor table, avail ring and used ring
 // are each translated for their full size, event words included. A ring runs from
 // SET_VRING_KICK to GET_VRING_BASE (vhost-user.rst "Ring states"). The device sees a
 // ring only as a Queue (queue.go): chains (Pop), used entries (Push), hand-backs

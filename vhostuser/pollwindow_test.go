@@ -84,6 +84,25 @@ func (p *pwRing) kickWanted(eventIdx bool, old uint16) bool {
 	return binary.LittleEndian.Uint16(p.r.Used[0:])&usedFNoNotify == 0
 }
 
+// kickedAwake checks a worker asleep on its kick with no window open: a chain posted
+// wants a kick, and the kick (not a watch) wakes it.
+func (p *pwRing) kickedAwake(eventIdx bool) {
+	p.t.Helper()
+	s := p.h.b.Stats()
+	k0 := s.Kicks.Load()
+	old := p.r.AvailIdx()
+	p.post()
+	if !p.kickWanted(eventIdx, old) {
+		p.t.Fatal("the sleeping worker did not ask for a kick")
+	}
+	p.r.KickNow()
+	p.woke()
+	if k, h := s.Kicks.Load(), s.PollHits.Load(); k != k0+1 || h != 0 {
+		p.t.Fatalf("kicks %d -> %d, poll hits %d; want one kick and no hit", k0, k, h)
+	}
+	p.take()
+}
+
 // wouldKick is kickWanted for a chain the driver has not posted yet.
 func (p *pwRing) wouldKick(eventIdx bool) bool {
 	if eventIdx {
@@ -124,18 +143,7 @@ func TestPollWindow(t *testing.T) {
 			p.v.SetPollWindow(time.Hour)
 			p.startWait()
 			p.parked()
-			k0, _ := stats(p)
-			old := p.r.AvailIdx()
-			p.post()
-			if !p.kickWanted(ei, old) {
-				t.Fatal("the sleeping worker did not ask for a kick")
-			}
-			p.r.KickNow()
-			p.woke()
-			if k, h := stats(p); k != k0+1 || h != 0 {
-				t.Fatalf("kicks %d -> %d, poll hits %d; want one kick and no hit", k0, k, h)
-			}
-			p.take()
+			p.kickedAwake(ei)
 		})
 		t.Run(fmt.Sprintf("poke/eventidx=%v", ei), func(t *testing.T) {
 			p := newPWRing(t, ack)
@@ -168,22 +176,11 @@ func TestPollWindow(t *testing.T) {
 			p := newPWRing(t, ack)
 			p.startWait()
 			p.parked()
-			k0, _ := stats(p)
 			p.v.Poke() // off: nothing to wake
 			if n := p.v.selfPokes.Load(); n != 0 {
 				t.Fatalf("Poke with the window off wrote the kick eventfd (%d)", n)
 			}
-			old := p.r.AvailIdx()
-			p.post()
-			if !p.kickWanted(ei, old) {
-				t.Fatal("the sleeping worker did not ask for a kick")
-			}
-			p.r.KickNow()
-			p.woke()
-			if k, h := stats(p); k != k0+1 || h != 0 {
-				t.Fatalf("kicks %d -> %d, poll hits %d; want one kick and no hit", k0, k, h)
-			}
-			p.take()
+			p.kickedAwake(ei)
 		})
 	}
 }
