@@ -77,15 +77,18 @@
 //
 // # Kicks
 //
-// A worker sleeps in Vring.Wait, reading the kick eventfd as a non-blocking os.File
-// (a raw read(2) inside its RawConn: package rawsys says why), so the Go runtime poller
-// (epoll) parks the goroutine instead of a thread, with no epoll loop of our own to
-// keep; stopping or replacing the kick closes the File, which wakes the reader. One worker per ring (or per pair) matches cloud-hypervisor and passt.
+// A worker sleeps in Vring.Wait on the kick eventfd as a non-blocking os.File in the
+// Go runtime poller (epoll, edge-triggered), so the goroutine parks instead of a
+// thread, with no epoll loop of our own to keep; stopping or replacing the kick closes
+// the File, which wakes the sleeper. The kick's counter is never read: each eventfd
+// write is an edge of its own, which is how Linux vhost waits on it too (Vring.sleep),
+// and it saves two system calls per sleep. One worker per ring (or per pair) matches
+// cloud-hypervisor and passt.
 // Kick, call and err must be eventfds (fds.go: anything else ends the session, since a
-// pipe can fill and a file never stops being readable), the kick not in semaphore
-// mode; call and err are made non-blocking and written with a plain write, so a full
-// counter drops a signal (counted) instead of blocking a worker that holds its ring. A
-// kick that keeps signalling with no work 65536 times in a row stops the ring
+// pipe can fill and a file never stops being readable); call and err are made
+// non-blocking and written with a plain write, so a full counter drops a signal
+// (counted) instead of blocking a worker that holds its ring. A kick that wakes the
+// worker with no work 65536 times in a row stops the ring
 // (RejectKick). A ring with no kick fd (NOFD_MASK) is polled, 50 µs after work and
 // backing off to 50 ms while idle.
 //

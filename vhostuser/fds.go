@@ -3,7 +3,6 @@
 package vhostuser
 
 import (
-	"bytes"
 	"fmt"
 	"os"
 	"strconv"
@@ -18,12 +17,9 @@ import (
 // says kick, call and err are. /proc/self/fd names an eventfd "anon_inode:[eventfd]"
 // (fs/eventfd.c eventfd_create → anon_inode_getfd); without /proc (a chroot) only the
 // inode type can be checked: an anonymous inode has no file type bits, which rules out
-// pipes, sockets, files and devices. A kick is read by the worker, so it must not be
-// in semaphore mode either (EFD_SEMAPHORE: every read takes 1 off the count, so a count
-// of 2^64-2 would keep the worker reading for ever); Linux 6.5 and later show the mode
-// in /proc/self/fdinfo (fs/eventfd.c eventfd_show_fdinfo), and Vring.sleep stops a ring
-// whose kick never goes quiet where that line is missing.
-func checkEventfd(fd int, kick bool) error {
+// pipes, sockets, files and devices. An eventfd's mode does not matter: the worker
+// never reads the kick (Vring.sleep), it only waits for its edges.
+func checkEventfd(fd int) error {
 	var st unix.Stat_t
 	if err := unix.Fstat(fd, &st); err != nil {
 		return fmt.Errorf("fstat: %w", err)
@@ -38,12 +34,6 @@ func checkEventfd(fd int, kick bool) error {
 	if link != "anon_inode:[eventfd]" {
 		return fmt.Errorf("fd is %q, not an eventfd", link)
 	}
-	if kick {
-		info, err := os.ReadFile("/proc/self/fdinfo/" + strconv.Itoa(fd))
-		if err == nil && bytes.Contains(info, []byte("\neventfd-semaphore: 1")) {
-			return fmt.Errorf("fd is an eventfd in semaphore mode: a kick must count, not take one at a time")
-		}
-	}
 	return nil
 }
 
@@ -53,7 +43,7 @@ func checkEventfd(fd int, kick bool) error {
 // would start at the first read anyway).
 //
 // Every fd must be an eventfd (checkEventfd), and is made non-blocking: the kick
-// because the runtime poller reads it, call and err because a write to them must never
+// because it goes into the runtime poller, call and err because a write to them must never
 // block a worker holding its ring (Vring.signal). Anything else (a pipe that fills, a
 // file or /dev/zero that never stops being readable) ends the session with an error
 // that says what the fd was: QEMU only ever sends eventfds (event_notifier_init).
@@ -69,7 +59,7 @@ func (s *Session) vringFile(m *message, p []byte) error {
 	fd := -1
 	if u&vuproto.VringNoFd == 0 {
 		fd = m.takeFd(0)
-		err := checkEventfd(fd, m.req == ReqSetVringKick)
+		err := checkEventfd(fd)
 		if err == nil {
 			err = unix.SetNonblock(fd, true)
 		}

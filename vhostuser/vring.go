@@ -196,16 +196,17 @@ type Vring struct {
 	selfPokes  atomic.Int32
 	poke       func(uintptr) bool // v.pokeFd, made once
 
-	kickBuf  [8]byte
-	kickErr  syscall.Errno      // what readKick's last read returned
-	readKick func(uintptr) bool // v.readKickFd, made once: the worker waits without allocating
-	one      [8]byte
+	kickWoke  bool               // the poller ended sleep's wait (awaitKickFd)
+	waitAt    uint16             // the avail->idx sleep waits to see move
+	waitWatch bool               // sleep is Wait's, which watches when Poke opens a window
+	awaitKick func(uintptr) bool // v.awaitKickFd, made once: the worker waits without allocating
+	one       [8]byte
 }
 
 func newVring(index int, writable bool, stats *Stats) *Vring {
 	v := &Vring{index: index, writable: writable, stats: stats, callFd: -1, errFd: -1,
 		logf: func(string, ...any) {}}
-	v.readKick, v.poke = v.readKickFd, v.pokeFd
+	v.awaitKick, v.poke = v.awaitKickFd, v.pokeFd
 	binary.LittleEndian.PutUint64(v.one[:], 1)
 	return v
 }

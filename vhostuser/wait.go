@@ -7,8 +7,6 @@ import (
 	"syscall"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"tapgro/rawsys"
 )
 
@@ -67,6 +65,7 @@ func (v *Vring) waitAvail(at uint16, atLast bool) error {
 			return nil
 		}
 		rc, poll := v.kickRC, v.kickNoFd
+		v.waitAt, v.waitWatch = at, atLast
 		v.unlockForWait()
 		v.parked.Store(true)
 		err := v.sleep(rc, poll)
@@ -127,11 +126,14 @@ const kickStorm = 1 << 16
 // kick never goes quiet; the ring is stopped as the other violations stop it, counted
 // (RejectKick) and logged.
 //
-// The eventfd is read with a raw read(2) inside RawConn.Read, which parks the goroutine
-// on the runtime poller at EAGAIN: os.File.Read would make the same call through
-// syscall.Syscall, whose entersyscall wakes the runtime's sysmon thread out of its deep
-// sleep on every wait of an otherwise idle process (package rawsys says what that
-// costs).
+// The kick's counter is never read. The runtime poller's epoll is edge-triggered, and
+// every eventfd write wakes the eventfd's wait queue (fs/eventfd.c eventfd_write →
+// wake_up_locked_poll), so each kick is an event whether or not the count was taken;
+// Linux vhost does the same, waking on the eventfd's wait queue and never reading it
+// (drivers/vhost/vhost.c vhost_poll_start, vhost_poll_wakeup). That saves two system
+// calls per sleep (the read that takes the count and the one that finds it empty), and
+// a kick fd that is always readable cannot make the worker spin: it is one edge. The
+// 64-bit count cannot overflow: at one kick per nanosecond it would take 584 years.
 func (v *Vring) sleep(rc syscall.RawConn, poll bool) error {
 	if rc == nil {
 		if !poll {
@@ -141,22 +143,24 @@ func (v *Vring) sleep(rc syscall.RawConn, poll bool) error {
 		time.Sleep(v.pollWait)
 		return nil
 	}
-	v.kickErr = 0
-	var last error
-	switch last = rc.Read(v.readKick); {
+	v.kickWoke = false
+	last := rc.Read(v.awaitKick)
+	switch {
+	case last == nil && !v.kickWoke:
+		// Not parked: the ring had moved, Poke's window is open or the ring is changing
+		// (awaitKickFd). waitAvail looks under the lock.
+		return nil
 	case last == nil && v.selfPokes.Swap(0) > 0:
 		// Poke's write (perhaps merged with a kick): the caller watches the ring
 		// next, so this is neither counted as a kick nor as one without work.
 		return nil
-	case last != nil:
-	case v.kickErr == 0:
+	case last == nil:
 		v.stats.Kicks.Add(1)
-	default:
-		last = v.kickErr
 	}
 	// An error from rc.Read is the kick file closed (a stop, or a new SET_VRING_KICK
-	// replaced it): the state check in waitAvail decides what comes next. Counted
-	// like a kick without work all the same, so nothing can make this loop spin.
+	// replaced it), or a file the poller cannot wait on: the state check in waitAvail
+	// decides what comes next. Counted like a kick without work all the same, so
+	// nothing can make this loop spin.
 	if v.idleKicks++; v.idleKicks < kickStorm {
 		return nil
 	}
@@ -167,24 +171,41 @@ func (v *Vring) sleep(rc syscall.RawConn, poll bool) error {
 		return ErrStopped
 	}
 	v.failLocked(RejectKick)
-	v.logf("vhost-user: ring %d: %d kicks in a row found no work (last read: %v); ring stopped", v.index, kickStorm, last)
+	v.logf("vhost-user: ring %d: %d kicks in a row found no work (last wait: %v); ring stopped", v.index, kickStorm, last)
 	return ErrBroken
 }
 
-// readKickFd is sleep's RawConn callback: one read of the eventfd's counter. At EAGAIN
-// it asks the poller to wait; any other result ends the wait, its errno in kickErr.
-func (v *Vring) readKickFd(fd uintptr) bool {
-	for {
-		_, e := rawsys.Read(fd, v.kickBuf[:])
-		switch e {
-		case unix.EINTR:
-			continue
-		case unix.EAGAIN:
-			return false
-		}
-		v.kickErr = e
+// awaitKickFd is sleep's RawConn callback. Its first call decides whether to park:
+// RawConn.Read forgets the poller's readiness before that call (internal/poll
+// prepareRead → runtime poll_runtime_pollReset), so a kick whose event came between
+// waitAvail's last look and now would be lost; the driver moves avail->idx before it
+// kicks (virtio spec "Available Buffer Notifications"), so looking at avail->idx once
+// more finds it without a system call. Poke's window is looked at the same way, for Wait
+// (WaitMore does not watch). Called again, after the poller saw the eventfd signalled,
+// it ends the wait.
+//
+// It must not block on mu: closeKickLocked closes the kick with mu held, and that Close
+// waits for this Read to return. A contended mu ends the wait instead, and waitAvail
+// looks again under the lock.
+func (v *Vring) awaitKickFd(uintptr) bool {
+	if v.kickWoke {
 		return true
 	}
+	v.kickWoke = true
+	if v.waitWatch && v.pollUntil.Load() > monoNow() {
+		v.kickWoke = false // not woken by the poller: neither a kick nor a poke
+		return true
+	}
+	if !v.mu.TryLock() {
+		v.kickWoke = false
+		return true
+	}
+	ready := v.state != ringRunning || v.broken || uint16(load32(v.avail, 0)>>16) != v.waitAt
+	v.mu.Unlock()
+	if ready {
+		v.kickWoke = false
+	}
+	return ready
 }
 
 // WaitMore blocks until the driver makes a chain available beyond those the last Pop
