@@ -184,3 +184,32 @@ func TestPollWindow(t *testing.T) {
 		})
 	}
 }
+
+// TestSleepSeesForgottenKick: RawConn.Read forgets the poller's readiness before its
+// first callback, so a kick whose event arrived between Wait's last look at avail->idx
+// and the park would be lost; the first callback looks at avail->idx once more. Here
+// the chain is posted with no kick at all, which is the lost kick at its worst: sleep
+// must return at once, count no kick, and park when nothing moved.
+func TestSleepSeesForgottenKick(t *testing.T) {
+	p := newPWRing(t, featsDefault)
+	v := p.v
+	v.mu.Lock()
+	v.waitAt, v.waitWatch = v.lastAvail, true
+	rc := v.kickRC
+	v.mu.Unlock()
+	v.kickWoke = false
+	if v.awaitKickFd(0) {
+		t.Fatal("nothing posted, yet the first look would not park")
+	}
+	k0 := v.stats.Kicks.Load()
+	p.post()
+	inBackground(t, "sleep after a chain posted with its kick lost", func() {
+		if err := v.sleep(rc, false); err != nil {
+			t.Errorf("sleep: %v", err)
+		}
+	})
+	if k := v.stats.Kicks.Load(); k != k0 {
+		t.Fatalf("kicks %d -> %d: no kick came", k0, k)
+	}
+	p.take()
+}
