@@ -155,6 +155,7 @@ type bench struct {
 	perfDir         string         // -perf: where profiles go ("" off)
 	trace           bool           // -trace: tracepoint counts in the guest matrix (trace.go)
 	before          string         // -before: a second tapgro binary for the guest matrix ("" none)
+	tpShared        bool           // -testpmd-shared: testpmd's main lcore on CPU 0 with ping and tapgro
 	log             *bufio.Writer
 }
 
@@ -183,6 +184,7 @@ func main() {
 	tpmdOut := flag.String("testpmd-out", "docs/benchmarks/LATENCY.md", "the -testpmd markdown report")
 	var tpmdArgs tpArgs
 	flag.Var(&tpmdArgs, "testpmd-tapgro-args", "extra tapgro flags for an additional 'through tapgro' row, e.g. --vhost-poll 50us (repeat the flag or separate with ';' for several rows)")
+	flag.BoolVar(&b.tpShared, "testpmd-shared", false, "with -testpmd: testpmd's main lcore (which runs net_tap's SIGIO handler) on CPU 0 beside ping and tapgro instead of on CPU 1 with its forwarding lcore")
 	flag.StringVar(&b.before, "before", "", "with -guests or -testpmd: also run tapgro vhost-user rows from the tapgro binary at PATH (built from an earlier commit), alternating with this tree's, for before/after tables")
 	flag.StringVar(&b.perfDir, "perf", "", "during the first run of each TCP row, perf record -g each relay into DIR and write DIR/*.txt summaries (needs perf)")
 	flag.Parse()

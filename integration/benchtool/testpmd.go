@@ -34,12 +34,24 @@ import (
 // own driver and interrupts, which this leaves out on purpose.
 //
 // testpmd needs a main lcore besides the forwarding one (it exits with "No cores
-// defined for forwarding" on -l 0 alone), so it runs with -l 0,1: the forwarding
-// lcore spins on CPU 1 and the main lcore sleeps on stdin. Everything else (ping,
-// tapgro) is pinned to CPU 0 in every row: on two cores an unpinned tapgro thread
-// that lands on the spinning CPU waits for a time slice, which is the scheduler's
-// latency, not tapgro's (a trial with tapgro unpinned had p99s of 3 to 4 ms against
-// about 1 ms pinned). Pinned, tapgro's runtime sees one CPU (GOMAXPROCS 1).
+// defined for forwarding" on -l 0 alone). Both lcores run on CPU 1 (--lcores 0@1,1@1):
+// the forwarding lcore spins there, and the main lcore, which otherwise sleeps on
+// stdin, is where the kernel sends net_tap's SIGIO (drivers/net/tap/rte_eth_tap.c:
+// each TAP is O_ASYNC, the signal handler bumps tap_trigger, and pmd_rx_burst reads a
+// TAP only after the trigger moved), so every frame that reaches a net_tap port waits
+// for that handler to run. Everything else (ping, tapgro) is pinned to CPU 0 in every
+// row: on two cores an unpinned tapgro thread that lands on the spinning CPU waits for
+// a time slice, which is the scheduler's latency, not tapgro's (a trial with tapgro
+// unpinned had p99s of 3 to 4 ms against about 1 ms pinned). Pinned, tapgro's runtime
+// sees one CPU (GOMAXPROCS 1).
+//
+// -testpmd-shared puts the main lcore on CPU 0 instead (-l 0,1), the layout of the
+// first LATENCY.md: there the SIGIO handler shares CPU 0 with ping and tapgro. For
+// testpmd alone that CPU is idle when the signal comes (ping sleeps), so the handler
+// costs nothing extra; through tapgro it queues behind tapgro's own work, and behind
+// a poll window, which keeps CPU 0 busy exactly when the reply's signal arrives. The
+// two layouts side by side show how much of "through tapgro minus testpmd alone" is
+// that shared CPU.
 //
 // testpmd runs in the root namespace (its net_tap ports create their TAPs there) and
 // the TAPs are moved into A and B once it has started its ports: net_tap configures
@@ -125,6 +137,7 @@ type tpRun struct {
 	done   chan struct{}
 	prefix string
 	sock   string
+	shared bool // -testpmd-shared: the main lcore on CPU 0
 }
 
 var tpFeaturesRe = regexp.MustCompile(`features 0x[0-9a-f]+ \(([^)]*)\)`)
@@ -177,7 +190,7 @@ func (b *bench) runTestpmd(variants []string, path string) error {
 				continue
 			}
 			fmt.Fprintf(os.Stderr, "== round %d: %s\n", round+1, r.name)
-			t := &tpRun{prefix: "tgbench" + tag, sock: filepath.Join(b.work, "tp.sock")}
+			t := &tpRun{prefix: "tgbench" + tag, sock: filepath.Join(b.work, "tp.sock"), shared: b.tpShared}
 			cur.Store(t)
 			err := b.tpRound(r, t)
 			t.stop()
@@ -370,7 +383,11 @@ func (t *tpRun) start(vdevs ...string) error {
 	// --no-huge: the memfd-backed memory virtio-user can share with tapgro, no hugepages
 	// to set up; the default mbuf pool (155,456) does not fit in -m 512. stdbuf: testpmd
 	// prints "Press enter to exit" with stdout block-buffered on a pipe.
-	args := append([]string{"-oL", "dpdk-testpmd", "--no-huge", "-m", "512", "--no-pci", "--file-prefix=" + t.prefix, "-l", "0,1"}, vdevs...)
+	lcores := "--lcores=0@1,1@1"
+	if t.shared {
+		lcores = "--lcores=0@0,1@1"
+	}
+	args := append([]string{"-oL", "dpdk-testpmd", "--no-huge", "-m", "512", "--no-pci", "--file-prefix=" + t.prefix, lcores}, vdevs...)
 	args = append(args, "--", "--forward-mode=io", "--auto-start", "--stats-period", "0", "--total-num-mbufs", "16384")
 	t.cmd = exec.Command("stdbuf", args...)
 	var err error
@@ -432,6 +449,9 @@ func (b *bench) tpReport(rows []*tpRow, variants []string) string {
 	if b.before != "" {
 		cmd += " -before BIN"
 	}
+	if b.tpShared {
+		cmd += " -testpmd-shared"
+	}
 	for _, v := range variants {
 		cmd += fmt.Sprintf(" -testpmd-tapgro-args '%s'", v)
 	}
@@ -454,9 +474,13 @@ func (b *bench) tpReport(rows []*tpRow, variants []string) string {
 	if len(variants) > 0 {
 		md.WriteString("- **through tapgro, FLAGS**: the same with those extra tapgro flags.\n")
 	}
-	fmt.Fprintf(&md, "\ntestpmd runs with `-l 0,1`: its forwarding lcore spins on CPU 1; ping and tapgro are pinned to CPU 0 (`taskset -c %s`) in every row, so tapgro's Go runtime sees one CPU. "+
+	layout := "`--lcores 0@1,1@1`: its forwarding lcore spins on CPU 1, and its main lcore, which runs net_tap's SIGIO handler (every frame reaching a net_tap port waits for it), is on CPU 1 too"
+	if b.tpShared {
+		layout = "`--lcores 0@0,1@1` (-testpmd-shared): its forwarding lcore spins on CPU 1, and its main lcore, which runs net_tap's SIGIO handler (every frame reaching a net_tap port waits for it), shares CPU 0 with ping and tapgro"
+	}
+	fmt.Fprintf(&md, "\ntestpmd runs with %s; ping and tapgro are pinned to CPU 0 (`taskset -c %s`) in every row, so tapgro's Go runtime sees one CPU. "+
 		"tapgro's CPU is its process's utime+stime over the ping runs divided by the pings sent (warm-up included); its idle CPU is over %v with testpmd connected and no traffic (IPv6 off in both namespaces). "+
-		"testpmd's CPU is not per round trip: it polls whether or not frames come.\n\n", tpCPU, tpIdle)
+		"testpmd's CPU is not per round trip: it polls whether or not frames come.\n\n", layout, tpCPU, tpIdle)
 
 	md.WriteString("| path | p50 µs | p99 µs | mean µs | p50 above testpmd alone | tapgro CPU µs/RT | tapgro idle CPU % |\n|---|---|---|---|---|---|---|\n")
 	var ref float64
