@@ -178,15 +178,10 @@ func (b *bench) teardown() {
 func (b *bench) cpu() map[string]float64 {
 	out := map[string]float64{}
 	for role, pid := range b.relayPIDs {
-		data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-		if err != nil {
+		if _, err := os.Stat(fmt.Sprintf("/proc/%d", pid)); err != nil {
 			continue
 		}
-		// Fields after the parenthesised command name; utime and stime are 14 and 15.
-		f := strings.Fields(string(data[bytes.LastIndexByte(data, ')')+2:]))
-		ut, _ := strconv.ParseFloat(f[11], 64)
-		st, _ := strconv.ParseFloat(f[12], 64)
-		out[role] = (ut + st) / 100 // USER_HZ is 100 on Linux
+		out[role], _ = procCPU(pid)
 	}
 	return out
 }
