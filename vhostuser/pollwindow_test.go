@@ -27,7 +27,7 @@ func newPWRing(t *testing.T, ack uint64) *pwRing {
 	h := startSession(t, opts{ack: ack})
 	p := &pwRing{t: t, h: h, r: h.Rings[1], v: h.vr[1], buf: h.G.Alloc(128, 64), woken: make(chan error, 1)}
 	// One chain, taken: the worker has just had work. (No kick: Wait sees the chain
-	// first, and a kick's count left in the eventfd would be read at the next sleep.)
+	// first.)
 	p.post()
 	p.wait()
 	p.take()
@@ -123,7 +123,7 @@ func (p *pwRing) parked() {
 }
 
 // TestPollWindow: with a window, chains the driver posts after Poke are taken with kicks
-// turned off and no kick read, the worker woken by Poke's own write; without a Poke, or
+// turned off and no kick counted, the worker woken by Poke's own write; without a Poke, or
 // with the window off, the worker enables kicks and sleeps at once, and Poke does
 // nothing when off.
 func TestPollWindow(t *testing.T) {
@@ -151,7 +151,7 @@ func TestPollWindow(t *testing.T) {
 			p.startWait()
 			p.parked() // no window yet: it sleeps on the kick
 			// Counted from here: the session's first kick (the front-end signals a new
-			// kick eventfd) was read on the way to sleep.
+			// kick eventfd) may have been counted on the way to sleep.
 			k0, h0 := stats(p)
 			p.v.Poke()
 			for deadline := time.Now().Add(10 * time.Second); p.v.parked.Load() || p.wouldKick(ei); {
