@@ -617,3 +617,39 @@ func TestGuestMemoryNotDumped(t *testing.T) {
 	}
 	h.Stop()
 }
+
+// TestFaultInSleepLook: sleep's first look at avail->idx (awaitKickFd) reads guest
+// memory with mu held, like waitAvail; a fault there must reach Guard knowing that, or
+// Guard would take mu a second time and the worker would hang instead of ending the
+// session.
+func TestFaultInSleepLook(t *testing.T) {
+	h := startSession(t, opts{})
+	v := h.vr[1]
+	unix.Ftruncate(h.G.FD, 0x100000) // the rings go
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+		var faulted bool
+		defer v.Guard(&faulted)
+		v.kickWoke, v.waitWatch = false, false
+		v.awaitKickFd(0)
+		t.Error("the look at a truncated ring did not fault")
+	}()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the worker hung after a fault in sleep's look")
+	}
+	select {
+	case err := <-h.done:
+		h.done <- err
+		var fe *FaultError
+		if !errors.As(err, &fe) || fe.Ring != 1 {
+			t.Fatalf("session ended with %v, want a fault on ring 1", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the session did not end after the fault")
+	}
+	nextSessionWorks(t)
+}

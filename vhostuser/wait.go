@@ -200,7 +200,11 @@ func (v *Vring) awaitKickFd(uintptr) bool {
 		v.kickWoke = false
 		return true
 	}
+	// Guest memory under mu, as in waitAvail: a fault here reaches the worker's Guard,
+	// which must know that mu is held.
+	v.waitLocked = true
 	ready := v.state != ringRunning || v.broken || uint16(load32(v.avail, 0)>>16) != v.waitAt
+	v.waitLocked = false
 	v.mu.Unlock()
 	if ready {
 		v.kickWoke = false
