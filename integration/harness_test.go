@@ -97,6 +97,8 @@ func startTapgro(t testing.TB, ns *netnstest.NS, name string, args ...string) *p
 	}
 	// ip netns exec execs in place, so the PID we hold is tapgro's own.
 	cmd := exec.Command("ip", append([]string{"netns", "exec", ns.Name, bin}, args...)...)
+	// Every goroutine's stack in the SIGQUIT dump a failed test asks for (below).
+	cmd.Env = append(os.Environ(), "GOTRACEBACK=all")
 	p := &proc{t: t, name: name, cmd: cmd, out: &syncBuffer{}, done: make(chan struct{})}
 	cmd.Stdout = p.out
 	cmd.Stderr = p.out
@@ -105,12 +107,31 @@ func startTapgro(t testing.TB, ns *netnstest.NS, name string, args ...string) *p
 	}
 	go func() { cmd.Wait(); close(p.done) }()
 	t.Cleanup(func() {
+		if t.Failed() {
+			p.dumpStacks()
+		}
 		p.kill()
 		if t.Failed() {
 			t.Logf("--- log of %s ---\n%s", name, p.out.String())
 		}
 	})
 	return p
+}
+
+// dumpStacks asks a still running tapgro for its goroutines' stacks (the Go runtime's
+// SIGQUIT dump, into the log) before a failed test kills it: a test that timed out
+// waiting for traffic then shows where tapgro's workers were.
+func (p *proc) dumpStacks() {
+	select {
+	case <-p.done:
+		return
+	default:
+	}
+	p.cmd.Process.Signal(syscall.SIGQUIT)
+	select {
+	case <-p.done:
+	case <-time.After(3 * time.Second):
+	}
 }
 
 func (p *proc) kill() {
