@@ -30,3 +30,14 @@ func TestDrawChart(t *testing.T) {
 		t.Fatalf("chart is %v", b)
 	}
 }
+
+// TestStatCPU: the /proc stat parser behind every CPU figure reads this process's own.
+func TestStatCPU(t *testing.T) {
+	name, total, sys, ok := statCPU("/proc/self/stat")
+	if !ok || name == "" || total < sys || sys < 0 {
+		t.Fatalf("statCPU(/proc/self/stat) = %q, %v, %v, %v", name, total, sys, ok)
+	}
+	if _, _, _, ok := statCPU("/proc/self/nonexistent"); ok {
+		t.Fatal("a missing file parsed")
+	}
+}

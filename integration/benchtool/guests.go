@@ -399,37 +399,40 @@ func guestOffl(console string) []string {
 func qemuIOCPU(pid int) (total, sys float64) {
 	dirs, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/stat", pid))
 	for _, p := range dirs {
-		data, err := os.ReadFile(p)
-		if err != nil {
+		name, t, st, ok := statCPU(p)
+		if !ok || strings.HasPrefix(name, "CPU ") { // "CPU 0/TCG"
 			continue
 		}
-		i, j := bytes.IndexByte(data, '('), bytes.LastIndexByte(data, ')')
-		if i < 0 || j < i || j+2 >= len(data) {
-			continue
-		}
-		if strings.HasPrefix(string(data[i+1:j]), "CPU ") { // "CPU 0/TCG"
-			continue
-		}
-		f := strings.Fields(string(data[j+2:]))
-		ut, _ := strconv.ParseFloat(f[11], 64)
-		st, _ := strconv.ParseFloat(f[12], 64)
-		total += (ut + st) / 100
-		sys += st / 100
+		total += t
+		sys += st
 	}
 	return total, sys
 }
 
 // procCPU is a process's utime+stime, and its stime alone, in seconds.
 func procCPU(pid int) (total, sys float64) {
-	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	_, total, sys, _ = statCPU(fmt.Sprintf("/proc/%d/stat", pid))
+	return total, sys
+}
+
+// statCPU reads a /proc stat file: the command name, utime+stime and stime in seconds.
+func statCPU(path string) (name string, total, sys float64, ok bool) {
+	data, err := os.ReadFile(path)
 	if err != nil {
-		return 0, 0
+		return "", 0, 0, false
+	}
+	i, j := bytes.IndexByte(data, '('), bytes.LastIndexByte(data, ')')
+	if i < 0 || j < i || j+2 >= len(data) {
+		return "", 0, 0, false
 	}
 	// Fields after the parenthesised command name; utime and stime are 14 and 15.
-	f := strings.Fields(string(data[bytes.LastIndexByte(data, ')')+2:]))
+	f := strings.Fields(string(data[j+2:]))
+	if len(f) < 13 {
+		return "", 0, 0, false
+	}
 	ut, _ := strconv.ParseFloat(f[11], 64)
 	st, _ := strconv.ParseFloat(f[12], 64)
-	return (ut + st) / 100, st / 100 // USER_HZ is 100 on Linux
+	return string(data[i+1 : j]), (ut + st) / 100, st / 100, true // USER_HZ is 100 on Linux
 }
 
 // runGuestMatrix runs reps alternating rounds over every flavour and back-end and writes
