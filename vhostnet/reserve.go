@@ -14,7 +14,8 @@ import (
 // many in num_buffers (virtio spec "Processing of Incoming Packets", "Setting Up
 // Receive Buffers"). rxReservation pops chains until their capacity covers the
 // frame, the frame is written into their segments from the start, and commit pushes
-// one used entry per chain filled and hands the others back to the ring: passt's
+// one used entry per chain filled and keeps the others for the next frame (End hands
+// back what no frame took): passt's
 // vu_collect / vu_set_vnethdr / vu_flush with vu_queue_rewind (vu_common.c), DPDK's
 // reserve_avail_buf_split (lib/vhost/virtio_net.c). Only the ring layer's Pop, Push
 // and Rewind are used, so the chains are handed back exactly as popped, newest first.
@@ -26,108 +27,144 @@ type reservedChain struct {
 	cap        int
 }
 
-// rxReservation is one RX worker's reservation; it lives inside a batch (End hands
-// back whatever was not committed, so forget must follow every End).
+// rxReservation is one RX worker's reservation: chains[start:n], popped in that order
+// and not yet pushed. It lives inside a batch (End hands back whatever was not
+// committed, so forget must follow every End), but within one it outlives a frame: the
+// worker reserves for the largest frame the TAP may hand over before it knows the
+// frame's size, and most frames are much smaller (an ACK takes one of the 17 chains a
+// guest's 4 KiB buffers need for 64 KiB), so the chains a commit leaves are kept for
+// the next frame instead of being handed back and popped (walked, translated) again.
+// The guest sees the same chains used in the same order either way: pushes take the
+// oldest reserved chains, and the rest are the newest pops, which is what Rewind and
+// End hand back.
 type rxReservation struct {
-	chains []reservedChain // at most the ring size
-	n      int
-	iov    [][]byte // the reserved chains' segments, in order
+	chains   []reservedChain // at most the ring size
+	start, n int
+	capTotal int      // the capacity of chains[start:n]
+	iov      [][]byte // the base whose segments chains index
 }
 
 func newReservation(ringSize int) *rxReservation {
 	return &rxReservation{chains: make([]reservedChain, max(ringSize, 1))}
 }
 
-// reserve pops chains until their capacity covers need bytes (header included) and
-// returns their segments, in order, from iov, and their capacity. Without mrg it takes
-// exactly one chain, whatever its size (the caller checks the capacity it got); with
-// mrg it is all or nothing: if the ring runs out first, everything is handed back and
-// vhostuser.ErrEmpty returned. An uncommitted earlier reservation goes back first.
+// reserve makes the reservation cover need bytes (header included), popping chains
+// after those it holds, and returns their segments, in order, and their capacity.
+// Without mrg a frame takes exactly one chain, whatever its size (the caller checks
+// the capacity it got). With mrg, if the ring runs out first, vhostuser.ErrEmpty is
+// returned and the chains stay reserved for a smaller need (End hands them back if
+// none comes). iov must be the same slice for every call within a batch.
 func (r *rxReservation) reserve(v vhostuser.Queue, need int, iov [][]byte, mrg bool) ([][]byte, int, error) {
-	r.release(v)
-	k, capTotal := 0, 0
-	for {
+	r.compact(iov)
+	if !mrg && r.n > r.start {
+		c := r.chains[r.start]
+		return r.iov[c.segs:c.sege], c.cap, nil
+	}
+	k := 0
+	if r.n > 0 {
+		k = r.chains[r.n-1].sege
+	}
+	for r.capTotal < need || r.n == r.start {
+		if r.n == len(r.chains) {
+			break // a whole ring's worth: all there can be
+		}
 		c, err := v.Pop(iov[k:k:cap(iov)])
 		if err != nil {
-			if err == vhostuser.ErrEmpty {
-				r.release(v)
+			if err != vhostuser.ErrEmpty {
+				r.start, r.n, r.capTotal = 0, 0, 0 // a broken ring keeps nothing
 			}
-			r.n = 0 // a broken ring keeps nothing
 			return nil, 0, err
 		}
 		r.chains[r.n] = reservedChain{c.Head, k, k + len(c.Iov), c.Len}
 		r.n++
 		k += len(c.Iov)
-		capTotal += c.Len
-		if capTotal >= need || !mrg || r.n == len(r.chains) {
+		r.capTotal += c.Len
+		if !mrg {
 			break
 		}
 	}
 	r.iov = iov[:k]
-	return r.iov, capTotal, nil
+	return r.iov, r.capTotal, nil // compact left start at 0
+}
+
+// compact moves the chains still reserved, and their segments, to the front, so that
+// every chain popped next has all of iov's room after them.
+func (r *rxReservation) compact(iov [][]byte) {
+	if r.start == 0 {
+		r.iov = iov[:len(r.iov)]
+		return
+	}
+	if r.start == r.n {
+		r.start, r.n, r.iov = 0, 0, iov[:0]
+		return
+	}
+	off := r.chains[r.start].segs
+	end := r.chains[r.n-1].sege
+	clear(iov[copy(iov[:cap(iov)], iov[off:end]):end]) // no stale views of guest memory
+	k := copy(r.chains, r.chains[r.start:r.n])
+	for i := range k {
+		r.chains[i].segs -= off
+		r.chains[i].sege -= off
+	}
+	r.start, r.n, r.iov = 0, k, iov[:end-off]
 }
 
 // release hands every reserved chain back to the ring (they are popped again later).
 func (r *rxReservation) release(v vhostuser.Queue) {
-	if r.n > 0 {
-		v.Rewind(r.n)
-		r.n = 0
+	if r.n > r.start {
+		v.Rewind(r.n - r.start)
 	}
+	r.start, r.n, r.capTotal = 0, 0, 0
 }
 
-// releaseWritten is release for chains that n bytes were already written into (a TAP
-// read, a cleared flag): guest memory changed although the chains go back unused, so
-// the dirty log hears of those bytes (vhostuser.Queue.Wrote; a migration copies the
-// pages again). Cheap when not logging: one atomic load.
+// releaseWritten is for chains that n bytes were already written into (a TAP read, a
+// cleared flag) and that the frame will not use: guest memory changed although the
+// chains may go back unused, so the dirty log hears of those bytes now
+// (vhostuser.Queue.Wrote; a migration copies the pages again). The chains stay
+// reserved, for the next frame to write over. Cheap when not logging: one atomic load.
 func (r *rxReservation) releaseWritten(v vhostuser.Queue, n int) {
-	if n > 0 && r.n > 0 && v.Logging() {
-		for i := 0; i < r.n && n > 0; i++ {
+	if n > 0 && v.Logging() {
+		for i := r.start; i < r.n && n > 0; i++ {
 			w := min(n, r.chains[i].cap)
 			v.Wrote(r.chains[i].head, w)
 			n -= w
 		}
 	}
-	r.release(v)
 }
 
 // forget drops the reservation without touching the ring: End has handed it back.
-func (r *rxReservation) forget() { r.n = 0 }
+func (r *rxReservation) forget() { r.start, r.n, r.capTotal = 0, 0, 0 }
 
-// commit completes the reservation after n bytes (header + frame) were written into
-// its segments from the start: chains fill in order, num_buffers (offset 10 of a
-// 12-byte header) gets the number used, one used entry per chain is pushed and the
-// chains not needed are handed back. It returns the number of chains used; End
-// publishes them with one used->idx store, so the guest never sees num_buffers before
-// the chains it counts.
+// commit completes the frame of n bytes (header + frame) written into the reserved
+// segments from the start: chains fill in order, num_buffers (offset 10 of a 12-byte
+// header) gets the number used, and one used entry per chain is pushed; the chains
+// not needed stay reserved. It returns the number of chains used; End publishes them
+// with one used->idx store, so the guest never sees num_buffers before the chains it
+// counts.
 func (r *rxReservation) commit(v vhostuser.Queue, n, hdrLen int) int {
-	if r.n == 0 {
-		return 0
-	}
-	if n < hdrLen || n == 0 {
-		r.release(v)
+	if r.n == r.start || n < hdrLen || n == 0 {
 		return 0
 	}
 	used := 0
-	for rem := n; rem > 0 && used < r.n; used++ {
-		rem -= r.chains[used].cap
+	for rem := n; rem > 0 && r.start+used < r.n; used++ {
+		rem -= r.chains[r.start+used].cap
 	}
 	if hdrLen >= 12 {
 		// Written always: 1 without MRG_RXBUF, and a TAP leaves bytes 10-11 undefined.
-		c := r.chains[0]
+		c := r.chains[r.start]
 		var nb [2]byte
 		binary.LittleEndian.PutUint16(nb[:], uint16(used))
 		putAt(r.iov[c.segs:c.sege], 10, nb[:])
 	}
-	// Pushes take the oldest pending chains; the unused reservations are the newest
-	// pops, which is what Rewind hands back.
+	// Pushes take the oldest pending chains: these, popped first.
 	rem := n
-	for i := 0; i < used; i++ {
+	for i := r.start; i < r.start+used; i++ {
 		w := min(rem, r.chains[i].cap)
 		v.Push(r.chains[i].head, uint32(w))
 		rem -= w
+		r.capTotal -= r.chains[i].cap
 	}
-	v.Rewind(r.n - used)
-	r.n = 0
+	r.start += used
 	return used
 }
 
