@@ -94,8 +94,10 @@
 // One goroutine per RX ring, reading its pair's TAP queue: Begin; then up to
 // 64 frames: reserve for the worst case (header + 65593 with MRG_RXBUF, the largest
 // frame tun_put_user produces; one chain without), TryReadv the TAP straight into the
-// reserved segments, commit with the length read (it writes num_buffers and hands
-// unused chains back); End (one used->idx store, at most one call). The batch ends when
+// reserved segments, commit with the length read (it writes num_buffers and keeps the
+// chains the frame did not take for the next frame, so an ACK into 4 KiB buffers walks
+// one chain, not the 17 its reservation covered); End (which hands back what no frame
+// took, one used->idx store, at most one call). The batch ends when
 // the TAP is empty (then the worker waits for the TAP to become readable, outside the
 // batch: the control plane must never wait for a packet), when the budget is spent, or
 // when the ring cannot cover the worst case: then the next frame is read into the
