@@ -56,9 +56,14 @@ func (n *Net) txLoop(w *worker) {
 		if err := v.Wait(); err != nil {
 			return
 		}
+		sent := st.q.TXBytes.Load()
 		blocked, err := n.txBatch(v, st)
 		if err != nil {
 			return
+		}
+		if rx := w.q.rx.Load(); rx != nil {
+			// The answers to what went out (TCP's ACKs) are moderated as load too.
+			rx.q.NoteLoad(int(st.q.TXBytes.Load() - sent))
 		}
 		if blocked {
 			n.stats.TXBlocked.Add(1)

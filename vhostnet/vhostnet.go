@@ -240,8 +240,9 @@ type queuePair struct {
 	tap      *tapdev.Device
 	stats    *QueueStats
 	attached bool // the TAP queue is attached (under Net.qmu)
-	// tx is the pair's TX ring while it runs, for the RX worker's Poke (poll window).
-	tx atomic.Pointer[queueRef]
+	// tx is the pair's TX ring while it runs, for the RX worker's Poke (poll window);
+	// rx its RX ring, for the TX worker's NoteLoad (call moderation).
+	tx, rx atomic.Pointer[queueRef]
 }
 
 // queueRef holds a Queue for atomic.Pointer.
@@ -374,6 +375,7 @@ func (n *Net) RingStarted(v vhostuser.Queue) {
 		// Only toward the guest's receive path: a TX completion held back would hold
 		// back the guest's transmit queue once its ring is full.
 		v.SetCallModeration(n.callInterval)
+		q.rx.Store(&queueRef{v})
 		if v.Enabled() {
 			n.setAttached(q, true)
 		}
@@ -406,6 +408,7 @@ func (n *Net) RingStopped(v vhostuser.Queue) {
 	past := time.Unix(1, 0)
 	tap := w.q.tap
 	if isRX(v.Index()) {
+		w.q.rx.Store(nil)
 		tap.SetReadDeadline(past)
 	} else {
 		w.q.tx.Store(nil)

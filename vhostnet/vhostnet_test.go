@@ -94,6 +94,52 @@ func TestRXSizes(t *testing.T) {
 	}
 }
 
+// TestRXCallsFollowTXLoad: the calls that bring a guest the answers to what it sends
+// in bulk are moderated as bulk (the TX worker reports its bytes to the pair's RX ring,
+// vhostuser NoteLoad), while the same small frame after little sent is signalled at
+// once. The interval is an hour, so whatever is held back stays held.
+func TestRXCallsFollowTXLoad(t *testing.T) {
+	e := newEnvCfg(t, vhostusertest.Options{}, Config{CallInterval: time.Hour})
+	rx := e.s.RX(0)
+	rx.PostRX(rx.Free(), 4096, 1)
+	rx.KickNow()
+	deferred := func() uint64 { return e.n.BackendStats().CallsDeferred.Load() }
+	answer := func(seq uint32) {
+		t.Helper()
+		used := rx.UsedIdx()
+		if err := e.injectTAP(testFrame(gMAC, e.mac, 66, seq, 3)); err != nil {
+			t.Fatal(err)
+		}
+		deadline := time.Now().Add(10 * time.Second)
+		for rx.UsedIdx() == used {
+			if time.Now().After(deadline) {
+				t.Fatalf("frame %d never delivered (stats %v)", seq, e.stats())
+			}
+			time.Sleep(100 * time.Microsecond)
+		}
+	}
+	// A request's worth sent, then its answer: signalled at once (and the interval's
+	// first call, which any load would send at once too).
+	e.send(vnethdr.Hdr{}, testFrame(e.mac, gMAC, 100, 0, 1), []int{12 + 100}, false)
+	e.waitTXDone()
+	answer(1)
+	if !rx.WaitCall(10*time.Second) || deferred() != 0 {
+		t.Fatalf("answer to a small request: called %v, deferred %d", rx.Called(), deferred())
+	}
+	rx.Called()
+	rx.ReapRX(e.s.HdrLen(), true)
+	rx.SetUsedEvent(rx.Reaped()) // re-armed, as NAPI does after processing
+	// 24 KiB sent, then the same small answer: held back within the interval.
+	for i := range 16 {
+		e.send(vnethdr.Hdr{}, testFrame(e.mac, gMAC, 1514, uint32(2+i), 1), []int{12 + 1514}, false)
+	}
+	e.waitTXDone()
+	answer(2)
+	if rx.Called() || deferred() != 1 {
+		t.Fatalf("answer after 24 KiB sent: called %v, deferred %d, want a call owed", rx.Called(), deferred())
+	}
+}
+
 // TestStreams moves SHA-256-checked byte streams of random-sized frames both ways at
 // once.
 func TestStreams(t *testing.T) {

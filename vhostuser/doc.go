@@ -119,8 +119,10 @@
 // callers that signal every frame (the baseline moderation is measured against).
 //
 // Vring.SetCallModeration bounds a ring's calls under load to one per interval. Load is
-// moderateBytes pushed since the last call; below it every call goes at once, so
-// request/response traffic pays no latency. A call due sooner is owed to a timer
+// moderateBytes pushed since the last call, counting what the device moved the other
+// way (Vring.NoteLoad: vhostnet's TX worker reports its bytes to the pair's RX ring, so
+// the ACKs of a guest's upload are moderated with it); below it every call goes at
+// once, so request/response traffic pays no latency. A call due sooner is owed to a timer
 // (time.AfterFunc, armed once per owed call), which asks the driver again when it fires:
 // a driver that consumed everything by polling meanwhile has moved used_event past the
 // published index, and needs none. A batch that found the avail ring empty sends an

@@ -108,6 +108,26 @@ func TestCallModeration(t *testing.T) {
 			}
 		})
 	}
+	// The answers to a bulk transfer the other way (ACKs to a sending guest) are small
+	// frames too, but NoteLoad counts the transfer: they are moderated as bulk. A
+	// transfer below moderateBytes does not make a ping-pong's answers wait.
+	t.Run("answers-to-bulk-deferred", func(t *testing.T) {
+		m := newModRing(t, featsDefault)
+		m.v.SetCallModeration(time.Hour)
+		m.v.NoteLoad(100) // a request's worth
+		if !m.deliver(1, 12+66) {
+			t.Fatal("an ACK after a small request: no call")
+		}
+		for i := range 3 {
+			m.v.NoteLoad(64 << 10) // a TSO frame sent
+			if m.deliver(1, 12+66) {
+				t.Fatalf("ACK %d after 64 KiB sent, within the interval: called", i)
+			}
+		}
+		if d := m.deferred(); d != 1 {
+			t.Fatalf("CallsDeferred %d, want 1", d)
+		}
+	})
 	t.Run("owed-call-sent", func(t *testing.T) {
 		m := newModRing(t, featsDefault)
 		m.v.SetCallModeration(time.Millisecond)

@@ -35,7 +35,7 @@ func (v *Vring) publishLocked() {
 		v.callDeferred = false
 		return
 	}
-	if v.modEvery > 0 && v.sinceCall >= moderateBytes {
+	if v.modEvery > 0 && v.sinceCall+int(v.otherLoad.Load()) >= moderateBytes {
 		// Under load: at most one call per modEvery. The call is owed, not lost:
 		// the timer sends it when the interval is up, unless by then the driver has
 		// consumed everything without one (deferredCall asks again).
@@ -71,6 +71,7 @@ func (v *Vring) needCallLocked() bool {
 func (v *Vring) callLocked() {
 	v.signalled, v.signalledValid = v.pubIdx, true
 	v.callDeferred, v.sinceCall = false, 0
+	v.otherLoad.Store(0)
 	if v.modEvery > 0 {
 		v.lastCall = time.Now()
 	}
@@ -117,7 +118,7 @@ const moderateBytes = 16 << 10
 
 // SetCallModeration bounds the calls this ring sends under load to one per d (0: a
 // call whenever the driver asks, at most one per batch). Load is moderateBytes or more
-// pushed since the last call; a call due sooner is owed to a timer, which drops it if
+// pushed since the last call, counting what NoteLoad reported; a call due sooner is owed to a timer, which drops it if
 // the driver has meanwhile consumed everything published (EVENT_IDX: its used_event
 // moved past; otherwise VRING_AVAIL_F_NO_INTERRUPT). The driver's own suppression
 // always applies on top. Calls before the ring's workers start.
@@ -128,6 +129,22 @@ func (v *Vring) SetCallModeration(d time.Duration) {
 	if v.modEvery > 0 && v.callTimer == nil {
 		v.callTimer = time.AfterFunc(time.Hour, v.deferredCall)
 		v.callTimer.Stop()
+	}
+}
+
+// NoteLoad adds n bytes that the device moved the other way (a network device's
+// transmit ring, for its receive ring) to what counts as load for call moderation, from
+// any goroutine. A bulk transfer's answers — TCP's ACKs to a guest that sends — are
+// each far too small to count, so without it every one of them is a call, and an
+// interrupt the guest takes, at the full rate of the transfer; counted, they are
+// moderated as the transfer's own frames would be. A request and its answer (a 1-byte
+// ping-pong) still move too little to count. NIC interrupt moderation counts both ways
+// too: linux drivers/net/ethernet/intel/igb/igb_main.c igb_update_ring_itr sets one
+// rate per interrupt vector from the bytes and packets of the receive and the
+// transmit ring it serves.
+func (v *Vring) NoteLoad(n int) {
+	if n > 0 && v.otherLoad.Load() < moderateBytes {
+		v.otherLoad.Add(int64(n))
 	}
 }
 

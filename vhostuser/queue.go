@@ -65,7 +65,9 @@ type Queue interface {
 	// worker whose reservation ran out part-way.
 	WaitMore() error
 	// SetCallModeration bounds the calls under load to one per d (0: none held back).
+	// NoteLoad counts bytes moved the other way as load too.
 	SetCallModeration(d time.Duration)
+	NoteLoad(n int)
 	// SetPollWindow sets how long Poke, from another goroutine, makes the worker watch
 	// the ring before it sleeps on the kick (0: off).
 	SetPollWindow(d time.Duration)

@@ -175,6 +175,9 @@ type Vring struct {
 	sinceCall    int           // bytes pushed since then
 	callDeferred bool          // a call is owed and callTimer will send it
 	callTimer    *time.Timer
+	// otherLoad is what NoteLoad reported since the last call: bytes the device moved
+	// the other way, from the other direction's worker (so atomic, not under mu).
+	otherLoad atomic.Int64
 
 	// Dirty logging (log.go), under mu: the session's log while it applies to this
 	// ring (nil: not logging), logOn the same for readers without the lock, and per
@@ -253,6 +256,7 @@ func (v *Vring) startLocked(mem *guestMem, f feats) bool {
 	v.pending, v.usedFlags = 0, 0
 	v.signalledValid = false // first call after a (re)start is unconditional
 	v.sinceCall, v.callDeferred = 0, false
+	v.otherLoad.Store(0)
 	v.enabled.Store(!f.protoAcked || v.enableReq)
 	if !v.translateLocked() {
 		v.failLocked(RejectRingAddr)
