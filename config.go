@@ -172,7 +172,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.BoolVar(&o.pprof, "pprof", false, "also serve /debug/pprof on --metrics-addr")
 	fs.BoolVar(&o.allowRemote, "allow-remote", false, "allow TCP listeners (metrics, ports) on non-loopback addresses")
 	fs.IntVar(&o.batch, "batch", 64, "frames per read batch on each side")
-	fs.IntVar(&o.procs, "procs", 0, "threads that run tapgro's code at once (GOMAXPROCS); 0: for a socket or netmap port 1, more while the load keeps them busy; for vhost-user one per CPU (a GOMAXPROCS environment variable fixes it too)")
+	fs.IntVar(&o.procs, "procs", 0, "threads that run tapgro's code at once (GOMAXPROCS); 0: 1, more while the load keeps them busy (a GOMAXPROCS environment variable fixes it too)")
 	var socketMode, socketGroup, userName, groupName string
 	fs.StringVar(&socketMode, "socket-mode", "0600", "permissions (octal) of the UNIX socket paths tapgro creates; widen with care: whoever can connect can inject frames into the guest")
 	fs.StringVar(&socketGroup, "socket-group", "", "group (name or gid) of the UNIX socket paths tapgro creates, e.g. with --socket-mode 0660")

@@ -307,7 +307,7 @@ func TestParseFlagsVhostUser(t *testing.T) {
 }
 
 // GOMAXPROCS: --procs wins, then a valid GOMAXPROCS variable, both fixed; else one
-// scaled with the load for a socket port, and one per CPU for vhost-user.
+// scaled with the load, vhost-user included.
 func TestProcsFor(t *testing.T) {
 	const stream = "--netdev=stream,server=on,addr.type=unix,addr.path=/tmp/x.sock"
 	const vhost = "--netdev=vhost-user,path=/run/vu.sock,queues=4"
@@ -320,7 +320,7 @@ func TestProcsFor(t *testing.T) {
 	}{
 		{[]string{stream}, "", 2, 1, true},
 		{[]string{stream}, "", 1, 1, false},
-		{[]string{vhost}, "", 8, 8, false},
+		{[]string{vhost}, "", 8, 1, true},
 		{[]string{stream}, "3", 2, 3, false},
 		{[]string{stream}, "zero", 2, 1, true}, // the runtime ignores it too
 		{[]string{stream}, "0", 2, 1, true},

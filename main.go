@@ -96,11 +96,14 @@ func realMain(args []string, stdout, stderr io.Writer) int {
 
 // procsFor returns the GOMAXPROCS tapgro starts with, whether package procscale then
 // follows the load, and where the number came from: --procs, else a GOMAXPROCS
-// environment variable (the runtime has applied it already), both fixed; else, for a
-// socket or netmap port, one P scaled up while the load needs more (procscale's doc
-// has why one), and for vhost-user Go's default of one per CPU: its guest side needs no
-// system calls, and one P measured no less CPU per GB there and less throughput toward
-// the guest.
+// environment variable (the runtime has applied it already), both fixed; else one P
+// scaled up while the load needs more (procscale's doc has why one). That holds for
+// vhost-user too: its workers hand each other work through the kernel as a socket
+// port's pipelines do (a TAP write's ACK makes the TAP readable for the RX worker), and
+// a guest that sends in small batches (under TCG: a few frames per kick) showed it:
+// one P against one per CPU took 27 % of tapgro's context switches and 7-11 % of its
+// CPU per GB away, at 7-8 % less throughput (docs/benchmarks/GUESTS-before-after.md,
+// run 8).
 func procsFor(o *options, env string, cpus int) (n int, scale bool, why string) {
 	switch {
 	case o.procs > 0:
@@ -109,9 +112,6 @@ func procsFor(o *options, env string, cpus int) (n int, scale bool, why string) 
 		if n, err := strconv.Atoi(env); err == nil && n > 0 {
 			return n, false, "GOMAXPROCS from the environment"
 		}
-	}
-	if o.netdev.Backend == netdev.BackendVhostUser {
-		return cpus, false, "GOMAXPROCS: one per CPU (vhost-user)"
 	}
 	return 1, cpus > 1, "GOMAXPROCS: 1, more while the load needs them"
 }

@@ -14,7 +14,9 @@
 // readiness in its own netpoll and switches to it in user space, and the pair runs as
 // one event loop: passt serves everything from one thread, and the kernel's vhost-net
 // serves both virtqueues of a device from one worker (drivers/vhost/net.c,
-// vhost_net_open). A goroutine that never blocks is preempted after 10 ms
+// vhost_net_open). A vhost-user port's ring workers are such a pair too: the TX
+// worker's TAP write makes the ACK the RX worker reads, and the RX worker's delivery
+// makes the guest answer on the TX ring. A goroutine that never blocks is preempted after 10 ms
 // (runtime/proc.go, forcePreemptNS), so even a flooded direction delays the other by no
 // more than that.
 //
