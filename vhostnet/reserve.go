@@ -117,12 +117,12 @@ func (r *rxReservation) release(v vhostuser.Queue) {
 	r.start, r.n, r.capTotal = 0, 0, 0
 }
 
-// releaseWritten is for chains that n bytes were already written into (a TAP read, a
-// cleared flag) and that the frame will not use: guest memory changed although the
+// markWritten is for reserved chains that n bytes were already written into (a TAP
+// read, a cleared flag) and that the frame will not use: guest memory changed although the
 // chains may go back unused, so the dirty log hears of those bytes now
 // (vhostuser.Queue.Wrote; a migration copies the pages again). The chains stay
 // reserved, for the next frame to write over. Cheap when not logging: one atomic load.
-func (r *rxReservation) releaseWritten(v vhostuser.Queue, n int) {
+func (r *rxReservation) markWritten(v vhostuser.Queue, n int) {
 	if n > 0 && v.Logging() {
 		for i := r.start; i < r.n && n > 0; i++ {
 			w := min(n, r.chains[i].cap)
@@ -133,7 +133,7 @@ func (r *rxReservation) releaseWritten(v vhostuser.Queue, n int) {
 }
 
 // forget drops the reservation without touching the ring: End has handed it back.
-func (r *rxReservation) forget() { r.start, r.n, r.capTotal = 0, 0, 0 }
+func (r *rxReservation) forget() { r.start, r.n, r.capTotal, r.iov = 0, 0, 0, r.iov[:0] }
 
 // commit completes the frame of n bytes (header + frame) written into the reserved
 // segments from the start: chains fill in order, num_buffers (offset 10 of a 12-byte

@@ -230,9 +230,9 @@ func TestReservation(t *testing.T) {
 	}
 }
 
-// TestReservationShortage: a frame larger than the posted chains reserves nothing and
-// hands every chain back; a small one then takes the first; an uncommitted reservation
-// goes back at End, so the ring's base counts only the chain used.
+// TestReservationShortage: a frame larger than the posted chains cannot be reserved
+// (the chains stay reserved for a smaller need); a small one then takes the first; what
+// no frame took goes back at End, so the ring's base counts only the chain used.
 func TestReservationShortage(t *testing.T) {
 	s, rxv, _ := startEcho(t, vhostusertest.Options{})
 	rx := s.RX(0)

@@ -174,7 +174,7 @@ func (n *Net) rxFrames(v vhostuser.Queue, st *rxState, ringHL int) int {
 			} else {
 				// A truncated frame filled every reserved byte; after any other
 				// failure what the kernel wrote is unknown: all of it, for the log.
-				st.resv.releaseWritten(v, capTot)
+				st.resv.markWritten(v, capTot)
 			}
 			if state := n.rxReadFailed(err); state != rxGo {
 				return state
@@ -247,7 +247,7 @@ func (n *Net) rxDeliver(v vhostuser.Queue, st *rxState, segs [][]byte, k, ringHL
 		return rxGo
 	}
 	ok := st.split.load(segs, ringHL, k-ringHL, &st.h, n.guestCsm)
-	st.resv.releaseWritten(v, k) // the segments are reserved one by one
+	st.resv.markWritten(v, k) // copied out: the segments reuse these chains, one reservation each
 	if !ok {
 		n.stats.Drops[DropRXOffload].Add(1)
 		return rxGo
@@ -271,11 +271,11 @@ func (n *Net) rxSplitRest(v vhostuser.Queue, st *rxState, ringHL int) int {
 	return rxGo
 }
 
-// rxCommit commits a checked frame, or hands its chains back and counts it if the
-// check refused it.
+// rxCommit commits a checked frame, or counts it if the check refused it (its chains
+// stay reserved, for the next frame to write over).
 func (n *Net) rxCommit(v vhostuser.Queue, st *rxState, segs [][]byte, k, ringHL int, ok bool) {
 	if !ok {
-		st.resv.releaseWritten(v, k) // the TAP wrote the frame there
+		st.resv.markWritten(v, k) // the TAP wrote the frame there
 		n.stats.Drops[DropRXOffload].Add(1)
 		return
 	}
