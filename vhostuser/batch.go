@@ -39,9 +39,11 @@ func (v *Vring) End() {
 	if !v.broken {
 		v.rewindLocked(v.pending)
 		v.publishLocked()
-		if v.dry && v.callDeferred {
+		if v.dry && v.writable && v.callDeferred {
 			// The driver is out of buffers and posts more only after processing
 			// what it has: a call owed is due now, or the ring idles until the timer.
+			// (A ring the device reads is empty whenever the device has caught up:
+			// that asks nothing of the driver.)
 			v.callLocked()
 		}
 		// Kicks stay as they are: disabled while the worker runs (avail_event left

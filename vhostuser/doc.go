@@ -126,8 +126,12 @@
 // (time.AfterFunc, armed once per owed call), which asks the driver again when it fires:
 // a driver that consumed everything by polling meanwhile has moved used_event past the
 // published index, and needs none. A batch that found the avail ring empty sends an
-// owed call at once (the driver posts buffers only after processing), and a ring stop
-// sends it before the front-end takes over. A device whose unit spans several chains
+// owed call at once on a ring the device writes (the driver posts buffers only after
+// processing; on a ring the device reads, empty only means caught up), and a ring stop
+// sends it before the front-end takes over. Half a ring published without a call goes
+// at once whatever the interval: a driver refills or reclaims only what it was told of.
+// A call sent for any reason stops the timer of the one it carries, so an idle process
+// is not woken for nothing. A device whose unit spans several chains
 // (a frame over mergeable buffers) must not Publish between them: End and Publish are
 // the only publishes.
 //

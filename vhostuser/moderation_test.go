@@ -239,3 +239,74 @@ func fillRX(v *Vring, iov [][]byte, data []byte) error {
 	v.Push(c.Head, uint32(len(data)))
 	return nil
 }
+
+// TestCallModerationHalfRing: whatever the interval, half a ring published without a
+// call goes at once. A driver reclaims (TX) or refills (RX) only what it was told of:
+// held longer, its transmit queue stops or its receive ring runs dry before the timer.
+func TestCallModerationHalfRing(t *testing.T) {
+	m := newModRing(t, featsDefault) // 256 descriptors, 200 buffers posted
+	m.v.SetCallModeration(time.Hour)
+	m.deliver(12, 1500)
+	if m.deliver(60, 1500) {
+		t.Fatal("60 chains within the interval: called")
+	}
+	// 60 + 70 published since the call: past 128, half of 256.
+	if !m.deliver(70, 1500) {
+		t.Fatal("half the ring published without a call, and none was sent")
+	}
+	if m.v.callTimer.Stop() {
+		t.Fatal("the owed call went with that batch, but its timer was still armed")
+	}
+}
+
+// TestCallModerationTXRing: on a ring the device reads, a batch that empties the ring
+// has only caught up with the driver, so it keeps a call owed for the timer (on a
+// receive ring it would send it: TestCallModerationRingDry). Its load is what NoteLoad
+// reports, the device's own bytes included, since it pushes used entries of length 0.
+func TestCallModerationTXRing(t *testing.T) {
+	h := startSession(t, opts{})
+	r, v := h.Rings[1], h.vr[1]
+	if v.Writable() {
+		t.Fatal("ring 1 is the device-readable TX ring of the pair")
+	}
+	v.SetCallModeration(time.Hour)
+	iov := make([][]byte, 0, 8)
+	send := func(frames int) bool {
+		var heads []uint16
+		for range frames {
+			heads = append(heads, r.AddChain([]vhostusertest.Seg{{GPA: r.G.Alloc(1500, 64), Len: 1500}}))
+		}
+		r.Publish(heads...)
+		batch(t, v, func() {
+			for {
+				c, err := v.Pop(iov)
+				if err != nil {
+					break // ErrEmpty: the batch found the ring empty
+				}
+				v.Push(c.Head, 0)
+			}
+			v.NoteLoad(frames * 1500)
+		})
+		called := r.Called()
+		if called {
+			r.Reap()
+			r.SetUsedEvent(r.Reaped()) // as virtqueue_enable_cb_delayed re-arms
+		}
+		return called
+	}
+	if !send(12) {
+		t.Fatal("first bulk batch: no call")
+	}
+	for i := range 3 {
+		if send(12) {
+			t.Fatalf("bulk batch %d that emptied the TX ring within the interval: called", i+2)
+		}
+	}
+	if d := h.b.Stats().CallsDeferred.Load(); d != 1 {
+		t.Fatalf("CallsDeferred %d, want 1", d)
+	}
+	h.Stop()
+	if !r.Called() {
+		t.Fatal("the owed call was not sent at stop")
+	}
+}

@@ -32,13 +32,20 @@ func (v *Vring) publishLocked() {
 		// without a call needs none, and a call owed is no longer (the driver moved
 		// its event index past everything published, so it is processing).
 		v.signalled, v.signalledValid = v.pubIdx, true
-		v.callDeferred = false
+		if v.callDeferred {
+			v.callDeferred = false
+			v.callTimer.Stop()
+		}
 		return
 	}
-	if v.modEvery > 0 && v.sinceCall+int(v.otherLoad.Load()) >= moderateBytes {
+	if v.modEvery > 0 && v.sinceCall+int(v.otherLoad.Load()) >= moderateBytes &&
+		(!v.signalledValid || v.pubIdx-v.signalled < uint16(v.num/2)) {
 		// Under load: at most one call per modEvery. The call is owed, not lost:
 		// the timer sends it when the interval is up, unless by then the driver has
-		// consumed everything without one (deferredCall asks again).
+		// consumed everything without one (deferredCall asks again). Half a ring
+		// published without a call goes at once whatever the interval: the driver
+		// reclaims (TX) or refills (RX) only what it was told of, and a transmit
+		// queue stops, or a receive ring runs dry, before the timer would tell it.
 		if wait := v.modEvery - time.Since(v.lastCall); wait > 0 {
 			if !v.callDeferred {
 				v.callDeferred = true
@@ -69,6 +76,11 @@ func (v *Vring) needCallLocked() bool {
 
 // callLocked signals the call eventfd for everything published.
 func (v *Vring) callLocked() {
+	if v.callDeferred {
+		// This call carries the owed one: the timer's firing would find nothing to
+		// do, and on an idle process it would still be a wake-up.
+		v.callTimer.Stop()
+	}
 	v.signalled, v.signalledValid = v.pubIdx, true
 	v.callDeferred, v.sinceCall = false, 0
 	v.otherLoad.Store(0)
