@@ -40,6 +40,8 @@ type options struct {
 	callInterval time.Duration
 	// pollWindow is vhost-user's poll window (--vhost-poll; vhostnet.Config.PollWindow).
 	pollWindow time.Duration
+	// txHold is vhost-user's transmit hold under bulk (--tx-hold; vhostnet.Config.TXHold).
+	txHold time.Duration
 	// qemu is the QEMU release the start-up hint is written for (--qemu-version);
 	// qemuAuto: look it up on the PATH at start (qemu_hint.go).
 	qemu        netdev.QEMUVersion
@@ -195,6 +197,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&rxBuf, "rx-buf-size", "2048", "TAP->port receive pool: bytes per buffer (a frame spans ceil(len/size) buffers), e.g. 2048 or 4K")
 	fs.StringVar(&rxPool, "rx-pool-bytes", "4M", "TAP->port receive pool: total bytes, the hard cap on frames queued for the port, e.g. 4M")
 	fs.DurationVar(&rxDelay, "rx-flush-delay", rxpool.DefaultFlushDelay, "after the port was full and became writable: longest wait for more room before flushing (0: none)")
+	fs.DurationVar(&o.txHold, "tx-hold", 150*time.Microsecond, "vhost-user: after a TX batch that emptied the ring and moved 16 KiB or more, wait this long with the guest's kicks off before the next batch, instead of waking on every kick (at most 1ms; 0: off)")
 	fs.DurationVar(&o.pollWindow, "vhost-poll", 0, "vhost-user: after a pair hands the guest frames, its TX worker watches the ring this long for the answer before sleeping on the kick (fewer kicks and wake-ups for CPU; needs a spare core; at most 1ms; 0: off)")
 	fs.DurationVar(&o.callInterval, "call-interval", 500*time.Microsecond, "vhost-user: under load, at most one call (interrupt) to the guest's receive queue per this interval (0: one per batch)")
 	fs.StringVar(&rxThreshold, "rx-flush-threshold", "auto", "after the port was full: free send-buffer room that flushes at once, in bytes (e.g. 256K) or percent of the buffer (e.g. 50%); auto: room for everything queued, at most 50%")
@@ -247,6 +250,9 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 		if o.qemu, err = netdev.ParseQEMUVersion(qemuVer); err != nil {
 			return nil, fmt.Errorf("--qemu-version: %w", err)
 		}
+	}
+	if o.txHold < 0 || o.txHold > time.Millisecond {
+		return nil, fmt.Errorf("--tx-hold %v: want 0..1ms", o.txHold)
 	}
 	if o.pollWindow < 0 || o.pollWindow > time.Millisecond {
 		return nil, fmt.Errorf("--vhost-poll %v: want 0..1ms", o.pollWindow)

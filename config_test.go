@@ -73,6 +73,11 @@ func TestParseFlags(t *testing.T) {
 				t.Errorf("--call-interval 200us --rx-flush-delay 0 = %v, %v", o.callInterval, o.rx.FlushDelay)
 			}
 		}},
+		{"tx-hold", []string{"--tap", "tap0", nd, "--tx-hold", "0"}, func(t *testing.T, o *options) {
+			if o.txHold != 0 {
+				t.Errorf("--tx-hold 0 = %v", o.txHold)
+			}
+		}},
 		{"rx-flush-threshold bytes", []string{"--tap", "tap0", nd, "--rx-flush-threshold", "256K"}, func(t *testing.T, o *options) {
 			if o.rx.FlushThreshold != 256<<10 {
 				t.Errorf("--rx-flush-threshold 256K = %d", o.rx.FlushThreshold)
@@ -129,6 +134,7 @@ func TestParseFlags(t *testing.T) {
 		{"rx-pool too many buffers", []string{"--tap", "tap0", nd, "--rx-buf-size", "64", "--rx-pool-bytes", "1G"}, "2..262144 buffers"},
 		{"bad rx-flush-delay", []string{"--tap", "tap0", nd, "--rx-flush-delay", "2s"}, "--rx-flush-delay"},
 		{"bad call-interval", []string{"--tap", "tap0", nd, "--call-interval", "2s"}, "--call-interval"},
+		{"bad tx-hold", []string{"--tap", "tap0", nd, "--tx-hold", "2ms"}, "--tx-hold"},
 		{"negative rx-flush-delay", []string{"--tap", "tap0", nd, "--rx-flush-delay", "-1ms"}, "--rx-flush-delay"},
 		{"bad rx-flush-threshold", []string{"--tap", "tap0", nd, "--rx-flush-threshold", "lots"}, "--rx-flush-threshold"},
 		{"bad rx-flush-threshold percent", []string{"--tap", "tap0", nd, "--rx-flush-threshold", "150%"}, "--rx-flush-threshold"},

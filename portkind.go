@@ -246,7 +246,7 @@ func openVhost(o *options, log *logrus.Logger) (k portKind, err error) {
 		Offload: &offload,
 		// --rx-batch off notifies per frame, as the receive pool writes per frame;
 		// --call-interval bounds the calls to the guest under load.
-		PerFrame: o.rx.PerFrame, CallInterval: o.callInterval, PollWindow: o.pollWindow,
+		PerFrame: o.rx.PerFrame, CallInterval: o.callInterval, PollWindow: o.pollWindow, TXHold: o.txHold,
 		UnloggedRX: unloggedRX(log)})
 	if err != nil {
 		return nil, err

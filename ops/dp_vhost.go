@@ -144,6 +144,7 @@ func (v *vhostDP) catalogue(m *Metrics) {
 	}
 	m.add("tapgro_vhost_rx_chains_total", "vhost-user: receive descriptor chains filled (more than frames with mergeable buffers).", Counter, nil, u(st.RXChains.Load))
 	m.add("tapgro_vhost_rx_stalls_total", "vhost-user: times TAP → guest waited for the guest to post buffers.", Counter, nil, u(st.RXStalls.Load))
+	m.add("tapgro_vhost_tx_holds_total", "vhost-user: times a TX worker that moved bulk held (--tx-hold) with kicks off instead of waiting for the next kick.", Counter, nil, u(st.TXHolds.Load))
 	m.add("tapgro_vhost_tx_blocked_total", "vhost-user: times guest → TAP waited for the TAP to take a frame.", Counter, nil, u(st.TXBlocked.Load))
 	m.add("tapgro_vhost_tx_linearized_total", "vhost-user: guest frames of more segments than one writev takes, copied.", Counter, nil, u(st.Linearized.Load))
 	m.add("tapgro_vhost_kicks_total", "vhost-user: kick eventfd reads (the guest posted work).", Counter, nil, u(bs.Kicks.Load))

@@ -16,6 +16,17 @@ import (
 // long for End.
 const txBudget = 64
 
+// The TX hold (--tx-hold, Config.TXHold). A worker that sleeps on the kick as soon as
+// its ring is empty takes one wake-up, and the guest one notification (a VM exit), per
+// kick: under bulk from a guest that posts a frame at a time, one per frame. After a
+// batch that moved txHoldBytes or more, the worker instead sleeps for the hold with
+// kicks left off, then takes what the guest posted meanwhile in one batch; a batch that
+// moved less (a request, an ACK, the end of a burst) waits for the next kick as before,
+// so request/response traffic is never held. This is QEMU's timer transmit mode
+// (hw/net/virtio-net.c virtio_net_handle_tx_timer, -device virtio-net-pci,tx=timer,
+// 150 µs by default), applied only while the load lasts.
+const txHoldBytes = 16 << 10
+
 // validatePrefix is how much of a split frame is gathered to validate its headers: far
 // more than Ethernet + VLAN + IPv6 + TCP with options (134 bytes). ValidatePeer reads
 // nothing past the header length it re-derives, so when that is within the prefix, the
@@ -52,19 +63,41 @@ func (n *Net) txLoop(w *worker) {
 	}
 	defer st.finish()
 	defer v.Guard(&st.faulted)
+	var ht *holdTimer
+	if n.txHold > 0 {
+		var err error
+		if ht, err = newHoldTimer(n.txHold); err != nil {
+			n.logf("vhost-user: TX hold without a timerfd (%v): holds last at least 1 ms", err)
+		} else {
+			defer ht.close()
+		}
+	}
+	hold := false
 	for !w.stop.Load() {
-		if err := v.Wait(); err != nil {
+		if hold {
+			// Kicks are still off since the last batch: the guest goes on posting
+			// without notifying, and the next batch takes what came meanwhile.
+			n.stats.TXHolds.Add(1)
+			if ht != nil {
+				ht.sleep()
+			} else {
+				time.Sleep(n.txHold)
+			}
+		} else if err := v.Wait(); err != nil {
 			return
 		}
-		sent := st.q.TXBytes.Load()
-		blocked, err := n.txBatch(v, st)
+		moved, drained, blocked, err := n.txBatch(v, st)
 		if err != nil {
 			return
 		}
 		if rx := w.q.rx.Load(); rx != nil {
 			// The answers to what went out (TCP's ACKs) are moderated as load too.
-			rx.q.NoteLoad(int(st.q.TXBytes.Load() - sent))
+			rx.q.NoteLoad(moved)
 		}
+		// A batch that emptied the ring after txHoldBytes or more is bulk: hold,
+		// rather than sleep on the next kick. Less is a request or the end of a
+		// burst: wait for the kick. One that ended on its budget goes on at once.
+		hold = n.txHold > 0 && moved >= txHoldBytes && drained
 		if blocked {
 			n.stats.TXBlocked.Add(1)
 			n.setWaiting(w.q, false, true)
@@ -78,14 +111,16 @@ func (n *Net) txLoop(w *worker) {
 }
 
 // txBatch moves up to txBudget chains to the TAP under the read lock (a fault in guest
-// memory unwinds through it, releasing the lock, to the worker's Guard). blocked says
-// the TAP could not take a frame: the worker waits for it before the next batch.
-func (n *Net) txBatch(v vhostuser.Queue, st *txState) (blocked bool, err error) {
+// memory unwinds through it, releasing the lock, to the worker's Guard) and reports the
+// frames' bytes and whether it found the ring empty. blocked says the TAP could not
+// take a frame: the worker waits for it before the next batch.
+func (n *Net) txBatch(v vhostuser.Queue, st *txState) (moved int, drained, blocked bool, err error) {
 	ringHL := v.HdrLen()
+	sent := st.q.TXBytes.Load()
 	n.mu.RLock()
 	defer n.mu.RUnlock()
 	if err := v.Begin(); err != nil {
-		return false, err
+		return 0, false, false, err
 	}
 	if st.gro != nil {
 		st.gro.beginBatch()
@@ -120,7 +155,7 @@ func (n *Net) txBatch(v vhostuser.Queue, st *txState) (blocked bool, err error) 
 		st.gro.endBatch(empty || blocked)
 	}
 	v.End()
-	return blocked, nil
+	return int(st.q.TXBytes.Load() - sent), empty, blocked, nil
 }
 
 // finish runs as the worker ends: what timer mode holds goes out, unless guest memory

@@ -81,6 +81,9 @@ type Stats struct {
 	// TXBlocked counts the times the TAP's send buffer was full (the batch ended and the
 	// worker waited for the TAP).
 	TXBlocked atomic.Uint64
+	// TXHolds counts the holds TX workers took under bulk instead of waiting for a kick
+	// (Config.TXHold).
+	TXHolds atomic.Uint64
 	// Linearized counts TX frames of more segments than one writev takes, copied.
 	Linearized atomic.Uint64
 	// FeatureChanges counts SET_FEATURES applied to the TAP.
@@ -166,6 +169,9 @@ type Config struct {
 	// RX worker handed the guest frames, before it sleeps on the kick (--vhost-poll;
 	// vhostuser/wait.go says why and what it costs).
 	PollWindow time.Duration
+	// TXHold > 0 has a TX worker that moved bulk sleep this long with kicks off before
+	// its next batch, instead of waiting for the next kick (--tx-hold; tx.go).
+	TXHold time.Duration
 
 	// UnloggedRX is for tests only (vhostuser.Config.UnloggedRX): a migration's dirty
 	// log is not told about receive buffers, so a migrated guest gets stale ones.
@@ -193,6 +199,7 @@ type Net struct {
 	perFrame     bool          // publish and signal every frame (Config.PerFrame)
 	callInterval time.Duration // receive queues' call moderation (Config.CallInterval)
 	pollWindow   time.Duration // TX rings' poll window (Config.PollWindow)
+	txHold       time.Duration // TX workers' hold under bulk (Config.TXHold)
 
 	// capture records every frame that crosses, as the guest sent or received it
 	// (--pcap-port, `tapgro ctl pcap port=…`).
@@ -273,7 +280,7 @@ func New(cfg Config) (*Net, error) {
 		n.stats = new(Stats)
 	}
 	n.gro, n.timerFlush, n.rscInterval, n.maxFlows = cfg.GRO, cfg.TimerFlush, cfg.RSCInterval, cfg.MaxFlows
-	n.perFrame, n.callInterval, n.pollWindow = cfg.PerFrame, cfg.CallInterval, cfg.PollWindow
+	n.perFrame, n.callInterval, n.pollWindow, n.txHold = cfg.PerFrame, cfg.CallInterval, cfg.PollWindow, cfg.TXHold
 	if n.timerFlush && n.rscInterval <= 0 {
 		return nil, errors.New("vhostnet: TimerFlush needs an RSCInterval")
 	}
@@ -372,8 +379,9 @@ func (n *Net) RingStarted(v vhostuser.Queue) {
 		return
 	}
 	if isRX(v.Index()) {
-		// Only toward the guest's receive path: a TX completion held back would hold
-		// back the guest's transmit queue once its ring is full.
+		// Only toward the guest's receive path. A TX completion held back holds back
+		// a sender whose socket buffer waits for it: tried, a guest's UDP_SEGMENT
+		// sender lost 10-40 % (docs/benchmarks/GUESTS-before-after.md, run 9).
 		v.SetCallModeration(n.callInterval)
 		q.rx.Store(&queueRef{v})
 		if v.Enabled() {
