@@ -19,10 +19,12 @@ const txBudget = 64
 // The TX hold (--tx-hold, Config.TXHold). A worker that sleeps on the kick as soon as
 // its ring is empty takes one wake-up, and the guest one notification (a VM exit), per
 // kick: under bulk from a guest that posts a frame at a time, one per frame. After a
-// batch that moved txHoldBytes or more, the worker instead sleeps for the hold with
-// kicks left off, then takes what the guest posted meanwhile in one batch; a batch that
-// moved less (a request, an ACK, the end of a burst) waits for the next kick as before,
-// so request/response traffic is never held. This is QEMU's timer transmit mode
+// batch that emptied the ring and moved txHoldBytes or more, the worker instead sleeps
+// for the hold with kicks left off (hold.go), then takes what the guest posted
+// meanwhile in one batch; a batch that moved less (a request, an ACK, the end of a
+// burst) waits for the next kick as before, so request/response traffic is never held,
+// and one that ended on its budget goes on at once. The hold is bounded (at most 1 ms,
+// config.go), so a guest that never stops posting gets a batch per hold, no more. This is QEMU's timer transmit mode
 // (hw/net/virtio-net.c virtio_net_handle_tx_timer, -device virtio-net-pci,tx=timer,
 // 150 µs by default), applied only while the load lasts.
 const txHoldBytes = 16 << 10
