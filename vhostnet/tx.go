@@ -23,8 +23,9 @@ const txBudget = 64
 // for the hold with kicks left off (hold.go), then takes what the guest posted
 // meanwhile in one batch; a batch that moved less (a request, an ACK, the end of a
 // burst) waits for the next kick as before, so request/response traffic is never held,
-// and one that ended on its budget goes on at once. The hold is bounded (at most 1 ms,
-// config.go), so a guest that never stops posting gets a batch per hold, no more. This is QEMU's timer transmit mode
+// and one that ended on its budget goes on at once. A hold is a sleep between batches,
+// so it never makes the worker busier than waiting for kicks would, whatever the guest
+// posts; tapgro bounds it to 1 ms (--tx-hold), the longest a guest's frame waits. This is QEMU's timer transmit mode
 // (hw/net/virtio-net.c virtio_net_handle_tx_timer, -device virtio-net-pci,tx=timer,
 // 150 µs by default), applied only while the load lasts.
 const txHoldBytes = 16 << 10
