@@ -133,10 +133,11 @@ func readVhostCounters(tapgro, ctl string) (vhostCounters, error) {
 	return vhostCounters{float64(c.PortToTap.Frames), float64(c.TapToPort.Frames), float64(r.Status.Vhost.Kicks), float64(r.Status.Vhost.Calls)}, nil
 }
 
-// traceTable renders the per-GB counts of one test for every row that has them.
-func traceTable(title string, rows []traceRow) string {
+// traceTable renders the counts of one test, per unit (GB received, or round trip),
+// for every row that has them.
+func traceTable(title, unit string, rows []traceRow) string {
 	var b bytes.Buffer
-	fmt.Fprintf(&b, "### %s: per GB received\n\n| guest | back-end | threads |", title)
+	fmt.Fprintf(&b, "### %s: per %s\n\n| guest | back-end | threads |", title, unit)
 	for _, e := range traceEvents {
 		fmt.Fprintf(&b, " %s |", e.name)
 	}
@@ -145,13 +146,18 @@ func traceTable(title string, rows []traceRow) string {
 		b.WriteString("---|")
 	}
 	b.WriteString("---|---|---|---|\n")
+	// Per GB the counts are thousands; per round trip a few, where a tenth matters.
+	f := "%.0f"
+	if unit == "round trip" {
+		f = "%.2f"
+	}
 	for _, r := range rows {
 		fmt.Fprintf(&b, "| %s | %s | %s |", r.flav, r.be, r.threads)
 		for _, e := range traceEvents {
-			fmt.Fprintf(&b, " %.0f |", r.perGB[e.name])
+			fmt.Fprintf(&b, " "+f+" |", r.per[e.name])
 		}
 		if r.vhost {
-			fmt.Fprintf(&b, " %.0f | %.0f | %.0f | %.0f |\n", r.perGB["frames → TAP"], r.perGB["frames → guest"], r.perGB["kicks"], r.perGB["calls"])
+			fmt.Fprintf(&b, " "+f+" | "+f+" | "+f+" | "+f+" |\n", r.per["frames → TAP"], r.per["frames → guest"], r.per["kicks"], r.per["calls"])
 		} else {
 			b.WriteString(" | | | |\n")
 		}
@@ -159,15 +165,32 @@ func traceTable(title string, rows []traceRow) string {
 	return b.String()
 }
 
-// traceRow is one back-end's counts in one test, summed over rounds, per GB.
+// traceRow is one back-end's counts in one test, summed over rounds, per unit.
 type traceRow struct {
 	flav, be, threads string
 	vhost             bool
-	perGB             map[string]float64
+	per               map[string]float64
 }
 
 // tracedSteps are the guest matrix's steps -trace counts.
-var tracedSteps = map[string]bool{"tcp-g2h": true, "tcp-h2g": true}
+var tracedSteps = map[string]bool{"tcp-g2h": true, "tcp-h2g": true, "tcp-rr": true}
+
+// tracedTests are the -trace tables: the TCP tests per GB received, the ping-pong per
+// round trip (its warm-up rounds included, as in its CPU column: the count runs over
+// the client's whole run).
+var tracedTests = []struct {
+	key, name, unit string
+	units           func(r *guestResult) float64
+}{
+	{"tcp-g2h", "TCP guest -> host", "GB received", func(r *guestResult) float64 { return r.gigabytes }},
+	{"tcp-h2g", "TCP host -> guest", "GB received", func(r *guestResult) float64 { return r.gigabytes }},
+	{"tcp-rr", "TCP 1-byte ping-pong, host -> guest", "round trip", func(r *guestResult) float64 {
+		if len(r.rtts) == 0 {
+			return 0 // the client failed
+		}
+		return rrRounds + rrWarm
+	}},
+}
 
 // stepTrace follows the guest's steps: a traced step's counts run from its start to the
 // next step's.
@@ -231,20 +254,17 @@ func (s *stepTrace) stop() {
 }
 
 // traceReport is the -trace section: per traced test, each row's counts summed over its
-// rounds and divided by the gigabytes received in them.
+// rounds and divided by the units (gigabytes received, round trips) in them.
 func traceReport(rows []key, results map[key][]map[string]*guestResult) string {
 	var b strings.Builder
-	b.WriteString("## Per GB: system calls, context switches, wake-ups (-trace)\n\n")
-	b.WriteString("Counted by the kernel's tracepoints (perf stat) while each test ran, summed over the rounds and divided by the gigabytes received. " +
-		"tapgro: all its threads; QEMU: its threads other than the vCPU (with the TAP back-end they run it; with vhost-user, under TCG, they relay the guest's kicks and tapgro's calls). " +
+	b.WriteString("## Per GB and per round trip: system calls, context switches, wake-ups (-trace)\n\n")
+	b.WriteString("Counted by the kernel's tracepoints (perf stat) while each test ran, summed over the rounds and divided by the gigabytes received (TCP bulk) or the round trips made (ping-pong, warm-up included). " +
+		"tapgro: all its threads; QEMU: its threads other than the vCPU (with the TAP back-end they run it; with vhost-user, under TCG, they relay tapgro's calls: the guest's kicks reach tapgro's eventfd from the vCPU thread). " +
 		"\"wake-ups made\" are sched_wakeup events in those threads' context (futex hand-offs between threads, eventfd writes that wake another process).\n\n")
-	for _, t := range guestTests {
-		if !tracedSteps[t.key] {
-			continue
-		}
+	for _, t := range tracedTests {
 		var tr []traceRow
 		for _, k := range rows {
-			var gb float64
+			var units float64
 			tg, q := map[string]float64{}, map[string]float64{}
 			var vc vhostCounters
 			for _, r := range results[k] {
@@ -252,7 +272,7 @@ func traceReport(rows []key, results map[key][]map[string]*guestResult) string {
 				if x == nil || x.traceQ == nil {
 					continue
 				}
-				gb += x.gigabytes
+				units += t.units(x)
 				for n, v := range x.traceTG {
 					tg[n] += v
 				}
@@ -264,26 +284,28 @@ func traceReport(rows []key, results map[key][]map[string]*guestResult) string {
 				vc.kicks += x.vc.kicks
 				vc.calls += x.vc.calls
 			}
-			if gb == 0 {
+			if units == 0 {
 				continue
 			}
 			per := func(m map[string]float64) map[string]float64 {
 				out := map[string]float64{}
 				for n, v := range m {
-					out[n] = v / gb
+					out[n] = v / units
 				}
 				return out
 			}
 			if k.be.vhost() {
 				p := per(tg)
-				p["frames → TAP"], p["frames → guest"] = vc.framesTX/gb, vc.framesRX/gb
-				p["kicks"], p["calls"] = vc.kicks/gb, vc.calls/gb
-				tr = append(tr, traceRow{flav: k.flav, be: k.be.String(), threads: "tapgro", vhost: true, perGB: p})
+				p["frames → TAP"], p["frames → guest"] = vc.framesTX/units, vc.framesRX/units
+				p["kicks"], p["calls"] = vc.kicks/units, vc.calls/units
+				tr = append(tr, traceRow{flav: k.flav, be: k.be.String(), threads: "tapgro", vhost: true, per: p})
 			}
-			tr = append(tr, traceRow{flav: k.flav, be: k.be.String(), threads: "QEMU, not vCPU", perGB: per(q)})
+			tr = append(tr, traceRow{flav: k.flav, be: k.be.String(), threads: "QEMU, not vCPU", per: per(q)})
 		}
-		b.WriteString(traceTable(t.name, tr))
-		b.WriteString("\n")
+		if len(tr) > 0 {
+			b.WriteString(traceTable(t.name, t.unit, tr))
+			b.WriteString("\n")
+		}
 	}
 	return b.String()
 }
