@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -172,16 +173,10 @@ type traceRow struct {
 	per               map[string]float64
 }
 
-// tracedSteps are the guest matrix's steps -trace counts.
-var tracedSteps = map[string]bool{"tcp-g2h": true, "tcp-h2g": true, "tcp-rr": true}
-
-// tracedTests are the -trace tables: the TCP tests per GB received, the ping-pong per
+// tracedTests are the guest matrix's steps -trace counts, and its tables: the TCP tests per GB received, the ping-pong per
 // round trip (its warm-up rounds included, as in its CPU column: the count runs over
 // the client's whole run).
-var tracedTests = []struct {
-	key, name, unit string
-	units           func(r *guestResult) float64
-}{
+var tracedTests = []tracedTest{
 	{"tcp-g2h", "TCP guest -> host", "GB received", func(r *guestResult) float64 { return r.gigabytes }},
 	{"tcp-h2g", "TCP host -> guest", "GB received", func(r *guestResult) float64 { return r.gigabytes }},
 	{"tcp-rr", "TCP 1-byte ping-pong, host -> guest", "round trip", func(r *guestResult) float64 {
@@ -190,6 +185,11 @@ var tracedTests = []struct {
 		}
 		return rrRounds + rrWarm
 	}},
+}
+
+type tracedTest struct {
+	key, name, unit string
+	units           func(r *guestResult) float64 // the test's units in one round's result
 }
 
 // stepTrace follows the guest's steps: a traced step's counts run from its start to the
@@ -220,7 +220,7 @@ func (s *stepTrace) step(step string) {
 		return
 	}
 	s.stop()
-	if !tracedSteps[step] {
+	if !slices.ContainsFunc(tracedTests, func(t tracedTest) bool { return t.key == step }) {
 		return
 	}
 	s.cur = step
