@@ -173,9 +173,9 @@ type traceRow struct {
 	per               map[string]float64
 }
 
-// tracedTests are the guest matrix's steps -trace counts, and its tables: the TCP tests per GB received, the ping-pong per
-// round trip (its warm-up rounds included, as in its CPU column: the count runs over
-// the client's whole run).
+// tracedTests are the guest matrix's steps -trace counts, and its tables: the TCP tests
+// per GB received, the ping-pong per round trip (its warm-up rounds included, as in its
+// CPU column: the count runs over the client's whole run).
 var tracedTests = []tracedTest{
 	{"tcp-g2h", "TCP guest -> host", "GB received", func(r *guestResult) float64 { return r.gigabytes }},
 	{"tcp-h2g", "TCP host -> guest", "GB received", func(r *guestResult) float64 { return r.gigabytes }},
