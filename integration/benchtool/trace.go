@@ -33,6 +33,7 @@ var traceEvents = []struct{ event, name string }{
 	{"syscalls:sys_enter_write", "write"},
 	{"syscalls:sys_enter_writev", "writev"},
 	{"syscalls:sys_enter_epoll_pwait", "epoll_pwait"},
+	{"syscalls:sys_enter_ppoll", "ppoll"}, // tapgro's look at the TAP before it parks; QEMU's main loop waits in it
 	{"syscalls:sys_enter_futex", "futex"},
 	{"syscalls:sys_enter_nanosleep", "nanosleep"},
 	{"sched:sched_switch", "ctx switches"},
