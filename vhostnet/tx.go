@@ -25,9 +25,10 @@ const txBudget = 64
 // burst) waits for the next kick as before, so request/response traffic is never held,
 // and one that ended on its budget goes on at once. A hold is a sleep between batches,
 // so it never makes the worker busier than waiting for kicks would, whatever the guest
-// posts; tapgro bounds it to 1 ms (--tx-hold), the longest a guest's frame waits. This is QEMU's timer transmit mode
-// (hw/net/virtio-net.c virtio_net_handle_tx_timer, -device virtio-net-pci,tx=timer,
-// 150 µs by default), applied only while the load lasts.
+// posts; tapgro bounds it to 1 ms (--tx-hold), the longest a guest's frame waits. This
+// is QEMU's timer transmit mode (hw/net/virtio-net.c virtio_net_handle_tx_timer,
+// -device virtio-net-pci,tx=timer, 150 µs by default), applied only while the load
+// lasts.
 const txHoldBytes = 16 << 10
 
 // validatePrefix is how much of a split frame is gathered to validate its headers: far
