@@ -18,6 +18,7 @@ import (
 	"tapgro/onoff"
 	"tapgro/pcapio"
 	"tapgro/rxpool"
+	"tapgro/vhostnet"
 	"tapgro/vnethdr"
 )
 
@@ -68,6 +69,13 @@ type options struct {
 	// --allow-unsafe-dir: create socket paths even in a directory others may write that
 	// has no sticky bit (netdev.Options.AllowUnsafeDir).
 	allowUnsafeDir bool
+
+	// vhost-user front-ends (security.go): who may connect (--allow-peer), how much
+	// memory a session may map (--vhost-max-mapped), from which filesystems
+	// (--vhost-any-fs-memory).
+	peers       vhostnet.Peers
+	maxMapped   uint64
+	anyFSMemory bool
 
 	// Runtime control (ctl.go).
 	ctlSocket        string // --ctl-socket; "" disables the control socket
@@ -179,6 +187,11 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&socketMode, "socket-mode", "0600", "permissions (octal) of the UNIX socket paths tapgro creates; widen with care: whoever can connect can inject frames into the guest")
 	fs.StringVar(&socketGroup, "socket-group", "", "group (name or gid) of the UNIX socket paths tapgro creates, e.g. with --socket-mode 0660")
 	fs.BoolVar(&o.allowUnsafeDir, "allow-unsafe-dir", false, "create UNIX socket paths (port and --ctl-socket) even in a directory other users can write that has no sticky bit; there anyone could swap tapgro's socket for their own")
+	var peers peerList
+	fs.Var(&peers, "allow-peer", "vhost-user: only a front-end whose process runs as one of these may connect (or, with server=off, listen): a comma-separated list of uid:USER and gid:GROUP (names or numbers; repeatable; default: whoever the socket's permissions let in)")
+	var maxMapped string
+	fs.StringVar(&maxMapped, "vhost-max-mapped", "32T", "vhost-user: most guest memory (and dirty log) one front-end may have tapgro map, e.g. 512G or 4T; larger tables are refused")
+	fs.BoolVar(&o.anyFSMemory, "vhost-any-fs-memory", false, "vhost-user: accept guest memory on files outside tmpfs and hugetlbfs (DAX, pmem); on a FUSE or network filesystem a page fault may never finish and stop tapgro")
 	fs.StringVar(&userName, "user", "", "after opening the TAP, the port and the metrics listener, drop privileges to this user (name or uid)")
 	fs.StringVar(&groupName, "group", "", "with --user: the group to drop to (name or gid; default the user's primary group)")
 	fs.StringVar(&o.logFile, "log-file", "", "append the log to this file instead of stderr; SIGHUP reopens it (for logrotate)")
@@ -308,6 +321,14 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	if o.user, err = parseAccount(userName, groupName); err != nil {
 		return nil, err
 	}
+	if o.peers, err = peers.resolve(); err != nil {
+		return nil, err
+	}
+	mm, err := parseBytes("vhost-max-mapped", maxMapped)
+	if err != nil || mm < 1<<30 {
+		return nil, fmt.Errorf("--vhost-max-mapped %q: want a size of at least 1G, such as 512G or 32T", maxMapped)
+	}
+	o.maxMapped = uint64(mm)
 	if err := parsePcapFlags(o, pcapMax); err != nil {
 		return nil, err
 	}
@@ -425,10 +446,12 @@ func parseBytes(name, v string) (int, error) {
 			mult, num = 1<<20, v[:n-1]
 		case 'g', 'G':
 			mult, num = 1<<30, v[:n-1]
+		case 't', 'T':
+			mult, num = 1<<40, v[:n-1]
 		}
 	}
 	n, err := strconv.Atoi(num)
-	if err != nil || n < 0 || n > (1<<40)/mult {
+	if err != nil || n < 0 || n > (1<<50)/mult {
 		return 0, fmt.Errorf("--%s %q: want a byte count such as 2048, 512K or 4M", name, v)
 	}
 	return n * mult, nil

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"time"
 
 	"github.com/sirupsen/logrus"
@@ -17,6 +16,7 @@ import (
 	"tapgro/port"
 	"tapgro/tapdev"
 	"tapgro/vhostnet"
+	"tapgro/vhostuser"
 	"tapgro/virtio"
 )
 
@@ -247,9 +247,12 @@ func openVhost(o *options, log *logrus.Logger) (k portKind, err error) {
 		// --rx-batch off notifies per frame, as the receive pool writes per frame;
 		// --call-interval bounds the calls to the guest under load.
 		PerFrame: o.rx.PerFrame, CallInterval: o.callInterval, PollWindow: o.pollWindow, TXHold: o.txHold,
-		UnloggedRX: unloggedRX(log)})
+		Peers: o.peers, MaxMapped: o.maxMapped, AnyFSMemory: o.anyFSMemory})
 	if err != nil {
 		return nil, err
+	}
+	if vhostuser.UnloggedRXBuild() {
+		log.Warn("built with tapgro_unlogged_rx: receive buffers are left out of migration dirty logs; a migrated guest will see stale data (the migration tests' control, never for use)")
 	}
 	v.closers = append(v.closers, func() { v.vn.CloseCapture() })
 	hupReopeners.add("pcap capture", v.vn.ReopenCapture)
@@ -356,16 +359,4 @@ func (v *vhostKind) summary() logrus.Fields {
 		f["rsc_gso_packets"], f["rsc_coalesced"] = r.GSOOut.Load(), r.Coalesced.Load()
 	}
 	return f
-}
-
-// unloggedRX reads TAPGRO_TEST_UNLOGGED_RX, a switch for tests only: with it set to 1 a
-// migration's dirty log is not told about receive buffers (vhostnet.Config.UnloggedRX),
-// which breaks live migration on purpose. integration's migration test uses it to show
-// that it catches a back-end that forgets them; no one else should set it.
-func unloggedRX(log *logrus.Logger) bool {
-	if os.Getenv("TAPGRO_TEST_UNLOGGED_RX") != "1" {
-		return false
-	}
-	log.Warn("TAPGRO_TEST_UNLOGGED_RX=1: receive buffers are left out of migration dirty logs; a migrated guest will see stale data (a test switch)")
-	return true
 }

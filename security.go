@@ -13,6 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"tapgro/netdev"
+	"tapgro/vhostnet"
 )
 
 // Whoever can write to tapgro's port can put frames into a guest, so every way in is
@@ -186,4 +187,49 @@ func checkNoCaps() error {
 		}
 	}
 	return nil
+}
+
+// peerList is --allow-peer: uid:USER and gid:GROUP entries, names or numbers, comma
+// separated and repeatable, resolved at start (vhostnet.Peers says how they are used).
+type peerList []string
+
+func (p *peerList) String() string { return strings.Join(*p, ",") }
+
+func (p *peerList) Set(v string) error {
+	for _, e := range strings.Split(v, ",") {
+		kind, who, ok := strings.Cut(strings.TrimSpace(e), ":")
+		if !ok || (kind != "uid" && kind != "gid") || who == "" {
+			return fmt.Errorf("%q: want uid:USER or gid:GROUP (a name or a number)", e)
+		}
+		*p = append(*p, kind+":"+who)
+	}
+	return nil
+}
+
+func (p peerList) resolve() (vhostnet.Peers, error) {
+	var out vhostnet.Peers
+	for _, e := range p {
+		kind, who, _ := strings.Cut(e, ":")
+		if kind == "gid" {
+			gid, err := lookupGroup("--allow-peer", who)
+			if err != nil {
+				return out, err
+			}
+			out.GIDs = append(out.GIDs, uint32(gid))
+			continue
+		}
+		uid, err := strconv.Atoi(who)
+		if err != nil {
+			u, lerr := user.Lookup(who)
+			if lerr != nil {
+				return out, fmt.Errorf("--allow-peer uid:%s: %w", who, lerr)
+			}
+			uid, _ = strconv.Atoi(u.Uid)
+		}
+		if uid < 0 {
+			return out, fmt.Errorf("--allow-peer uid:%s: want a user name or a uid >= 0", who)
+		}
+		out.UIDs = append(out.UIDs, uint32(uid))
+	}
+	return out, nil
 }

@@ -30,3 +30,5 @@ echo "== go vet"
 go vet ./...
 echo "== go test"
 go test -count=1 -race -timeout 40m ./... "$@"
+echo "== go test -tags tapgro_unlogged_rx (the migration tests' control build)"
+go test -count=1 -tags tapgro_unlogged_rx -run UnloggedControl ./vhostnet/

@@ -26,35 +26,44 @@ import (
 // The harness runs the real tapgro binary, each instance in its own network namespace,
 // exactly as a user would: `ip netns exec NS tapgro --tap ... --netdev ...`.
 
-var (
-	buildOnce sync.Once
-	binPath   string
-	buildErr  error
-)
+// builds are the tapgro binaries built so far, by build tags ("" is the product).
+var builds sync.Map // string → *build
+
+type build struct {
+	once sync.Once
+	path string
+	err  error
+}
 
 // tapgroBin builds tapgro once per test binary.
-func tapgroBin(t testing.TB) string {
+func tapgroBin(t testing.TB) string { return tapgroBinTags(t, "") }
+
+// tapgroBinTags builds tapgro with build tags (comma-separated; "" for none) once per
+// test binary: tapgro_unlogged_rx is the migration tests' control.
+func tapgroBinTags(t testing.TB, tags string) string {
 	t.Helper()
-	buildOnce.Do(func() {
+	v, _ := builds.LoadOrStore(tags, &build{})
+	b := v.(*build)
+	b.once.Do(func() {
 		dir, err := os.MkdirTemp("", "tapgro-bin-")
 		if err != nil {
-			buildErr = err
+			b.err = err
 			return
 		}
-		binPath = filepath.Join(dir, "tapgro")
+		b.path = filepath.Join(dir, "tapgro")
 		gobin := "go"
 		if _, err := exec.LookPath(gobin); err != nil {
 			gobin = "/usr/local/go/bin/go"
 		}
-		out, err := exec.Command(gobin, "build", "-o", binPath, "tapgro").CombinedOutput()
+		out, err := exec.Command(gobin, "build", "-tags", tags, "-o", b.path, "tapgro").CombinedOutput()
 		if err != nil {
-			buildErr = fmt.Errorf("go build: %v: %s", err, out)
+			b.err = fmt.Errorf("go build -tags %q: %v: %s", tags, err, out)
 		}
 	})
-	if buildErr != nil {
-		t.Fatal(buildErr)
+	if b.err != nil {
+		t.Fatal(b.err)
 	}
-	return binPath
+	return b.path
 }
 
 // syncBuffer collects a process's output; the process writes while the test reads.
@@ -88,7 +97,12 @@ type proc struct {
 // is still running; its log is printed when the test failed.
 func startTapgro(t testing.TB, ns *netnstest.NS, name string, args ...string) *proc {
 	t.Helper()
-	bin := tapgroBin(t)
+	return startTapgroBin(t, tapgroBin(t), ns, name, args...)
+}
+
+// startTapgroBin is startTapgro with another build of tapgro (tapgroBinTags).
+func startTapgroBin(t testing.TB, bin string, ns *netnstest.NS, name string, args ...string) *proc {
+	t.Helper()
 	if !slices.Contains(args, "--ctl-socket") {
 		// The default control socket, /run/tapgro/<tap>.ctl, is shared by every
 		// namespace: tests whose TAPs share a name would race for it, and a killed

@@ -138,9 +138,29 @@ func (w *Writer) Err() error {
 
 // openFresh creates the file at path and writes the file header. Called with mu held
 // (or before the Writer is shared).
+//
+// The path is refused if it is a symbolic link (O_NOFOLLOW) or anything but a regular
+// file: tapgro may run as root, and a capture path in a directory others can write
+// would otherwise let them point it at a file of root's to truncate, or at a FIFO or
+// device to hang or feed. The file is truncated only once it is known to be regular;
+// O_NONBLOCK keeps the open itself from waiting for a FIFO's reader.
 func (w *Writer) openFresh() error {
-	f, err := os.OpenFile(w.path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+	f, err := os.OpenFile(w.path, os.O_WRONLY|os.O_CREATE|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0o600)
 	if err != nil {
+		if errors.Is(err, syscall.ELOOP) {
+			err = errors.New("is a symbolic link; give the file's own path")
+		}
+		return fmt.Errorf("pcap %s: %w", w.path, err)
+	}
+	if st, err := f.Stat(); err != nil || !st.Mode().IsRegular() {
+		f.Close()
+		if err == nil {
+			err = fmt.Errorf("not a regular file (%v)", st.Mode().Type())
+		}
+		return fmt.Errorf("pcap %s: %w", w.path, err)
+	}
+	if err := f.Truncate(0); err != nil {
+		f.Close()
 		return fmt.Errorf("pcap %s: %w", w.path, err)
 	}
 	w.f = f

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -303,5 +304,36 @@ func TestWriteFrameV(t *testing.T) {
 	}
 	if st.Frames.Load() != 5 || st.Dropped.Load() != 0 {
 		t.Errorf("frames %d dropped %d", st.Frames.Load(), st.Dropped.Load())
+	}
+}
+
+// TestRefusesNonRegular: a capture path that is a symbolic link, a FIFO or a device is
+// refused, and what the link points at is left as it was (tapgro may be root, the
+// directory someone else's).
+func TestRefusesNonRegular(t *testing.T) {
+	dir := t.TempDir()
+	victim := filepath.Join(dir, "victim")
+	if err := os.WriteFile(victim, []byte("precious"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	link := filepath.Join(dir, "link.pcap")
+	if err := os.Symlink(victim, link); err != nil {
+		t.Fatal(err)
+	}
+	fifo := filepath.Join(dir, "fifo.pcap")
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{link, fifo, "/dev/null"} {
+		var st Stats
+		if w, err := Create(p, Options{}, &st); err == nil {
+			w.Close()
+			t.Errorf("%s: capture created", p)
+		} else {
+			t.Logf("%s: %v", p, err)
+		}
+	}
+	if b, _ := os.ReadFile(victim); string(b) != "precious" {
+		t.Fatalf("the link's target was changed: %q", b)
 	}
 }

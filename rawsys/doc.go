@@ -24,9 +24,12 @@
 //
 // # The rule
 //
-// Only descriptors opened or set O_NONBLOCK, whose calls are bounded by the bytes they
-// copy: TAP devices (tapdev opens /dev/net/tun non-blocking), sockets from package net
-// (non-blocking by construction) and eventfds. A goroutine in a raw call keeps its P, so
+// Only descriptors tapgro alone controls, opened or set O_NONBLOCK, whose calls are
+// bounded by the bytes they copy: TAP devices (tapdev opens /dev/net/tun non-blocking),
+// sockets from package net (non-blocking by construction) and eventfds of tapgro's own.
+// Never a descriptor a peer shares: O_NONBLOCK lives in the open file description, and
+// a peer holding the same description (a vhost-user front-end's eventfds) can clear it
+// (vhostuser/signal.go). A goroutine in a raw call keeps its P, so
 // a stop-the-world or another goroutine on that P waits for the call, which is the copy
 // of at most a batch (tens of µs). A blocking descriptor here would stall its P for as
 // long as the kernel sleeps, so it must never be passed.

@@ -3,6 +3,8 @@
 package vhostnet
 
 import (
+	"fmt"
+
 	"tapgro/vhostuser"
 	"tapgro/virtio"
 	"tapgro/vnethdr"
@@ -127,7 +129,7 @@ func (n *Net) FeaturesAcked(f vhostuser.Features) {
 		ok := true
 		for _, q := range n.pairs {
 			if err := q.tap.SetVnetHdrLen(f.HdrLen); err != nil {
-				n.logf("vhostnet: %v", err)
+				n.peerLine(&n.gates.tapErr, err.Error(), n.logf, "vhostnet: %v", err)
 				ok = false
 			}
 		}
@@ -150,7 +152,10 @@ func (n *Net) FeaturesAcked(f vhostuser.Features) {
 	if cut := n.rxAllow & vnethdr.OffloadUSO; eff&vnethdr.OffloadUSO != 0 && cut != vnethdr.OffloadUSO {
 		rsc += ", cutting UDP GSO for the guest"
 	}
-	n.infof("vhostnet: features %#x (%s): header %d bytes, TAP offloads %s%s", f.Bits, virtio.String(f.Bits), n.tapHdr, eff, rsc)
+	// Logged when it changes: QEMU repeats SET_FEATURES at every migration's start and
+	// end, and a front-end can send it as often as it likes.
+	line := fmt.Sprintf("vhostnet: features %#x (%s): header %d bytes, TAP offloads %s%s", f.Bits, virtio.String(f.Bits), n.tapHdr, eff, rsc)
+	n.peerLine(&n.gates.features, line, n.infof, "%s", line)
 }
 
 // applyOffloadsLocked sets TUNSETOFFLOAD from the acked features and the cap (n.mu held
@@ -162,7 +167,7 @@ func (n *Net) applyOffloadsLocked() vnethdr.Offloads {
 	tap := n.pairs[0].tap
 	eff, err := tap.SetOffloads(TapOffloads(n.rxAllow, n.probed, n.offloadCap))
 	if err != nil {
-		n.logf("vhostnet: %v", err)
+		n.peerLine(&n.gates.tapErr, err.Error(), n.logf, "vhostnet: %v", err)
 		// Whatever was set before may exceed the new acks: fall back to none.
 		eff, _ = tap.SetOffloads(0)
 	}

@@ -19,12 +19,16 @@ type activeConn struct{ uc *net.UnixConn }
 // Serve accepts front-ends (QEMU -chardev socket,…,reconnect=N as the client) on ln one
 // at a time: each connection is a fresh session (the old one's rings are stopped, its
 // mappings unmapped and its fds closed before the next is served), so a reconnecting
-// QEMU starts over from GET_FEATURES. A connection that arrives while a session runs
-// is given refuseGrace for that session to end (a QEMU restarted before tapgro saw the
-// old one go), then closed, counted (BackendStats.Refused) and logged, at most once per
-// refuseQuiet: left in the listen backlog it would have QEMU block on its first reply
-// for as long as the other session lasts. When ctx is done the listener is closed and
-// the running session shut down; Serve then returns ctx.Err().
+// QEMU starts over from GET_FEATURES. A peer not allowed by Config.Peers is closed at
+// once. A connection that arrives while a session runs waits for that session to end:
+// while the session has not spoken yet, as long as it stays silent (at most the
+// back-end's handshake timeout, after which a silent session is ended), so that a
+// connection that never speaks cannot keep the next front-end out; once it has
+// spoken, refuseGrace (a QEMU restarted before tapgro saw the old one go). Then the
+// waiting connection is closed, counted (BackendStats.Refused) and logged, at most once
+// per refuseQuiet: left in the listen backlog it would have QEMU block on its first
+// reply for as long as the other session lasts. When ctx is done the listener is closed
+// and the running session shut down; Serve then returns ctx.Err().
 func (n *Net) Serve(ctx context.Context, ln *net.UnixListener) error {
 	n.serveMu.Lock()
 	defer n.serveMu.Unlock()
@@ -33,7 +37,7 @@ func (n *Net) Serve(ctx context.Context, ln *net.UnixListener) error {
 		n.shutdownActive()
 	})
 	defer stop()
-	var idle chan struct{} // closed when the running session ends; nil before the first
+	var idle, spoke chan struct{} // the running session's end and first message; nil before the first
 	defer func() {
 		if idle != nil {
 			<-idle
@@ -52,10 +56,30 @@ func (n *Net) Serve(ctx context.Context, ln *net.UnixListener) error {
 			}
 			return err
 		}
+		if !n.admit(uc, "accepted") {
+			continue
+		}
 		if idle != nil {
+			ended := false
 			select {
 			case <-idle:
-			case <-time.After(refuseGrace):
+				ended = true
+			case <-spoke:
+			case <-ctx.Done():
+				uc.Close()
+				return ctx.Err()
+			}
+			if !ended {
+				select {
+				case <-idle:
+					ended = true
+				case <-time.After(refuseGrace):
+				case <-ctx.Done():
+					uc.Close()
+					return ctx.Err()
+				}
+			}
+			if !ended {
 				n.BackendStats().Refused.Add(1)
 				if time.Since(reported) >= refuseQuiet {
 					reported = time.Now()
@@ -64,16 +88,13 @@ func (n *Net) Serve(ctx context.Context, ln *net.UnixListener) error {
 				}
 				uc.Close()
 				continue
-			case <-ctx.Done():
-				uc.Close()
-				return ctx.Err()
 			}
 		}
-		done := make(chan struct{})
-		idle = done
+		done, said := make(chan struct{}), make(chan struct{})
+		idle, spoke = done, said
 		go func() {
 			defer close(done)
-			n.session(ctx, uc)
+			n.session(ctx, uc, func() { close(said) })
 		}()
 	}
 }
@@ -88,7 +109,7 @@ const (
 // ServeClient is Serve with the roles of the socket reversed (--netdev
 // vhost-user,server=off): the front-end listens on path (QEMU -chardev
 // socket,path=…,server=on,wait=off) and ServeClient dials it, serving one session at a
-// time. While path is missing or refuses, and again after each session ends (QEMU
+// time. Config.Peers applies to the process listening on path. While path is missing or refuses, and again after each session ends (QEMU
 // exited, or dropped the connection), it dials with the stream client's backoff
 // (netdev.Redial: 100 ms doubling to 5 s, and a pause after a session that lasted under
 // a second), reporting each wait to retry (nil: not reported). A session that fails
@@ -120,7 +141,10 @@ func (n *Net) ServeClient(ctx context.Context, path string, retry func(err error
 			return err // only ctx ends the dial loop
 		}
 		up = time.Now()
-		n.session(ctx, uc)
+		if !n.admit(uc, "dialled") {
+			continue // the pause before the next dial applies (up)
+		}
+		n.session(ctx, uc, nil)
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
@@ -132,12 +156,12 @@ func (n *Net) ServeClient(ctx context.Context, path string, retry func(err error
 // AfterFunc shuts the active session down; the check here covers a ctx that ended
 // before uc was published). A session's error ends that session only; SessionEnded
 // logs it, once.
-func (n *Net) session(ctx context.Context, uc *net.UnixConn) {
+func (n *Net) session(ctx context.Context, uc *net.UnixConn, spoke func()) {
 	n.active.Store(&activeConn{uc})
 	if ctx.Err() != nil {
 		n.shutdownActive()
 	}
-	n.backend.Serve(uc)
+	n.backend.ServeSpoke(uc, spoke)
 	n.active.Store(nil)
 }
 

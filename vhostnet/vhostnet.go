@@ -11,6 +11,7 @@ import (
 
 	"tapgro/coalescer"
 	"tapgro/pcapio"
+	"tapgro/quietlog"
 	"tapgro/tapdev"
 	"tapgro/vhostuser"
 	"tapgro/vnethdr"
@@ -86,6 +87,9 @@ type Stats struct {
 	TXHolds atomic.Uint64
 	// Linearized counts TX frames of more segments than one writev takes, copied.
 	Linearized atomic.Uint64
+	// WorkersLeft counts ring workers not joined at a ring's stop because they stayed
+	// asleep in a write to an eventfd the front-end kept blocked (RingStopped).
+	WorkersLeft atomic.Uint64
 	// FeatureChanges counts SET_FEATURES applied to the TAP.
 	FeatureChanges atomic.Uint64
 	// Drains counts receive rings that handed the guest what they held before a
@@ -158,8 +162,10 @@ type Config struct {
 	UDPGRO bool
 
 	// How the guest learns of used buffers. By default once per batch, when the driver
-	// asks (EVENT_IDX or VRING_AVAIL_F_NO_INTERRUPT). PerFrame publishes and signals
-	// every frame on its own (--rx-batch off: the baseline to measure against).
+	// asks (EVENT_IDX or VRING_AVAIL_F_NO_INTERRUPT). PerFrame publishes every frame on
+	// its own (--rx-batch off: the baseline to measure against); the call still goes at
+	// the batch's end, since no eventfd write is made under a ring's lock
+	// (vhostuser/signal.go).
 	// CallInterval > 0 moderates the receive queues' calls under load to one per
 	// interval (--call-interval; vhostuser.Vring.SetCallModeration says what load is
 	// and why a call owed is never lost).
@@ -173,9 +179,13 @@ type Config struct {
 	// its next batch, instead of waiting for the next kick (--tx-hold; tx.go).
 	TXHold time.Duration
 
-	// UnloggedRX is for tests only (vhostuser.Config.UnloggedRX): a migration's dirty
-	// log is not told about receive buffers, so a migrated guest gets stale ones.
-	UnloggedRX bool
+	// Peers, if not empty, is who may be the front-end (peer.go): a connection from
+	// anyone else is closed before its first message is read.
+	Peers Peers
+	// MaxMapped and AnyFSMemory are vhostuser.Config's: the most a session may map, and
+	// whether guest memory may come from files outside tmpfs and hugetlbfs.
+	MaxMapped   uint64
+	AnyFSMemory bool
 }
 
 // Net is the datapath between one TAP and one vhost-user-net device: one queue pair per
@@ -196,7 +206,7 @@ type Net struct {
 	maxFlows    int
 	udpGRO      atomic.Bool // coalesce UDP toward the TAP too (--udp-gro, SetUDPGRO)
 
-	perFrame     bool          // publish and signal every frame (Config.PerFrame)
+	perFrame     bool          // publish every frame (Config.PerFrame)
 	callInterval time.Duration // receive queues' call moderation (Config.CallInterval)
 	pollWindow   time.Duration // TX rings' poll window (Config.PollWindow)
 	txHold       time.Duration // TX workers' hold under bulk (Config.TXHold)
@@ -237,6 +247,24 @@ type Net struct {
 
 	serveMu sync.Mutex
 	active  atomic.Pointer[activeConn]
+	peers   Peers
+
+	// gates keep what a front-end makes the Net log to a readable rate (peerLine).
+	gates struct{ features, tapErr, mtu, rarp, ended, peer quietlog.Gate }
+}
+
+// peerLine writes a line a front-end's doing caused, through gate g (package quietlog):
+// when key changes, or now and then, with a count of the lines left out meanwhile.
+func (n *Net) peerLine(g *quietlog.Gate, key string, logf func(string, ...any), format string, args ...any) {
+	ok, held := g.Pass(key)
+	if !ok {
+		return
+	}
+	if held > 0 {
+		format += " (%d more such lines left out)"
+		args = append(args, held)
+	}
+	logf(format, args...)
 }
 
 // queuePair is one queue pair's own state: its TAP queue and counters. Its workers are
@@ -279,6 +307,7 @@ func New(cfg Config) (*Net, error) {
 	if n.stats == nil {
 		n.stats = new(Stats)
 	}
+	n.peers = cfg.Peers
 	n.gro, n.timerFlush, n.rscInterval, n.maxFlows = cfg.GRO, cfg.TimerFlush, cfg.RSCInterval, cfg.MaxFlows
 	n.perFrame, n.callInterval, n.pollWindow, n.txHold = cfg.PerFrame, cfg.CallInterval, cfg.PollWindow, cfg.TXHold
 	if n.timerFlush && n.rscInterval <= 0 {
@@ -312,17 +341,18 @@ func New(cfg Config) (*Net, error) {
 	n.tapHdr = n.pairs[0].tap.VnetHdrLen()
 	n.resetQueues()
 	b, err := vhostuser.NewBackend(vhostuser.Config{
-		Features:   n.offer(),
-		Rings:      2 * len(n.pairs),
-		QueueNum:   len(n.pairs), // QEMU net/vhost-user.c compares it with queues= (pairs)
-		Writable:   isRX,
-		HeaderLen:  hdrLenFor,
-		NetMTU:     true,
-		RARP:       n.sendRARP,
-		UnloggedRX: cfg.UnloggedRX,
-		Handler:    n,
-		Stats:      cfg.BackendStats,
-		Logf:       n.logf,
+		Features:    n.offer(),
+		Rings:       2 * len(n.pairs),
+		QueueNum:    len(n.pairs), // QEMU net/vhost-user.c compares it with queues= (pairs)
+		Writable:    isRX,
+		HeaderLen:   hdrLenFor,
+		NetMTU:      true,
+		RARP:        n.sendRARP,
+		Handler:     n,
+		Stats:       cfg.BackendStats,
+		Logf:        n.logf,
+		MaxMapped:   cfg.MaxMapped,
+		AnyFSMemory: cfg.AnyFSMemory,
 	})
 	if err != nil {
 		return nil, err
@@ -422,13 +452,27 @@ func (n *Net) RingStopped(v vhostuser.Queue) {
 		w.q.tx.Store(nil)
 		tap.SetWriteDeadline(past)
 	}
-	<-w.done
+	select {
+	case <-w.done:
+	case <-time.After(joinLimit):
+		// Only a write to an eventfd the front-end keeps blocked can hold a worker this
+		// long: vhostuser unjams it meanwhile, but a front-end that fills the counter
+		// again as fast as it is emptied can keep it asleep. The worker holds no lock
+		// and, once the write returns, leaves at its next look at w.stop; the session
+		// and the next one go on without it.
+		n.stats.WorkersLeft.Add(1)
+		n.logf("vhostnet: ring %d's worker did not return within %v of the ring's stop (asleep in a write to an eventfd "+
+			"the front-end keeps blocked); left behind", v.Index(), joinLimit)
+	}
 	if isRX(v.Index()) {
 		tap.SetReadDeadline(time.Time{})
 	} else {
 		tap.SetWriteDeadline(time.Time{})
 	}
 }
+
+// joinLimit bounds how long RingStopped waits for a ring's worker.
+const joinLimit = 5 * time.Second
 
 // VringEnabled maps SET_VRING_ENABLE of a pair's RX ring onto its TAP queue, as QEMU's
 // own TAP back-end does (net/tap-linux.c tap_fd_enable/tap_fd_disable via
@@ -507,7 +551,7 @@ func (n *Net) setWaiting(q *queuePair, rx, on bool) {
 func (n *Net) SetMTU(mtu int) error {
 	n.guestMTU.Store(int64(mtu))
 	if n.mtu != 0 && mtu != n.mtu {
-		n.logf("vhostnet: the guest's MTU is %d, the TAP's %d: give tapgro --mtu %d or the NIC host_mtu=%d", mtu, n.mtu, mtu, n.mtu)
+		n.peerLine(&n.gates.mtu, fmt.Sprint(mtu), n.logf, "vhostnet: the guest's MTU is %d, the TAP's %d: give tapgro --mtu %d or the NIC host_mtu=%d", mtu, n.mtu, mtu, n.mtu)
 	}
 	return nil
 }
@@ -519,7 +563,7 @@ func (n *Net) SessionEnded(err error) {
 	n.guestMTU.Store(0)
 	n.resetQueues()
 	if err != nil {
-		n.logf("vhostnet: session ended: %v", err)
+		n.peerLine(&n.gates.ended, err.Error(), n.logf, "vhostnet: session ended: %v", err)
 	}
 }
 

@@ -10,9 +10,11 @@ import (
 	"net"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"golang.org/x/sys/unix"
 
+	"tapgro/quietlog"
 	"tapgro/vhostuser/vuproto"
 	"tapgro/virtio"
 )
@@ -40,9 +42,15 @@ type Stats struct {
 	PollHits atomic.Uint64
 	Sessions atomic.Uint64 // connections whose front-end sent at least one message
 	Ended    atomic.Uint64 // those sessions that have ended
+	// Jammed counts sessions ended because a write to one of the front-end's eventfds
+	// slept (the front-end filled its counter and made it blocking: signal.go).
+	Jammed atomic.Uint64
 	// Refused counts connections closed unserved because a session was running (one
 	// front-end per socket; vhostnet.Net.Serve).
 	Refused atomic.Uint64
+	// PeerRefused counts connections closed unserved because the peer's credentials
+	// were not on the allow-list (vhostnet.Peers).
+	PeerRefused atomic.Uint64
 	// Logging is true while the front-end has dirty logging on (VHOST_F_LOG_ALL acked
 	// and a log mapped: a migration is running). LogPages counts the pages whose bit
 	// this back-end set (0 → 1: pages dirtied since QEMU last collected them), LogBeyond
@@ -130,13 +138,15 @@ type Config struct {
 	// the guest's MAC, for the device to announce where the guest now is (a net device
 	// puts a RARP from that MAC on its link). An error answers the request with a
 	// failure.
-	RARP func(mac [6]byte) error
-	// UnloggedRX is for tests only: the dirty log is not told about bytes written into
-	// receive chains (used rings still are). It breaks migration on purpose, for the
-	// test that proves a migration test can catch a back-end that forgets them.
-	UnloggedRX bool
-	Handler    Handler
-	Stats      *Stats // nil: the Backend allocates one
+	RARP    func(mac [6]byte) error
+	Handler Handler
+	Stats   *Stats // nil: the Backend allocates one
+	// MaxMapped caps the bytes a session maps, guest RAM and dirty log together (0:
+	// DefaultMaxMapped); a SET_MEM_TABLE or SET_LOG_BASE past it is refused.
+	MaxMapped uint64
+	// AnyFSMemory accepts guest RAM and logs on files outside tmpfs and hugetlbfs (DAX,
+	// pmem), whose page faults may sleep (mem.go checkRegionFile).
+	AnyFSMemory bool
 	// Logf reports what a session accepted but the operator should know (guest memory
 	// that can be truncated under us, a kick fd that never goes quiet); nil discards.
 	// What ends a session is its error, returned by Serve.
@@ -147,6 +157,22 @@ type Config struct {
 type Backend struct {
 	cfg   Config
 	stats *Stats
+	mem   memPolicy
+	gate  quietlog.Gate // Config.Logf's lines are a front-end's doing (logf)
+}
+
+// logf writes a Config.Logf line, keeping a front-end that repeats what causes it (a
+// table of unsealed memfds, a ring that keeps breaking) from flooding the log.
+func (b *Backend) logf(format string, args ...any) {
+	line := fmt.Sprintf(format, args...)
+	ok, held := b.gate.Pass(line)
+	if !ok {
+		return
+	}
+	if held > 0 {
+		line += fmt.Sprintf(" (%d more such lines left out)", held)
+	}
+	b.cfg.Logf("%s", line)
 }
 
 // NewBackend checks cfg.
@@ -171,7 +197,10 @@ func NewBackend(cfg Config) (*Backend, error) {
 	// PROTOCOL_F_LOG_SHMFD is what QEMU needs before it migrates a guest at all (without
 	// it hw/virtio/vhost.c vhost_dev_init installs a migration blocker).
 	cfg.Features |= protocolFeaturesMask | 1<<virtio.LogAll
-	b := &Backend{cfg: cfg, stats: cfg.Stats}
+	b := &Backend{cfg: cfg, stats: cfg.Stats, mem: memPolicy{maxBytes: cfg.MaxMapped, anyFS: cfg.AnyFSMemory}}
+	if b.mem.maxBytes == 0 {
+		b.mem.maxBytes = DefaultMaxMapped
+	}
 	if b.stats == nil {
 		b.stats = new(Stats)
 	}
@@ -220,18 +249,27 @@ type Session struct {
 	// abortErr is why another goroutine ended the session (Session.abort).
 	abortMu  sync.Mutex
 	abortErr error
+
+	onSpoke func() // ServeSpoke's
 }
 
 // Serve runs one session on uc until the front-end disconnects or breaks the protocol.
 // It returns nil on a clean close. Every ring is stopped, every mapping unmapped and
-// every fd closed before it returns; uc is closed too.
-func (b *Backend) Serve(uc *net.UnixConn) error {
+// every fd closed before it returns; uc is closed too. A connection that sends nothing
+// within handshakeTimeout, or leaves a message or a reply half done for msgTimeout,
+// ends with an error.
+func (b *Backend) Serve(uc *net.UnixConn) error { return b.ServeSpoke(uc, nil) }
+
+// ServeSpoke is Serve, calling spoke (if not nil) when the front-end's first message
+// has arrived: a caller that serves one session at a time can tell a silent connection
+// from a session.
+func (b *Backend) ServeSpoke(uc *net.UnixConn, onSpoke func()) error {
 	c, err := newConn(uc)
 	if err != nil {
 		uc.Close()
 		return err
 	}
-	s := &Session{b: b, c: c, h: b.cfg.Handler, stats: b.stats, hdrLen: b.cfg.HeaderLen(0)}
+	s := &Session{b: b, c: c, h: b.cfg.Handler, stats: b.stats, hdrLen: b.cfg.HeaderLen(0), onSpoke: onSpoke}
 	for i := range s.msg.fds {
 		s.msg.fds[i] = -1
 	}
@@ -239,8 +277,7 @@ func (b *Backend) Serve(uc *net.UnixConn) error {
 	for i := range s.rings {
 		s.rings[i] = newVring(i, b.cfg.Writable(i), b.stats)
 		s.rings[i].onFault = s.abort
-		s.rings[i].logf = b.cfg.Logf
-		s.rings[i].unloggedRX = b.cfg.UnloggedRX
+		s.rings[i].logf = b.logf
 	}
 	spoke, err := s.loop()
 	s.teardown()
@@ -274,12 +311,36 @@ func (s *Session) abort(err error) {
 	s.c.raw.Control(func(fd uintptr) { unix.Shutdown(int(fd), unix.SHUT_RDWR) })
 }
 
+// handshakeTimeout is how long a new connection may stay silent. A front-end speaks
+// first and at once (QEMU sends GET_FEATURES as its chardev opens, net/vhost-user.c
+// vhost_user_start), so a silent peer is one that would hold the socket's only session
+// and keep every real front-end out.
+const handshakeTimeout = 5 * time.Second
+
+// watchEvery is how often a session that has spoken checks, between messages, for a
+// write asleep on one of its front-end's eventfds (signal.go): one timer a second per
+// connected front-end, the price of ending a session whose front-end blocked its own
+// eventfd without anyone else noticing.
+const watchEvery = time.Second
+
 // loop serves messages until the connection ends; spoke says whether the front-end sent
 // any (and so counted as a session).
 func (s *Session) loop() (spoke bool, err error) {
+	wait := handshakeTimeout
 	for {
 		m := &s.msg
-		if err := s.c.readMsg(m); err != nil {
+		s.c.uc.SetReadDeadline(time.Now().Add(wait))
+		err := s.c.readMsg(m)
+		if err == errIdle {
+			if !spoke {
+				return spoke, protoErr("no message within %v of connecting", handshakeTimeout)
+			}
+			if err := s.checkJams(); err != nil {
+				return spoke, err
+			}
+			continue
+		}
+		if err != nil {
 			return spoke, err
 		}
 		if !spoke {
@@ -287,14 +348,43 @@ func (s *Session) loop() (spoke bool, err error) {
 			// message (a listening QEMU's backlog emptied as it exits) is not one.
 			s.stats.Sessions.Add(1)
 			spoke = true
+			wait = watchEvery
+			if s.onSpoke != nil {
+				s.onSpoke()
+			}
 		}
 		s.stats.Messages[min(m.req, MaxRequest)].Add(1)
-		err := s.dispatch(m)
+		err = s.dispatch(m)
 		m.closeFds()
 		if err != nil {
 			return spoke, err
 		}
 	}
+}
+
+// JamError ends a session whose front-end blocked one of its own eventfds: a write
+// to it slept for longer than jamLimit (signal.go).
+type JamError struct{ Ring int }
+
+func (e *JamError) Error() string {
+	return fmt.Sprintf("vhost-user: a signal to ring %d's eventfd slept for over %v: the front-end "+
+		"filled its counter and made it blocking; session ended", e.Ring, jamLimit)
+}
+
+// checkJams ends the session if a write to one of its rings' eventfds has slept for
+// longer than jamLimit.
+func (s *Session) checkJams() error {
+	cutoff := monoNow() - int64(jamLimit)
+	for _, v := range s.rings {
+		v.mu.Lock()
+		jammed := v.jammedLocked(cutoff)
+		v.mu.Unlock()
+		if jammed {
+			s.stats.Jammed.Add(1)
+			return &JamError{Ring: v.index}
+		}
+	}
+	return nil
 }
 
 // requestError is a request that failed but leaves the session usable: it is answered
@@ -474,7 +564,7 @@ func (s *Session) setFeatures(f uint64) {
 func (s *Session) setLogBase(m *message, p []byte) error {
 	le := binary.LittleEndian
 	size, offset := le.Uint64(p[0:]), le.Uint64(p[8:])
-	l, err := mapLog(m.takeFd(0), size, offset, s.stats)
+	l, err := mapLog(m.takeFd(0), size, offset, s.stats, s.b.mem, s.mem.mapped())
 	if err != nil {
 		return protoErr("SET_LOG_BASE: %v", err)
 	}
@@ -509,12 +599,12 @@ func (s *Session) setMemTable(m *message, p []byte) error {
 	for i := range fds {
 		fds[i] = m.takeFd(i)
 	}
-	g, warn, err := mapMemTable(&t, fds)
+	g, warn, err := mapMemTable(&t, fds, s.b.mem, s.log.mapped())
 	if err != nil {
 		return reqErr("SET_MEM_TABLE: %v", err)
 	}
 	if warn != "" {
-		s.b.cfg.Logf("vhost-user: %s", warn)
+		s.b.logf("vhost-user: %s", warn)
 	}
 	old := s.mem
 	s.mem = g
@@ -524,7 +614,11 @@ func (s *Session) setMemTable(m *message, p []byte) error {
 		if v.state == ringRunning && !v.broken && !v.translateLocked() {
 			v.failLocked(RejectRingAddr)
 		}
-		v.mu.Unlock()
+		if v.broken {
+			// Not re-translated: no view of the old table may outlive its unmap.
+			v.desc, v.avail, v.used = nil, nil, nil
+		}
+		v.unlockAsync()
 	}
 	old.unmap()
 	return nil
@@ -557,9 +651,9 @@ func (s *Session) vringState(req uint32, v *Vring, st vuproto.VringState) (bool,
 		wasAnnounced := v.announced
 		v.announced = false
 		last := v.stopLocked()
-		v.mu.Unlock()
+		v.unlockAsync()
 		if wasAnnounced {
-			s.h.RingStopped(v)
+			s.stopped(v)
 		}
 		return true, s.c.replyState(req, vuproto.VringState{Index: st.Index, Num: uint32(last)})
 	}
@@ -583,6 +677,44 @@ func (s *Session) vringState(req uint32, v *Vring, st vuproto.VringState) (bool,
 	return false, nil
 }
 
+// stopped tells the owner that v stopped (Handler.RingStopped, which joins the ring's
+// worker). The worker may be asleep in a write to an eventfd the front-end blocked
+// (signal.go): while the owner waits, the ring's eventfds are unjammed every
+// unjamEvery, so that the write returns and the worker with it.
+func (s *Session) stopped(v *Vring) {
+	v.mu.Lock()
+	busy := v.busyFDsLocked()
+	v.mu.Unlock()
+	if !busy {
+		s.h.RingStopped(v)
+		return
+	}
+	done := make(chan struct{})
+	go func() {
+		t := time.NewTicker(unjamEvery)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+				v.mu.Lock()
+				busy := v.busyFDsLocked()
+				v.mu.Unlock()
+				if !busy {
+					return
+				}
+			}
+		}
+	}()
+	s.h.RingStopped(v)
+	close(done)
+}
+
+// unjamEvery is how often a stopping ring's eventfds are unjammed while its worker is
+// joined (Session.stopped).
+const unjamEvery = 20 * time.Millisecond
+
 func reqName(req uint32) string {
 	switch req {
 	case ReqSetVringKick:
@@ -604,11 +736,11 @@ func (s *Session) teardown() {
 		wasAnnounced := v.announced
 		v.announced = false
 		v.stopLocked()
-		v.closeFd(&v.errFd)
+		v.setFDLocked(&v.errf, nil)
 		v.mem = nil
-		v.mu.Unlock()
+		v.unlockAsync()
 		if wasAnnounced {
-			s.h.RingStopped(v)
+			s.stopped(v)
 		}
 	}
 	s.mem.unmap()

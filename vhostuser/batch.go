@@ -26,6 +26,7 @@ func (v *Vring) Begin() error {
 		return ErrBroken
 	}
 	v.inBatch, v.dry = true, false
+	v.logPieces, v.logPops = v.logPieces[:0], v.logPops[:0]
 	return nil
 }
 
@@ -54,7 +55,7 @@ func (v *Vring) End() {
 		// vhost's handle_tx keeps them off until the ring is empty: vhost_enable_notify).
 	}
 	v.inBatch = false
-	v.mu.Unlock()
+	v.unlock()
 }
 
 // Pop takes the next available chain and fills iov[:cap(iov)] with views of its
@@ -75,7 +76,13 @@ func (v *Vring) Pop(iov [][]byte) (Chain, error) {
 		// does, also bounds what tapgro holds popped or pushed-but-unpublished (QEMU's
 		// second check, virtqueue_pop "Virtqueue size exceeded"), so used entries can
 		// never be written over unpublished ones.
-		if uint16(idx-v.pubIdx) > uint16(v.num) {
+		//
+		// And avail->idx never moves back: an index behind the last one seen
+		// (lastAvail, here equal to availCache) would make idx-lastAvail wrap to
+		// nearly 65536 chains, popped from stale slots over used entries not yet
+		// published. pubIdx ≤ lastAvail ≤ idx, in the ring's modular order, is the
+		// whole condition (QEMU virtqueue_num_heads checks only the first half).
+		if uint16(idx-v.pubIdx) > uint16(v.num) || uint16(idx-v.lastAvail) > uint16(idx-v.pubIdx) {
 			return Chain{}, v.failLocked(RejectAvailJump)
 		}
 		d := idx - v.lastAvail
@@ -87,18 +94,15 @@ func (v *Vring) Pop(iov [][]byte) (Chain, error) {
 	}
 	slot := int(v.lastAvail & v.mask)
 	head := binary.LittleEndian.Uint16(v.avail[4+2*slot:])
-	var wlog *[]piece
-	if v.log != nil && v.writable && uint32(head) < v.num {
-		// Logging: keep the chain's guest-physical ranges for Push and Wrote.
-		if len(v.wlog) != int(v.num) {
-			v.wlog = make([][]piece, v.num)
-		}
-		wlog = &v.wlog[head]
-		*wlog = (*wlog)[:0]
-	}
-	c, r, ok := v.walk(head, iov, wlog)
+	// Logging: keep the chain's guest-physical ranges for Push and Wrote.
+	logging := v.log != nil && v.writable
+	from := len(v.logPieces)
+	c, r, ok := v.walk(head, iov, logging)
 	if !ok {
 		return Chain{}, v.failLocked(r)
+	}
+	if logging {
+		v.recordPopLocked(head, from)
 	}
 	v.lastAvail++
 	v.pending++
@@ -109,10 +113,10 @@ func (v *Vring) Pop(iov [][]byte) (Chain, error) {
 // translated through the region table, and the number of descriptors is bounded, so a
 // hostile table can make it fail but not loop or touch unmapped memory.
 //
-// With wlog non-nil (dirty logging) each descriptor's guest-physical range is appended
-// to it, as read here once: what the device writes and what it marks are the same
-// ranges, whatever the guest does to its table meanwhile.
-func (v *Vring) walk(head uint16, iov [][]byte, wlog *[]piece) (Chain, Reason, bool) {
+// With logging (dirty log, receive rings) each descriptor's guest-physical range is
+// appended to logPieces, as read here once: what the device writes and what it marks
+// are the same ranges, whatever the guest does to its table meanwhile.
+func (v *Vring) walk(head uint16, iov [][]byte, logging bool) (Chain, Reason, bool) {
 	num := v.num
 	if uint32(head) >= num {
 		return Chain{}, RejectHeadRange, false
@@ -171,8 +175,8 @@ func (v *Vring) walk(head uint16, iov [][]byte, wlog *[]piece) (Chain, Reason, b
 		if k, r, ok = v.mem.gpaIov(addr, uint64(ln), iov, k); !ok {
 			return Chain{}, r, false
 		}
-		if wlog != nil {
-			*wlog = append(*wlog, piece{addr, uint64(ln)})
+		if logging {
+			v.logPieces = append(v.logPieces, piece{addr, uint64(ln)})
 		}
 		if flags&descFNext == 0 {
 			break
@@ -201,7 +205,7 @@ func (v *Vring) Push(head uint16, n uint32) {
 	binary.LittleEndian.PutUint32(e[4:], n)
 	if v.log != nil {
 		if v.writable {
-			v.logChainLocked(head, uint64(n))
+			v.logWrittenLocked(head, uint64(n), false)
 		}
 		v.logUsedLocked(off, 8)
 	}
@@ -225,4 +229,5 @@ func (v *Vring) rewindLocked(n int) {
 	}
 	v.lastAvail -= uint16(n)
 	v.pending -= n
+	v.rewindLogLocked(n)
 }

@@ -30,9 +30,11 @@
 // ring or not), SetMTU, Unknown, SessionEnded.
 //
 // mem.go and mem_unsafe.go hold guest memory. Each SET_MEM_TABLE region's fd must be a
-// regular file (memfd, tmpfs, hugetlbfs) that holds the whole region, checked with
-// fstat (a mapping past a file's end faults at the first touch); a memfd that is not
-// sealed against shrinking is reported. The region is mmapped once from fd offset 0
+// regular file on tmpfs or hugetlbfs (a memfd is one: fstatfs, where a page fault
+// always finishes; Config.AnyFSMemory allows DAX or pmem files) that holds the whole
+// region, checked with fstat (a mapping past a file's end faults at the first touch);
+// a memfd that is not sealed against shrinking is reported. What a session maps, guest
+// RAM and dirty log together, is capped (Config.MaxMapped, DefaultMaxMapped). The region is mmapped once from fd offset 0
 // (mmap offsets must be page-aligned, mmap_offset need not be), left out of core dumps
 // (MADV_DONTDUMP), and its fd closed. Ring addresses are front-end virtual addresses,
 // descriptor addresses are guest-physical; both are translated by range checks that
@@ -54,6 +56,10 @@
 // session builds at start, and the device would not change.
 //
 // # Concurrency and unmapping
+//
+// The session goroutine reads the socket with deadlines: a new connection must speak
+// within handshakeTimeout, a message begun must be complete and a reply read within
+// msgTimeout, so a silent or half-speaking peer cannot hold the socket's one session.
 //
 // Each Vring has one mutex. The data-path worker holds it from Begin to End (a batch);
 // the session takes it to change the ring, to stop it, or to swap guest memory. So a new
@@ -86,10 +92,14 @@
 // cloud-hypervisor and passt.
 // Kick, call and err must be eventfds (fds.go: anything else ends the session, since a
 // pipe can fill and a file never stops being readable); call and err are made
-// non-blocking and written with a plain write, so a full counter drops a signal
-// (counted) instead of blocking a worker that holds its ring. A kick that wakes the
-// worker with no work 65536 times in a row stops the ring
-// (RejectKick). A ring with no kick fd (NOFD_MASK) is polled, 50 µs after work and
+// non-blocking, so a full counter drops a signal (counted). The front-end shares the
+// open file and can make it blocking again, so every write to its eventfds (calls,
+// errors, and Poke's write to the kick) follows signal.go: an ordinary system call the
+// scheduler accounts for, made after the ring's lock is released (on its own goroutine
+// when the session decides it), one in flight per fd, unjammed at close, and a write
+// asleep for over a second ends the session (JamError), found by the session's
+// once-a-second look between messages. A kick that wakes the worker with no work
+// 65536 times in a row stops the ring (RejectKick). A ring with no kick fd (NOFD_MASK) is polled, 50 µs after work and
 // backing off to 50 ms while idle.
 //
 // Kicks are off while a worker runs and on only while it sleeps: Wait and WaitMore
@@ -104,8 +114,10 @@
 //
 // fault.go: a front-end can still shrink the file after SET_MEM_TABLE. Every goroutine
 // that touches guest memory runs with debug.SetPanicOnFault; workers defer Vring.Guard,
-// the session and the moderation timer recover where they hold the lock. A fault breaks
-// the ring (RejectFault) and ends the session with a FaultError; the next one is served.
+// the session and the moderation timer recover where they hold the lock. A fault in
+// guest RAM or the dirty log breaks the ring (RejectFault) and ends the session with a
+// FaultError that names which; the next one is served. A fault at any other address is
+// tapgro's own bug and is not recovered.
 //
 // # Publishing and notification
 //
@@ -146,7 +158,9 @@
 // guest-physical ranges, and Push (bytes used) and Wrote (bytes written into a chain
 // handed back) mark the pages of those bytes; every used-ring store marks its page at
 // log_guest_addr. Bits are set with atomic ORs, and a page past the bitmap is counted,
-// not marked. GET_VRING_BASE first tells the device (Handler.RingStopping), so it can
+// not marked. Pop's records live for one batch (at most maxLogPieces kept; a chain past
+// that is marked whole), so a guest cannot grow them, and a head popped twice has two.
+// GET_VRING_BASE first tells the device (Handler.RingStopping), so it can
 // hand the guest what it holds before the ring stops, and SEND_RARP (PROTOCOL_F_RARP,
 // Config.RARP) is the device's to answer. While logging is off the data path pays one
 // pointer test per chain and per used-ring store.
@@ -159,7 +173,7 @@
 // nested, never with NEXT; every address must be inside a region; lengths must not
 // overflow; the chain must hold the device's header; avail->idx may not run more than
 // num ahead of the used index last published (which also bounds what the back-end
-// holds in flight to the ring size). A violation is counted by Reason in
+// holds in flight to the ring size), nor move back behind the last index seen. A violation is counted by Reason in
 // Stats.Rejected, written to the err eventfd, and stops the ring until the front-end
 // restarts it (QEMU virtio_error behaves alike). Nothing panics and nothing outside the
 // mapped regions is touched.

@@ -23,9 +23,11 @@ import "fmt"
 // errors by the owner.
 
 // faultOrPanic returns where r, a recovered panic value, faulted, if it is a memory
-// fault that SetPanicOnFault turned into a panic (a runtime.Error with an Addr
-// method); any other panic is not a fault's business and goes on.
-func faultOrPanic(r any) uintptr {
+// fault that SetPanicOnFault turned into a panic (a runtime.Error with an Addr method)
+// inside one of the ring's current mappings: guest RAM or the dirty log. Any other
+// panic, and a fault anywhere else, is not the front-end's doing but tapgro's own bug,
+// and goes on: a crash with a stack is the right answer to that.
+func (v *Vring) faultOrPanic(r any) (addr uintptr, region int, inLog bool) {
 	e, ok := r.(interface {
 		error
 		Addr() uintptr
@@ -33,23 +35,29 @@ func faultOrPanic(r any) uintptr {
 	if !ok {
 		panic(r)
 	}
-	return e.Addr()
+	addr = e.Addr()
+	region, inLog = v.mem.regionOf(addr), v.log.holds(addr)
+	if region < 0 && !inLog {
+		panic(r)
+	}
+	return addr, region, inLog
 }
 
-// FaultError is how a session ends after guest memory faulted.
+// FaultError is how a session ends after guest memory or the dirty log faulted.
 type FaultError struct {
 	Ring   int     // the ring whose access faulted
 	Addr   uintptr // the faulting host address
-	Region int     // the SET_MEM_TABLE region it lies in, -1 if none
+	Region int     // the SET_MEM_TABLE region it lies in, -1 if in the log
+	InLog  bool    // the fault was in the dirty log (SET_LOG_BASE)
 }
 
 func (e *FaultError) Error() string {
-	where := "outside every region"
-	if e.Region >= 0 {
-		where = fmt.Sprintf("in region %d", e.Region)
+	if e.InLog {
+		return fmt.Sprintf("vhost-user: dirty log fault on ring %d at %#x: "+
+			"the front-end shrank or unmapped the file behind the log", e.Ring, e.Addr)
 	}
-	return fmt.Sprintf("vhost-user: guest memory fault on ring %d at %#x %s: "+
-		"the front-end shrank or unmapped the file behind guest RAM", e.Ring, e.Addr, where)
+	return fmt.Sprintf("vhost-user: guest memory fault on ring %d at %#x in region %d: "+
+		"the front-end shrank or unmapped the file behind guest RAM", e.Ring, e.Addr, e.Region)
 }
 
 // Guard recovers a guest memory fault in a ring worker. Defer it at the top of the
@@ -62,13 +70,12 @@ func (v *Vring) Guard(faulted *bool) {
 	if r == nil {
 		return
 	}
-	addr := faultOrPanic(r)
 	if !v.inBatch && !v.waitLocked {
 		v.mu.Lock()
 	}
 	v.inBatch, v.waitLocked = false, false
-	v.faultLocked(addr)
-	v.mu.Unlock()
+	v.faultLocked(v.faultOrPanic(r))
+	v.unlock()
 	if faulted != nil {
 		*faulted = true
 	}
@@ -78,14 +85,14 @@ func (v *Vring) Guard(faulted *bool) {
 // deferred after the unlock, it runs first.
 func (v *Vring) recoverLocked() {
 	if r := recover(); r != nil {
-		v.faultLocked(faultOrPanic(r))
+		v.faultLocked(v.faultOrPanic(r))
 	}
 }
 
 // faultLocked breaks the ring after a fault at addr and has its session end.
-func (v *Vring) faultLocked(addr uintptr) {
+func (v *Vring) faultLocked(addr uintptr, region int, inLog bool) {
 	v.failLocked(RejectFault)
 	if v.onFault != nil {
-		v.onFault(&FaultError{Ring: v.index, Addr: addr, Region: v.mem.regionOf(addr)})
+		v.onFault(&FaultError{Ring: v.index, Addr: addr, Region: region, InLog: inLog})
 	}
 }

@@ -43,10 +43,12 @@ func checkEventfd(fd int) error {
 // would start at the first read anyway).
 //
 // Every fd must be an eventfd (checkEventfd), and is made non-blocking: the kick
-// because it goes into the runtime poller, call and err because a write to them must never
-// block a worker holding its ring (Vring.signal). Anything else (a pipe that fills, a
-// file or /dev/zero that never stops being readable) ends the session with an error
-// that says what the fd was: QEMU only ever sends eventfds (event_notifier_init).
+// because it goes into the runtime poller, call and err so that a full counter answers
+// EAGAIN. The front-end can undo that on its own copy of the file, so a write to any of
+// them is made the way signal.go describes, never under a lock. Anything else (a pipe
+// that fills, a file or /dev/zero that never stops being readable) ends the session
+// with an error that says what the fd was: QEMU only ever sends eventfds
+// (event_notifier_init).
 func (s *Session) vringFile(m *message, p []byte) error {
 	u, _ := decodeU64(p)
 	if u&^uint64(vuproto.VringIndexMask|vuproto.VringNoFd) != 0 {
@@ -71,51 +73,52 @@ func (s *Session) vringFile(m *message, p []byte) error {
 	v.mu.Lock()
 	switch m.req {
 	case ReqSetVringCall:
-		v.closeFd(&v.callFd)
-		v.callFd = fd
+		v.setFDLocked(&v.call, newEventFD(fd))
 		if fd >= 0 && v.state == ringRunning && v.pubIdx != v.base {
 			// QEMU sends CALL after KICK (hw/virtio/vhost.c vhost_virtqueue_start), so
 			// entries may have been published with no fd to signal. One spurious
 			// interrupt is harmless; a lost one stalls the guest (passt signals every
 			// new call fd, vhost_user.c vu_set_vring_call_exec).
-			if v.signal(fd) {
-				s.stats.Calls.Add(1)
-			} else {
-				s.stats.CallsDropped.Add(1)
-			}
+			v.oweCallLocked()
 		}
-		v.mu.Unlock()
+		v.unlockAsync()
 		return nil
 	case ReqSetVringErr:
-		v.closeFd(&v.errFd)
-		v.errFd = fd
+		v.setFDLocked(&v.errf, newEventFD(fd))
 		v.mu.Unlock()
 		return nil
 	}
 	// Kick. The eventfd goes into the runtime poller; closing the os.File wakes a
-	// blocked Read.
+	// blocked Read. Poke writes to a duplicate of it (signal.go).
 	var f *os.File
 	var rc syscall.RawConn
+	var poke *eventFD
 	if fd >= 0 {
+		dup, err := unix.FcntlInt(uintptr(fd), unix.F_DUPFD_CLOEXEC, 0)
+		if err != nil {
+			unix.Close(fd)
+			v.mu.Unlock()
+			return protoErr("%s ring %d: dup: %v", reqName(m.req), v.index, err)
+		}
+		poke = newEventFD(dup)
 		f = os.NewFile(uintptr(fd), fmt.Sprintf("vhost-user-kick-%d", v.index))
 		if rc, err = f.SyscallConn(); err != nil {
 			f.Close()
+			poke.close()
 			v.mu.Unlock()
 			return protoErr("%s ring %d: %v", reqName(m.req), v.index, err)
 		}
 	}
 	v.closeKickLocked()
 	v.kick, v.kickRC, v.hasKick, v.kickNoFd = f, rc, true, fd < 0
-	if rc != nil {
-		v.pokeRC.Store(&rc)
-	}
+	v.pokeFD.Store(poke)
 	if v.state == ringRunning {
 		v.mu.Unlock()
 		return nil
 	}
 	ok := v.startLocked(s.mem, s.feats())
 	v.announced = ok
-	v.mu.Unlock()
+	v.unlockAsync()
 	if ok {
 		s.h.RingStarted(v)
 	}

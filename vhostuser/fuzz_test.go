@@ -116,7 +116,7 @@ func getFuzzEnv(t testing.TB) *fuzzEnv {
 		for i := range fds {
 			fds[i], _ = unix.Dup(e.g.FD)
 		}
-		m, _, err := mapMemTable(&mt, fds)
+		m, _, err := mapMemTable(&mt, fds, testMemPolicy, 0)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -376,7 +376,7 @@ func FuzzMemTable(f *testing.F) {
 		}
 		probes := data[33*mt.N:]
 		fdsBefore := append([]int(nil), fds...)
-		g, warn, err := mapMemTable(&mt, fds)
+		g, warn, err := mapMemTable(&mt, fds, testMemPolicy, 0)
 		for _, fd := range fdsBefore {
 			if _, e := unix.FcntlInt(uintptr(fd), unix.F_GETFD, 0); e == nil {
 				t.Fatalf("fd %d left open", fd)

@@ -581,7 +581,7 @@ func TestUnsealedMemfdReported(t *testing.T) {
 	mt.N = 1
 	mt.Regions[0] = vuproto.MemRegion{GPA: 0, Size: 1 << 20, UserAddr: 1 << 30}
 	dup, _ := unix.Dup(fd)
-	g, warn, err := mapMemTable(&mt, []int{dup})
+	g, warn, err := mapMemTable(&mt, []int{dup}, testMemPolicy, 0)
 	if err != nil || warn != "" {
 		t.Fatalf("sealed memfd: %v, warning %q", err, warn)
 	}

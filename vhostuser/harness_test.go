@@ -104,6 +104,9 @@ type opts struct {
 	skipKick bool
 	rec      *recorder // nil: a new one
 	logf     func(string, ...any)
+	// maxMapped and anyFS are Config.MaxMapped and Config.AnyFSMemory.
+	maxMapped uint64
+	anyFS     bool
 }
 
 // startSession runs QEMU 7.2's sequence (vhostusertest.Start) against a new Backend. The
@@ -120,7 +123,8 @@ func startSession(t testing.TB, o opts) *harness {
 	if rec == nil {
 		rec = newRecorder()
 	}
-	b, err := NewBackend(netConfig(Config{Features: o.features, NetMTU: true, Handler: rec, Stats: o.stats, Logf: o.logf}, o.pairs))
+	b, err := NewBackend(netConfig(Config{Features: o.features, NetMTU: true, Handler: rec, Stats: o.stats, Logf: o.logf,
+		MaxMapped: o.maxMapped, AnyFSMemory: o.anyFS}, o.pairs))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -202,3 +206,7 @@ func netConfig(c Config, pairs int) Config {
 	}
 	return c
 }
+
+// testMemPolicy is mapMemTable's policy for tests that map files of every kind on
+// purpose: the default cap, any filesystem (TestMemoryFilesystem checks that part).
+var testMemPolicy = memPolicy{maxBytes: DefaultMaxMapped, anyFS: true}

@@ -24,8 +24,8 @@ import (
 //
 // What this back-end writes, and marks, is: the bytes of each receive chain up to the
 // length it used or wrote (Push, Wrote: the descriptors' guest-physical ranges, recorded
-// at Pop while logging, as the kernel's vhost records them in vhost_get_vq_desc's log
-// array and marks them in vhost_log_write), and the used ring — entries, the {flags,
+// at Pop while logging and kept for that batch only, as the kernel's vhost records them
+// in vhost_get_vq_desc's log array and marks them in vhost_log_write), and the used ring — entries, the {flags,
 // idx} word, avail_event — at the ring's log_guest_addr (linux drivers/vhost/vhost.c
 // log_used). Nothing else is written: transmit chains are only read.
 //
@@ -52,7 +52,7 @@ type dirtyLog struct {
 // cases). The fd must be a regular file or memfd that holds the whole map (a mapping
 // past a file's end faults at the first touch, as for guest memory, mem.go), the
 // offset 8-aligned (the bitmap is read as unsigned longs) and the map non-empty.
-func mapLog(fd int, size, offset uint64, st *Stats) (*dirtyLog, error) {
+func mapLog(fd int, size, offset uint64, st *Stats, pol memPolicy, extra uint64) (*dirtyLog, error) {
 	defer unix.Close(fd)
 	switch {
 	case size == 0 || size%4 != 0:
@@ -61,8 +61,11 @@ func mapLog(fd int, size, offset uint64, st *Stats) (*dirtyLog, error) {
 		return nil, fmt.Errorf("log offset %#x not 8-aligned", offset)
 	case offset+size < offset || offset+size > math.MaxInt32:
 		return nil, fmt.Errorf("log offset %#x + size %#x too large", offset, size)
+	case extra+offset+size > pol.maxBytes:
+		return nil, fmt.Errorf("log of %#x bytes with %#x of guest memory is over the cap of %#x (--vhost-max-mapped)",
+			offset+size, extra, pol.maxBytes)
 	}
-	if _, err := checkRegionFile(fd, vuproto.MemRegion{Size: size, MmapOffset: offset}); err != nil {
+	if _, err := checkRegionFile(fd, vuproto.MemRegion{Size: size, MmapOffset: offset}, pol.anyFS); err != nil {
 		return nil, fmt.Errorf("log: %w", err)
 	}
 	m, err := mmapRegion(fd, int(offset+size))
@@ -93,6 +96,19 @@ func (l *dirtyLog) mark(gpa, n uint64) {
 	}
 }
 
+// holds reports whether host address a is inside l's mapping (nil: no).
+func (l *dirtyLog) holds(a uintptr) bool {
+	return l != nil && len(l.mapping) > 0 && a >= addrOf(l.mapping) && a-addrOf(l.mapping) < uintptr(len(l.mapping))
+}
+
+// mapped is the bytes l has mapped (nil: none).
+func (l *dirtyLog) mapped() uint64 {
+	if l == nil {
+		return 0
+	}
+	return uint64(len(l.mapping))
+}
+
 func (l *dirtyLog) unmap() {
 	if l != nil && l.mapping != nil {
 		munmapRegion(l.mapping)
@@ -104,13 +120,48 @@ func (l *dirtyLog) unmap() {
 // logging.
 type piece struct{ gpa, n uint64 }
 
-// logChainLocked marks the first n bytes written into the receive chain at head (its
-// pieces recorded at Pop).
-func (v *Vring) logChainLocked(head uint16, n uint64) {
-	if int(head) >= len(v.wlog) || v.unloggedRX {
+// logPop is one receive chain popped in the current batch while logging: its pieces are
+// logPieces[from:to]. Records live for one batch only (Begin clears them; End rewinds
+// whatever was not pushed), in pop order, so a head the guest posted twice has two.
+type logPop struct {
+	head     uint16
+	from, to int32
+	done     bool // pushed: its bytes are marked
+}
+
+// maxLogPieces bounds the pieces a ring keeps for one batch (16 bytes each: 1 MiB). A
+// chain that would pass it has all its pieces marked at once instead, as if written
+// whole: more pages for QEMU to copy again, never fewer, and no guest can make a batch
+// hold more than this.
+const maxLogPieces = 1 << 16
+
+// recordPopLocked keeps the pieces walk appended for the chain at head, from index
+// from on, or marks them all now if keeping them would pass maxLogPieces.
+func (v *Vring) recordPopLocked(head uint16, from int) {
+	if len(v.logPieces) > maxLogPieces {
+		if !unloggedRX {
+			for _, p := range v.logPieces[from:] {
+				v.log.mark(p.gpa, p.n)
+			}
+		}
+		v.logPieces = v.logPieces[:from]
+	}
+	v.logPops = append(v.logPops, logPop{head: head, from: int32(from), to: int32(len(v.logPieces))})
+}
+
+// logWrittenLocked marks the first n bytes written into a chain popped in this batch at
+// head: the first record not yet pushed (Push goes in pop order) or, for a chain handed
+// back (last), the latest.
+func (v *Vring) logWrittenLocked(head uint16, n uint64, last bool) {
+	rec := v.findPopLocked(head, last)
+	if rec == nil {
 		return
 	}
-	for _, p := range v.wlog[head] {
+	rec.done = !last
+	if unloggedRX {
+		return
+	}
+	for _, p := range v.logPieces[rec.from:rec.to] {
 		if n == 0 {
 			return
 		}
@@ -118,6 +169,33 @@ func (v *Vring) logChainLocked(head uint16, n uint64) {
 		v.log.mark(p.gpa, k)
 		n -= k
 	}
+}
+
+func (v *Vring) findPopLocked(head uint16, last bool) *logPop {
+	if last {
+		for i := len(v.logPops) - 1; i >= 0; i-- {
+			if r := &v.logPops[i]; r.head == head && !r.done {
+				return r
+			}
+		}
+		return nil
+	}
+	for i := range v.logPops {
+		if r := &v.logPops[i]; r.head == head && !r.done {
+			return r
+		}
+	}
+	return nil
+}
+
+// rewindLogLocked forgets the records of the last n chains popped (handed back).
+func (v *Vring) rewindLogLocked(n int) {
+	k := len(v.logPops) - n
+	if n <= 0 || k < 0 {
+		return
+	}
+	v.logPieces = v.logPieces[:v.logPops[k].from]
+	v.logPops = v.logPops[:k]
 }
 
 // logUsedLocked marks used-ring bytes [off, off+n) at the ring's log_guest_addr.
@@ -130,7 +208,7 @@ func (v *Vring) logUsedLocked(off, n int) {
 // guest memory changed all the same. A no-op while not logging.
 func (v *Vring) Wrote(head uint16, n int) {
 	if v.inBatch && v.log != nil && v.writable && n > 0 {
-		v.logChainLocked(head, uint64(n))
+		v.logWrittenLocked(head, uint64(n), true)
 	}
 }
 
@@ -146,6 +224,14 @@ func (v *Vring) setLogLocked(l *dirtyLog, logAll bool) {
 	}
 	v.logOn.Store(v.log != nil)
 }
+
+// unloggedRX is set only in builds with the tapgro_unlogged_rx tag (unlogged_rx.go),
+// the migration tests' control.
+var unloggedRX = false
+
+// UnloggedRXBuild reports whether this is the migration tests' control build, whose
+// dirty log leaves out receive buffers (a migrated guest gets stale ones).
+func UnloggedRXBuild() bool { return unloggedRX }
 
 // vringFLog is VHOST_VRING_F_LOG, bit 0 of SET_VRING_ADDR's flags (linux
 // include/uapi/linux/vhost_types.h): log_guest_addr is valid and used-ring writes go to

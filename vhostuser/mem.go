@@ -26,9 +26,28 @@ type guestMem struct {
 	regions []region
 }
 
+// memPolicy is what a front-end's memory may be: at most maxBytes mapped per session
+// (guest RAM and the dirty log together), from files on tmpfs or hugetlbfs unless
+// anyFS. Config.MaxMapped and Config.AnyFSMemory set it.
+type memPolicy struct {
+	maxBytes uint64
+	anyFS    bool
+}
+
+// DefaultMaxMapped is Config.MaxMapped's default, 32 TiB: a quarter of the 128 TiB
+// user address space of x86-64 with 4-level page tables (linux
+// arch/x86/include/asm/page_64_types.h TASK_SIZE_MAX), so that two tables mapped at once
+// during a SET_MEM_TABLE swap still leave tapgro half of it, and larger than any guest
+// a single host runs (the largest x86 servers hold 24 TiB). The cap is there because
+// mmap with MAP_NORESERVE costs a front-end nothing: sparse files sized to the free
+// address space exhaust it, and the next heap growth is a fatal "out of memory".
+const DefaultMaxMapped = 32 << 40
+
 // mapMemTable maps every region of t, taking ownership of fds (closed in all cases:
 // the mapping keeps the memory alive, libvhost-user and DPDK close them the same way).
 // warn collects what is accepted but worth telling the operator (one line per table).
+// Every region's mapping (mmap_offset+size bytes, since it maps from offset 0) counts
+// toward pol.maxBytes, with extra (the dirty log already mapped).
 //
 // A region must lie inside its file as the file is now: a shared mapping past the end
 // of a file is not an error for mmap(2) but a SIGBUS at the first access (mm/filemap.c
@@ -39,21 +58,28 @@ type guestMem struct {
 // this check; the workers recover that fault (Vring.Guard), and a memfd sealed with
 // F_SEAL_SHRINK (QEMU's memory-backend-memfd default, seal=on) cannot, so an unsealed
 // memfd is reported once.
-func mapMemTable(t *vuproto.MemTable, fds []int) (g *guestMem, warn string, err error) {
+func mapMemTable(t *vuproto.MemTable, fds []int, pol memPolicy, extra uint64) (g *guestMem, warn string, err error) {
 	defer func() {
 		for _, fd := range fds {
 			unix.Close(fd)
 		}
 	}()
+	total := extra
+	for i := 0; i < t.N; i++ {
+		r := t.Regions[i]
+		if err := checkRegion(r); err != nil {
+			return nil, "", fmt.Errorf("region %d: %w", i, err)
+		}
+		total += r.MmapOffset + r.Size // no overflow: checkRegion bounds each by MaxInt
+		if total > pol.maxBytes || total < r.Size {
+			return nil, "", fmt.Errorf("the table maps %#x bytes or more, over the cap of %#x (--vhost-max-mapped)", total, pol.maxBytes)
+		}
+	}
 	g = &guestMem{regions: make([]region, 0, t.N)}
 	var unsealed []int
 	for i := 0; i < t.N; i++ {
 		r := t.Regions[i]
-		if err := checkRegion(r); err != nil {
-			g.unmap()
-			return nil, "", fmt.Errorf("region %d: %w", i, err)
-		}
-		sealed, err := checkRegionFile(fds[i], r)
+		sealed, err := checkRegionFile(fds[i], r, pol.anyFS)
 		if err != nil {
 			g.unmap()
 			return nil, "", fmt.Errorf("region %d: %w", i, err)
@@ -89,17 +115,39 @@ func checkRegion(r vuproto.MemRegion) error {
 	return nil
 }
 
-// checkRegionFile checks that fd is a regular file holding all of r (checkRegion has
-// ruled out overflow). sealed is false only for a memfd without F_SEAL_SHRINK; a file
-// that takes no seals at all (F_GET_SEALS fails: not a memfd) counts as sealed, since
-// nothing can be done about it here and the fault recovery covers it.
-func checkRegionFile(fd int, r vuproto.MemRegion) (sealed bool, err error) {
+// checkRegionFile checks that fd is a regular file on tmpfs or hugetlbfs (unless
+// anyFS) holding all of r (checkRegion has ruled out overflow). sealed is false only for
+// a memfd without F_SEAL_SHRINK; a file that takes no seals at all (F_GET_SEALS fails:
+// not a memfd) counts as sealed, since nothing can be done about it here and the fault
+// recovery covers it.
+//
+// The filesystem matters because a page fault in the mapping is taken by whichever
+// goroutine touches it, and on a FUSE or network filesystem it can sleep in the
+// kernel for as long as the server behind the file likes (no SIGBUS comes), holding
+// that goroutine's P as any memory access does: the whole process stops at the next
+// stop-the-world. tmpfs and hugetlbfs pages are in memory or swap, whatever the
+// front-end does. Every QEMU memory backend a vhost-user guest can use is one of them:
+// memory-backend-memfd (a memfd is a file on the kernel's internal tmpfs or hugetlbfs
+// mount, mm/memfd.c), memory-backend-file on /dev/shm or hugetlbfs. A DAX or pmem file
+// on ext4 or xfs is the exception an operator can allow (anyFS).
+func checkRegionFile(fd int, r vuproto.MemRegion, anyFS bool) (sealed bool, err error) {
 	var st unix.Stat_t
 	if err := unix.Fstat(fd, &st); err != nil {
 		return false, fmt.Errorf("fstat: %w", err)
 	}
 	if st.Mode&unix.S_IFMT != unix.S_IFREG {
 		return false, fmt.Errorf("fd is not a regular file or memfd (mode %#o): its size cannot be checked", st.Mode)
+	}
+	if !anyFS {
+		var fs unix.Statfs_t
+		if err := unix.Fstatfs(fd, &fs); err != nil {
+			return false, fmt.Errorf("fstatfs: %w", err)
+		}
+		if fs.Type != unix.TMPFS_MAGIC && fs.Type != unix.HUGETLBFS_MAGIC {
+			return false, fmt.Errorf("the file is on a filesystem of type %#x, not tmpfs or hugetlbfs: "+
+				"a page fault there may never finish (FUSE, NFS); use a memfd or /dev/shm, or allow it "+
+				"with --vhost-any-fs-memory (DAX, pmem)", fs.Type)
+		}
 	}
 	if end := r.MmapOffset + r.Size; st.Size < 0 || end > uint64(st.Size) {
 		return false, fmt.Errorf("mmap_offset %#x + size %#x = %#x passes the end of its file (%#x bytes)",
@@ -110,6 +158,18 @@ func checkRegionFile(fd int, r vuproto.MemRegion) (sealed bool, err error) {
 		return true, nil
 	}
 	return seals&unix.F_SEAL_SHRINK != 0, nil
+}
+
+// mapped is the bytes g has mapped (nil: none).
+func (g *guestMem) mapped() uint64 {
+	if g == nil {
+		return 0
+	}
+	var n uint64
+	for i := range g.regions {
+		n += uint64(len(g.regions[i].mapping))
+	}
+	return n
 }
 
 func (g *guestMem) unmap() {

@@ -24,7 +24,7 @@ func (v *Vring) publishLocked() {
 		v.logUsedLocked(0, 4)
 	}
 	v.pubIdx = v.usedIdx
-	if v.callFd < 0 {
+	if v.call == nil {
 		return
 	}
 	if !v.needCallLocked() {
@@ -74,7 +74,8 @@ func (v *Vring) needCallLocked() bool {
 	return !v.signalledValid || vringNeedEvent(load16(v.avail, v.usedEventOff), v.pubIdx, v.signalled)
 }
 
-// callLocked signals the call eventfd for everything published.
+// callLocked decides the call for everything published; it goes out when mu is
+// released (Vring.unlock).
 func (v *Vring) callLocked() {
 	if v.callDeferred {
 		// This call carries the owed one: the timer's firing would find nothing to
@@ -87,11 +88,7 @@ func (v *Vring) callLocked() {
 	if v.modEvery > 0 {
 		v.lastCall = time.Now()
 	}
-	if v.signal(v.callFd) {
-		v.stats.Calls.Add(1)
-	} else {
-		v.stats.CallsDropped.Add(1)
-	}
+	v.oweCallLocked()
 }
 
 // deferredCall is the moderation timer: it sends the owed call if the driver still
@@ -100,12 +97,16 @@ func (v *Vring) callLocked() {
 func (v *Vring) deferredCall() {
 	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
 	v.mu.Lock()
-	defer v.mu.Unlock()
+	v.deferredCallLocked()
+	v.unlock()
+}
+
+func (v *Vring) deferredCallLocked() {
 	defer v.recoverLocked()
 	if !v.callDeferred {
 		return
 	}
-	if v.state != ringRunning || v.broken || v.callFd < 0 || v.used == nil {
+	if v.state != ringRunning || v.broken || v.call == nil || v.used == nil {
 		v.callDeferred = false
 		return
 	}
@@ -160,10 +161,11 @@ func (v *Vring) NoteLoad(n int) {
 	}
 }
 
-// Publish makes what was pushed so far visible to the driver and signals it, as End
-// would, in the middle of a batch. Per-frame publishing is the baseline moderation is
-// measured against; a device whose unit spans several chains calls it after the last
-// of them, never between (the driver takes them as one).
+// Publish makes what was pushed so far visible to the driver in the middle of a batch,
+// and decides its call as End would; the call itself goes out at End, since no write to
+// the front-end's eventfd is made under the ring's lock (signal.go). Per-frame publishing
+// is the baseline moderation is measured against; a device whose unit spans several
+// chains calls it after the last of them, never between (the driver takes them as one).
 func (v *Vring) Publish() {
 	if v.inBatch && !v.broken {
 		v.publishLocked()

@@ -8,7 +8,9 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
 	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -251,7 +253,9 @@ func (c *conn) recv(p []byte, fds *[maxFds]int, nfds *int) (int, error) {
 		n, oobn, rflags, _, err = unix.Recvmsg(int(fd), p, c.oob[:], unix.MSG_CMSG_CLOEXEC)
 		return err != unix.EAGAIN
 	})
-	if err == nil {
+	if rerr != nil {
+		// The poller's error (a deadline that passed, the socket closed) wins over the
+		// EAGAIN the last attempt saw.
 		err = rerr
 	}
 	if err != nil {
@@ -287,9 +291,21 @@ func (c *conn) recv(p []byte, fds *[maxFds]int, nfds *int) (int, error) {
 	return n, err
 }
 
+// errIdle is readMsg's answer when the read deadline passed before the first byte of a
+// message: nothing is lost, and the caller decides whether waiting on is right.
+var errIdle = errors.New("vhost-user: no message before the deadline")
+
+// msgTimeout bounds a message once its first byte has arrived, and every reply: a
+// front-end sends each message with one sendmsg (QEMU vhost_user_write) and reads
+// each reply at once, so a message left half sent, or a reply left unread, is a peer
+// that would otherwise hold the session, and the socket, for as long as it likes.
+const msgTimeout = 5 * time.Second
+
 // readMsg reads exactly one message: the 12-byte header (fds arrive with its first byte,
 // QEMU vhost_user_write sends fds and bytes in one sendmsg), then exactly size bytes.
-// io.EOF means the peer closed the socket between messages.
+// io.EOF means the peer closed the socket between messages; errIdle that the read
+// deadline the caller set passed before the message began. Once it has begun the rest
+// must come within msgTimeout.
 func (c *conn) readMsg(m *message) error {
 	m.nfds = 0
 	var hdr [vuproto.HeaderSize]byte
@@ -308,7 +324,10 @@ func (c *conn) readMsg(m *message) error {
 		}
 		if err != nil {
 			m.closeFds()
-			return err
+			return c.timeoutErr(err, got == 0 && m.nfds == 0)
+		}
+		if got == 0 {
+			c.uc.SetReadDeadline(time.Now().Add(msgTimeout))
 		}
 		got += n
 	}
@@ -329,11 +348,23 @@ func (c *conn) readMsg(m *message) error {
 		}
 		if err != nil {
 			m.closeFds()
-			return err
+			return c.timeoutErr(err, false)
 		}
 		got += n
 	}
 	return nil
+}
+
+// timeoutErr turns a deadline that passed into errIdle (nothing of a message read yet)
+// or into a protocol error (a message begun and not finished within msgTimeout).
+func (c *conn) timeoutErr(err error, idle bool) error {
+	if !errors.Is(err, os.ErrDeadlineExceeded) {
+		return err
+	}
+	if idle {
+		return errIdle
+	}
+	return protoErr("a message begun was not finished within %v", msgTimeout)
 }
 
 // reply sends {req, flags 0x5, size, payload}. QEMU's vhost_user_read_header and
@@ -345,7 +376,11 @@ func (c *conn) reply(req uint32, payload []byte) error {
 	binary.LittleEndian.PutUint32(b[4:], vuproto.ReplyFlags)
 	binary.LittleEndian.PutUint32(b[8:], uint32(len(payload)))
 	copy(b[vuproto.HeaderSize:], payload)
+	c.uc.SetWriteDeadline(time.Now().Add(msgTimeout))
 	_, err := c.uc.Write(b)
+	if errors.Is(err, os.ErrDeadlineExceeded) {
+		err = protoErr("the front-end did not read a reply within %v", msgTimeout)
+	}
 	return err
 }
 

@@ -3,7 +3,6 @@
 package vhostuser
 
 import (
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"os"
@@ -12,10 +11,6 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
-
-	"golang.org/x/sys/unix"
-
-	"tapgro/rawsys"
 
 	"tapgro/vhostuser/vuproto"
 )
@@ -45,7 +40,7 @@ const (
 	RejectLoop                      // more descriptors than the table holds ("Looped descriptor")
 	RejectZeroLen                   // zero-length descriptor ("zero sized buffers are not allowed")
 	RejectDirection                 // writable descriptor on a ring the device reads, or read-only on one it writes
-	RejectAvailJump                 // more than num chains outstanding (QEMU "Guest moved used index", "Virtqueue size exceeded")
+	RejectAvailJump                 // more than num chains outstanding (QEMU "Guest moved used index", "Virtqueue size exceeded"), or avail->idx moved back
 	RejectAddress                   // buffer outside every region
 	RejectLenOverflow               // addr+len wraps, or chain longer than a used.len can say
 	RejectShortChain                // chain shorter than the device's header (Config.HeaderLen)
@@ -130,9 +125,16 @@ type Vring struct {
 	kickRC    syscall.RawConn // kick's, for reading it without the scheduler's bookkeeping
 	kickNoFd  bool
 	hasKick   bool
-	callFd    int
-	errFd     int
+	call      *eventFD // nil: none
+	errf      *eventFD // nil: none
 	enableReq bool
+
+	// Signals decided under mu and pinned (eventFD.acquire), which unlock writes once
+	// mu is released (signal.go: never a write to the front-end's fd under a lock).
+	pendCall, pendErr *eventFD
+	// retired are eventfds closed with a write still in flight, kept until it ends so
+	// that the session's watchdog and teardown can see and unjam them.
+	retired []*eventFD
 
 	mem                   *guestMem
 	eventIdx, indirectOK  bool
@@ -180,13 +182,13 @@ type Vring struct {
 	otherLoad atomic.Int64
 
 	// Dirty logging (log.go), under mu: the session's log while it applies to this
-	// ring (nil: not logging), logOn the same for readers without the lock, and per
-	// head the guest-physical ranges of the receive chain popped there (recorded only
-	// while logging).
-	log        *dirtyLog
-	logOn      atomic.Bool
-	wlog       [][]piece
-	unloggedRX bool // Config.UnloggedRX (tests only)
+	// ring (nil: not logging), logOn the same for readers without the lock, and the
+	// guest-physical ranges of the receive chains popped in the current batch
+	// (recorded only while logging).
+	log       *dirtyLog
+	logOn     atomic.Bool
+	logPieces []piece
+	logPops   []logPop
 
 	// The poll window (wait.go, SetPollWindow), shared with the goroutine that calls
 	// Poke: the window's length (ns, 0 off), the monotonic time until which Poke asked
@@ -195,22 +197,18 @@ type Vring struct {
 	pollWindow atomic.Int64
 	pollUntil  atomic.Int64
 	parked     atomic.Bool
-	pokeRC     atomic.Pointer[syscall.RawConn]
+	pokeFD     atomic.Pointer[eventFD] // a duplicate of the kick fd, for Poke's write
 	selfPokes  atomic.Int32
-	poke       func(uintptr) bool // v.pokeFd, made once
 
 	kickWoke  bool               // the poller ended sleep's wait (awaitKickFd)
 	waitAt    uint16             // the avail->idx sleep waits to see move
 	waitWatch bool               // sleep is Wait's, which watches when Poke opens a window
 	awaitKick func(uintptr) bool // v.awaitKickFd, made once: the worker waits without allocating
-	one       [8]byte
 }
 
 func newVring(index int, writable bool, stats *Stats) *Vring {
-	v := &Vring{index: index, writable: writable, stats: stats, callFd: -1, errFd: -1,
-		logf: func(string, ...any) {}}
-	v.awaitKick, v.poke = v.awaitKickFd, v.pokeFd
-	binary.LittleEndian.PutUint64(v.one[:], 1)
+	v := &Vring{index: index, writable: writable, stats: stats, logf: func(string, ...any) {}}
+	v.awaitKick = v.awaitKickFd
 	return v
 }
 
@@ -295,24 +293,124 @@ func (v *Vring) translateLocked() bool {
 func (v *Vring) failLocked(r Reason) error {
 	v.stats.Rejected[r].Add(1)
 	v.broken = true
-	if v.errFd >= 0 {
-		v.signal(v.errFd)
+	if v.pendErr == nil && v.errf.acquire() {
+		v.pendErr = v.errf // written by unlock
 	}
 	return ringErrs[r]
 }
 
-// signal adds 1 to one of the front-end's eventfds (call or err). The session takes
-// only eventfds for them and sets O_NONBLOCK (Session.vringFile), so a counter at its
-// limit (2^64-2, eventfd(2)) answers EAGAIN instead of blocking: the count already in
-// it wakes the front-end anyway, so the signal is counted and dropped. It is a plain
-// write, not a rawsys one: a front-end can clear O_NONBLOCK on its own copy of the
-// file later, and a write blocked then holds this goroutine, not the whole runtime
-// (a raw system call never lets the garbage collector stop the world).
-func (v *Vring) signal(fd int) bool {
-	// Raw: an eventfd write never sleeps (the fd is non-blocking: vringFile), and the
-	// scheduler's system-call bookkeeping would wake sysmon (package rawsys).
-	n, e := rawsys.Write(uintptr(fd), v.one[:])
-	return e == 0 && n == len(v.one)
+// unlock releases mu, then writes the signals decided under it (signal.go says why
+// never before). Every path of a worker (or the moderation timer) that holds mu and
+// may have decided a call or an error signal releases it here: a write that sleeps
+// then parks that goroutine, which the session's watchdog sees.
+func (v *Vring) unlock() {
+	call, errf := v.takeSignalsLocked()
+	v.mu.Unlock()
+	v.send(call, errf)
+}
+
+// unlockAsync is unlock for the session goroutine: the signals go out on a goroutine of
+// their own, since the session must go on reading the socket whatever a write to the
+// front-end's eventfd does (it is what notices a write that sleeps, and what ends the
+// session when the front-end goes away). It waits up to sessionSignalWait for them, so
+// that in the ordinary case they still precede the session's next reply: the call a
+// ring stop owes must reach the front-end before the GET_VRING_BASE reply hands it the
+// ring (QEMU reads what its call notifier holds as it takes over: hw/virtio/virtio.c
+// virtio_queue_set_guest_notifier_fd_handler).
+func (v *Vring) unlockAsync() {
+	call, errf := v.takeSignalsLocked()
+	v.mu.Unlock()
+	if call == nil && errf == nil {
+		return
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		v.send(call, errf)
+	}()
+	t := time.NewTimer(sessionSignalWait)
+	defer t.Stop()
+	select {
+	case <-done:
+	case <-t.C:
+	}
+}
+
+// sessionSignalWait bounds how long the session waits for a signal it sent (an eventfd
+// write takes microseconds unless the front-end blocked it).
+const sessionSignalWait = 100 * time.Millisecond
+
+func (v *Vring) takeSignalsLocked() (call, errf *eventFD) {
+	call, errf = v.pendCall, v.pendErr
+	v.pendCall, v.pendErr = nil, nil
+	return call, errf
+}
+
+func (v *Vring) send(call, errf *eventFD) {
+	if call != nil {
+		if call.write() {
+			v.stats.Calls.Add(1)
+		} else {
+			v.stats.CallsDropped.Add(1)
+		}
+	}
+	if errf != nil {
+		errf.write()
+	}
+}
+
+// owe decides a call to the driver: pinned now, written when mu is released (unlock).
+// A call already pending covers this one; one that cannot be pinned (a write to the fd
+// still in flight, which wakes the driver all the same) is counted as dropped.
+func (v *Vring) oweCallLocked() {
+	switch {
+	case v.pendCall != nil:
+	case v.call.acquire():
+		v.pendCall = v.call
+	default:
+		v.stats.CallsDropped.Add(1)
+	}
+}
+
+// setFDLocked replaces *slot with e, closing the old eventfd; one with a write still in
+// flight is retired until that write ends (busyFDs).
+func (v *Vring) setFDLocked(slot **eventFD, e *eventFD) {
+	if old := *slot; old != nil && old.close() {
+		v.retired = append(v.retired, old)
+	}
+	*slot = e
+}
+
+// busyFDsLocked reports whether any of the ring's eventfds has a write in flight, after
+// unjamming each (signal.go), and forgets the retired ones that are done.
+func (v *Vring) busyFDsLocked() bool {
+	busy := false
+	kept := v.retired[:0]
+	for _, e := range v.retired {
+		if e.busy() {
+			kept = append(kept, e)
+			busy = true
+		}
+	}
+	clear(v.retired[len(kept):])
+	v.retired = kept
+	for _, e := range []*eventFD{v.call, v.errf, v.pokeFD.Load()} {
+		if e != nil && e.busy() {
+			busy = true
+		}
+	}
+	return busy
+}
+
+// jammedLocked reports whether a write to one of the ring's eventfds has slept since
+// before cutoff (monoNow): the front-end blocked it (signal.go).
+func (v *Vring) jammedLocked(cutoff int64) bool {
+	for _, e := range v.retired {
+		if e.jammed(cutoff) {
+			return true
+		}
+	}
+	return v.call.jammed(cutoff) || v.errf.jammed(cutoff) || v.pokeFD.Load().jammed(cutoff)
 }
 
 // stopLocked ends a running ring: it publishes what the data path pushed (End already
@@ -334,7 +432,7 @@ func (v *Vring) stopLocked() uint16 {
 	v.state = ringStopped
 	v.enabled.Store(false)
 	v.closeKickLocked()
-	v.closeFd(&v.callFd)
+	v.setFDLocked(&v.call, nil)
 	v.desc, v.avail, v.used = nil, nil, nil
 	return v.base
 }
@@ -347,23 +445,18 @@ func (v *Vring) flushOnStopLocked() {
 	defer v.recoverLocked()
 	v.rewindLocked(v.pending)
 	v.publishLocked()
-	if v.callDeferred && v.callFd >= 0 {
+	if v.callDeferred && v.call != nil {
 		v.callLocked() // owed: the front-end takes over the ring's state now
 	}
 }
 
 func (v *Vring) closeKickLocked() {
+	if p := v.pokeFD.Swap(nil); p != nil && p.close() {
+		v.retired = append(v.retired, p)
+	}
 	if v.kick != nil {
-		v.pokeRC.Store(nil)
 		v.kick.Close() // wakes a Wait blocked on it (os.File is in the poller)
 		v.kick, v.kickRC = nil, nil
 	}
 	v.hasKick, v.kickNoFd = false, false
-}
-
-func (v *Vring) closeFd(p *int) {
-	if *p >= 0 {
-		unix.Close(*p)
-		*p = -1
-	}
 }

@@ -6,8 +6,6 @@ import (
 	"runtime"
 	"syscall"
 	"time"
-
-	"tapgro/rawsys"
 )
 
 // Sleeping until the ring has work: re-enabling kicks, the last look at avail->idx,
@@ -166,11 +164,12 @@ func (v *Vring) sleep(rc syscall.RawConn, poll bool) error {
 	}
 	v.idleKicks = 0
 	v.mu.Lock()
-	defer v.mu.Unlock()
 	if v.state != ringRunning || v.broken {
+		v.mu.Unlock()
 		return ErrStopped
 	}
 	v.failLocked(RejectKick)
+	v.unlock()
 	v.logf("vhost-user: ring %d: %d kicks in a row found no work (last wait: %v); ring stopped", v.index, kickStorm, last)
 	return ErrBroken
 }
@@ -271,16 +270,13 @@ func (v *Vring) Poke() {
 	if !v.parked.Load() {
 		return // the worker is working, or about to look at the ring anyway
 	}
-	if rc := v.pokeRC.Load(); rc != nil {
+	if p := v.pokeFD.Load(); p != nil {
+		// A write to the kick the front-end also holds: like a call, it may sleep
+		// (signal.go), so it is an eventFD's. Failing, it is a kick closed by a stop, or
+		// one in flight already: either wakes the worker.
 		v.selfPokes.Add(1)
-		(*rc).Write(v.poke) // an error is a kick closed by a stop: nothing to wake
+		p.signal()
 	}
-}
-
-// pokeFd is Poke's RawConn callback: one raw eventfd write, which never blocks.
-func (v *Vring) pokeFd(fd uintptr) bool {
-	rawsys.Write(fd, v.one[:])
-	return true
 }
 
 // watch watches avail->idx until Poke's deadline, if one is open, with kicks off, and
