@@ -157,6 +157,9 @@ func (v *vhostDP) catalogue(m *Metrics) {
 	m.add("tapgro_vhost_log_pages_total", "vhost-user: guest pages marked dirty for a migration (bits set from 0 to 1 in the front-end's log).", Counter, nil, u(bs.LogPages.Load))
 	m.add("tapgro_vhost_log_beyond_total", "vhost-user: pages written past the end of the front-end's dirty log (a log sized too small; not marked).", Counter, nil, u(bs.LogBeyond.Load))
 	m.add("tapgro_vhost_rarp_total", "vhost-user: announcements (RARP from the guest's MAC) put into the TAP after a migration.", Counter, nil, u(st.RARPs.Load))
+	m.add("tapgro_vhost_sessions_jammed_total", "vhost-user: sessions ended because a write to one of the front-end's eventfds slept (it filled the counter and made the fd blocking).", Counter, nil, u(bs.Jammed.Load))
+	m.add("tapgro_vhost_peers_refused_total", "vhost-user: connections closed unserved because the peer's uid and gid are not on --allow-peer.", Counter, nil, u(bs.PeerRefused.Load))
+	m.add("tapgro_vhost_workers_left_total", "vhost-user: ring workers not joined at a ring's stop, asleep in a write to an eventfd the front-end kept blocked.", Counter, nil, u(st.WorkersLeft.Load))
 	m.add("tapgro_vhost_messages_unknown_total", "vhost-user: front-end requests refused as unknown or not negotiated.", Counter, nil, u(bs.Unknown.Load))
 	m.add("tapgro_vhost_messages_failed_total", "vhost-user: front-end requests answered with a failure.", Counter, nil, u(bs.Failed.Load))
 	// GRO toward the TAP: the engine's series, same names and meaning, except the
