@@ -29,8 +29,11 @@ import (
 //   - It is never made with a lock held that the session, teardown or another ring
 //     needs: the ring decides under its lock (acquire pins the fd) and writes after
 //     unlocking (Vring.unlock).
-//   - At most one write per fd is in flight; a signal meanwhile is merged into it
-//     (the write in flight, or the full counter, wakes the front-end anyway).
+//   - At most one write per fd is in flight. A signal decided meanwhile is owed by that
+//     write's thread, which writes once more when its write returns: the write in
+//     flight may already have been seen and its wake-up spent (the driver read the used
+//     ring before the entries this signal is for), so merging the two would lose the
+//     second interrupt and stall the queue.
 //   - Closing never waits for a write in flight. A write can only be asleep if the
 //     counter is full, and a full counter is read here (RWF_NOWAIT makes that read
 //     non-blocking whatever O_NONBLOCK says: fs/eventfd.c eventfd_read checks
@@ -46,6 +49,7 @@ type eventFD struct {
 
 	mu       sync.Mutex
 	inflight bool // pinned by acquire; the write has not finished
+	again    bool // a signal came while inflight: its writer writes once more
 	closed   bool // close was called: the writer closes fd when it is done
 
 	since atomic.Int64 // monoNow at the start of the write in flight; 0: none
@@ -65,34 +69,46 @@ func newEventFD(fd int) *eventFD {
 	return &eventFD{fd: fd}
 }
 
-// acquire pins e for one write (write must follow). It fails for a nil or closed e, or
-// when a write is already in flight.
+// acquire pins e for one write (write must follow). It fails for a nil or closed e,
+// and when a write is already in flight, which then owes this signal too (again).
 func (e *eventFD) acquire() bool {
 	if e == nil {
 		return false
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if e.inflight || e.closed {
+	if e.closed {
+		return false
+	}
+	if e.inflight {
+		e.again = true
 		return false
 	}
 	e.inflight = true
 	return true
 }
 
-// write adds 1 to the counter after acquire, with no lock held, and reports whether
-// the kernel took it.
+// write adds 1 to the counter after acquire, with no lock held, and once more for
+// every round in which a signal came while it wrote. It reports whether the kernel
+// took the last write.
 func (e *eventFD) write() bool {
-	e.since.Store(monoNow())
-	n, err := unix.Write(e.fd, one[:])
-	e.since.Store(0)
-	e.mu.Lock()
-	e.inflight = false
-	if e.closed {
-		unix.Close(e.fd)
+	for {
+		e.since.Store(monoNow())
+		n, err := unix.Write(e.fd, one[:])
+		e.since.Store(0)
+		e.mu.Lock()
+		if e.again && !e.closed {
+			e.again = false
+			e.mu.Unlock()
+			continue
+		}
+		e.inflight, e.again = false, false
+		if e.closed {
+			unix.Close(e.fd)
+		}
+		e.mu.Unlock()
+		return err == nil && n == len(one)
 	}
-	e.mu.Unlock()
-	return err == nil && n == len(one)
 }
 
 // signal is acquire then write, for a caller that holds no lock.

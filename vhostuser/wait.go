@@ -94,7 +94,7 @@ func (v *Vring) lockForWait() error {
 
 func (v *Vring) unlockForWait() {
 	v.waitLocked = false
-	v.mu.Unlock()
+	v.unlock()
 }
 
 // Polling (SET_VRING_KICK with VHOST_USER_VRING_NOFD_MASK: no eventfd, vhost-user.rst
