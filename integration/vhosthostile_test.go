@@ -4,6 +4,7 @@ package integration
 
 import (
 	"bytes"
+	"encoding/binary"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -18,6 +19,7 @@ import (
 	"tapgro/integration/netnstest"
 	"tapgro/vhostuser"
 	"tapgro/vhostuser/vhostusertest"
+	"tapgro/vhostuser/vuproto"
 )
 
 // TestVhostUserHostileFrontEnd plays front-ends that hand a real tapgro process fds and
@@ -29,8 +31,10 @@ func TestVhostUserHostileFrontEnd(t *testing.T) {
 	ns := netnstest.New(t, "vuhostile")
 	sock := filepath.Join(t.TempDir(), "vu.sock")
 	const maddr = "127.0.0.1:9113"
+	// --vhost-poll: Poke writes to the kick, one of the writes a front-end can block.
 	tg := startTapgro(t, ns, "tapgro", "--tap", "tg0", "--mtu", "1500", "--addr", hostIP4+"/24",
-		"--netdev", "vhost-user,path="+sock, "--metrics-addr", maddr)
+		"--netdev", "vhost-user,path="+sock, "--metrics-addr", maddr, "--vhost-poll", "50us",
+		"--vhost-max-mapped", "64G")
 	tg.waitLog(readyRe, 10*time.Second)
 	pid := tg.cmd.Process.Pid
 
@@ -105,9 +109,35 @@ func TestVhostUserHostileFrontEnd(t *testing.T) {
 		t.Cleanup(func() { unix.Close(fd) })
 		return fd
 	}
+	// reblock makes fd blocking again after tapgro took it and made it non-blocking: the
+	// flag belongs to the open file both hold, and the front-end keeps its copy.
+	reblock := func(t *testing.T, s *vhostusertest.Session, fd int) {
+		s.FE.Get(vhostuser.ReqGetFeatures) // the message that carried fd was handled
+		if err := unix.SetNonblock(fd, false); err != nil {
+			t.Fatal(err)
+		}
+	}
+	onExt4 := func(t *testing.T, size int64) int {
+		f, err := os.CreateTemp(".", "guest-ram-") // the package directory: the disk's filesystem
+		if err != nil {
+			t.Fatal(err)
+		}
+		os.Remove(f.Name())
+		var st unix.Statfs_t
+		unix.Fstatfs(int(f.Fd()), &st)
+		if st.Type == unix.TMPFS_MAGIC {
+			t.Skip("the package directory is on tmpfs")
+		}
+		f.Truncate(size)
+		fd, _ := unix.Dup(int(f.Fd()))
+		f.Close()
+		t.Cleanup(func() { unix.Close(fd) })
+		return fd
+	}
 	for _, tc := range []struct {
 		name string
-		// run misbehaves on s; closed says tapgro must end the session.
+		// run misbehaves on s; closed says tapgro must end the session (within 4 s: a
+		// write asleep on an eventfd is noticed within two seconds).
 		run    func(t *testing.T, s *vhostusertest.Session)
 		closed bool
 	}{
@@ -137,6 +167,84 @@ func TestVhostUserHostileFrontEnd(t *testing.T) {
 			}
 			s.FE.Get(vhostuser.ReqGetFeatures)
 		}, false},
+		{"call fd re-blocked after the ack, then a TX batch", func(t *testing.T, s *vhostusertest.Session) {
+			fd := saturated(t)
+			s.FE.Send(vhostuser.ReqSetVringCall, 1, vhostusertest.U64(1), fd)
+			reblock(t, s, fd)
+			tx := s.TX(0)
+			tx.SendFrame(append(make([]byte, s.HdrLen()), ethFrame([]byte{2, 0, 0, 0, 0, 2}, 200, 1)...), nil, false)
+			tx.KickNow()
+			metricsAnswer(t)
+		}, true},
+		{"err fd re-blocked, then a SET_MEM_TABLE without the rings", func(t *testing.T, s *vhostusertest.Session) {
+			fd := saturated(t)
+			s.FE.Send(vhostuser.ReqSetVringErr, 1, vhostusertest.U64(1), fd)
+			reblock(t, s, fd)
+			g := s.G.Regions
+			last := g[len(g)-1]
+			s.FE.Send(vhostuser.ReqSetMemTable, 1, vhostusertest.MemTablePayload([]vuproto.MemRegion{
+				{GPA: last.GPA + last.Size, Size: 0x1000, UserAddr: last.UserAddr + last.Size}}), s.G.FD)
+			metricsAnswer(t)
+		}, true},
+		{"err fd re-blocked, then a looping chain", func(t *testing.T, s *vhostusertest.Session) {
+			fd := saturated(t)
+			s.FE.Send(vhostuser.ReqSetVringErr, 1, vhostusertest.U64(1), fd)
+			reblock(t, s, fd)
+			tx := s.TX(0)
+			head := tx.PrepareFrame(append(make([]byte, s.HdrLen()), ethFrame([]byte{2, 0, 0, 0, 0, 2}, 200, 1)...), []int{20}, false)
+			d := tx.Desc[16*int(head):]
+			next := binary.LittleEndian.Uint16(d[14:])
+			nd := tx.Desc[16*int(next):]
+			binary.LittleEndian.PutUint16(nd[12:], 1)    // NEXT
+			binary.LittleEndian.PutUint16(nd[14:], head) // back to the head
+			tx.Publish(head)
+			tx.KickNow()
+			metricsAnswer(t)
+		}, true},
+		{"TX kick re-blocked, then Poke writes it", func(t *testing.T, s *vhostusertest.Session) {
+			fd := saturated(t)
+			s.FE.Send(vhostuser.ReqSetVringKick, 1, vhostusertest.U64(1), fd)
+			reblock(t, s, fd)
+			s.RX(0).PostRX(64, 2048, 1)
+			// Frames into the TAP (a ping's ARP requests): the RX worker hands them to
+			// the guest and pokes the TX worker through its kick.
+			go ns.Run("ping", "-c", "3", "-i", "0.2", "-W", "1", "198.18.0.77")
+			time.Sleep(300 * time.Millisecond)
+			metricsAnswer(t)
+		}, true},
+		{"guest RAM on a regular file of the disk's filesystem", func(t *testing.T, s *vhostusertest.Session) {
+			regs := []vuproto.MemRegion{{GPA: 0, Size: 1 << 20, UserAddr: 1 << 40}}
+			if r := s.FE.Ack(vhostuser.ReqSetMemTable, vhostusertest.MemTablePayload(regs), onExt4(t, 1<<20)); r == 0 {
+				t.Fatal("guest RAM on a disk file accepted")
+			}
+		}, false},
+		{"dirty log on a regular file of the disk's filesystem", func(t *testing.T, s *vhostusertest.Session) {
+			s.FE.Send(vhostuser.ReqSetLogBase, 1, append(vhostusertest.U64(4096), vhostusertest.U64(0)...), onExt4(t, 4096))
+		}, true},
+		{"sparse regions over the cap", func(t *testing.T, s *vhostusertest.Session) {
+			fd, _ := unix.MemfdCreate("sparse", unix.MFD_CLOEXEC)
+			t.Cleanup(func() { unix.Close(fd) })
+			unix.Ftruncate(fd, 48<<30)
+			regs := []vuproto.MemRegion{{GPA: 0, Size: 40 << 30, UserAddr: 1 << 40}, {GPA: 40 << 30, Size: 40 << 30, UserAddr: 1<<40 + 40<<30, MmapOffset: 8 << 30}}
+			if r := s.FE.Ack(vhostuser.ReqSetMemTable, vhostusertest.MemTablePayload(regs), fd, fd); r == 0 {
+				t.Fatal("96 GiB of mappings accepted under a 64 GiB cap")
+			}
+		}, false},
+		{"avail idx moved backwards", func(t *testing.T, s *vhostusertest.Session) {
+			tx := s.TX(0)
+			for i := range 3 {
+				tx.SendFrame(append(make([]byte, s.HdrLen()), ethFrame([]byte{2, 0, 0, 0, 0, 2}, 200, byte(i))...), nil, false)
+			}
+			tx.KickNow()
+			if !tx.WaitUsed(tx.AvailIdx(), 5*time.Second) {
+				t.Fatal("frames not taken")
+			}
+			idx := binary.LittleEndian.Uint16(tx.Avail[2:])
+			binary.LittleEndian.PutUint16(tx.Avail[2:], idx-2)
+			tx.KickNow()
+			s.FE.Get(vhostuser.ReqGetFeatures)
+			time.Sleep(100 * time.Millisecond)
+		}, false},
 		{"guest RAM truncated under running rings", func(t *testing.T, s *vhostusertest.Session) {
 			tx := s.TX(0)
 			head := tx.PrepareFrame(append(make([]byte, s.HdrLen()), ethFrame([]byte{2, 0, 0, 0, 0, 2}, 200, 9)...), nil, false)
@@ -148,7 +256,7 @@ func TestVhostUserHostileFrontEnd(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			s := vhostusertest.Dial(t, sock, vhostusertest.Options{ConnectWait: time.Second})
 			tc.run(t, s)
-			if tc.closed && !closedByPeer(s.FE.FD, 2*time.Second) {
+			if tc.closed && !closedByPeer(s.FE.FD, 4*time.Second) {
 				t.Fatal("tapgro did not end the session")
 			}
 			metricsAnswer(t)
@@ -166,6 +274,12 @@ func TestVhostUserHostileFrontEnd(t *testing.T) {
 	}
 	if v := m.get(t, `tapgro_vhost_calls_dropped_total`); v < 1 {
 		t.Errorf("calls dropped: %v, want at least 1", v)
+	}
+	if v := m.get(t, `tapgro_vhost_sessions_jammed_total`); v != 4 {
+		t.Errorf("sessions ended for a jammed eventfd: %v, want 4", v)
+	}
+	if v := m.get(t, `tapgro_vhost_rejected_total{reason="avail_jump"}`); v != 1 {
+		t.Errorf("avail->idx moved back: %v rejections counted, want 1", v)
 	}
 	if n := strings.Count(tg.out.String(), "guest memory fault"); n != 1 {
 		t.Errorf("the fault is logged %d times, want once:\n%s", n, tg.out.String())
@@ -233,4 +347,45 @@ func procRSS(t *testing.T, pid int) int {
 	}
 	kb, _ := strconv.Atoi(string(m[1]))
 	return kb << 10
+}
+
+// TestVhostUserSilentPeer: a connection that never speaks, or stops half way through a
+// header, holds tapgro's one session no longer than its handshake timeout, and a
+// front-end that arrives meanwhile is held (not refused) and then served.
+func TestVhostUserSilentPeer(t *testing.T) {
+	netnstest.RequirePriv(t)
+	ns := netnstest.New(t, "vusilent")
+	sock := filepath.Join(t.TempDir(), "vu.sock")
+	tg := startTapgro(t, ns, "tapgro", "--tap", "tg0", "--mtu", "1500", "--addr", hostIP4+"/24",
+		"--netdev", "vhost-user,path="+sock)
+	tg.waitLog(readyRe, 10*time.Second)
+	for _, first := range [][]byte{nil, {1, 0, 0, 0, 1}} {
+		fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := unix.Connect(fd, &unix.SockaddrUnix{Name: sock}); err != nil {
+			t.Fatal(err)
+		}
+		if first != nil {
+			unix.Write(fd, first)
+		}
+		time.Sleep(200 * time.Millisecond) // the silent peer is the session now
+		start := time.Now()
+		s := vhostusertest.Dial(t, sock, vhostusertest.Options{})
+		waited := time.Since(start)
+		tx := s.TX(0)
+		tx.SendFrame(append(make([]byte, s.HdrLen()), ethFrame([]byte{2, 0, 0, 0, 0, 2}, 300, 1)...), nil, false)
+		tx.KickNow()
+		if !tx.WaitUsed(tx.AvailIdx(), 5*time.Second) {
+			t.Fatal("the front-end after the silent peer carries no frame")
+		}
+		t.Logf("silent peer (%d bytes sent): the next front-end was served after %v", len(first), waited.Round(time.Millisecond))
+		if !closedByPeer(fd, time.Second) {
+			t.Error("the silent peer's connection is still open")
+		}
+		unix.Close(fd)
+		s.Stop()
+		s.Close()
+	}
 }

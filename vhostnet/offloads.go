@@ -5,6 +5,8 @@ package vhostnet
 import (
 	"fmt"
 
+	"tapgro/quietlog"
+
 	"tapgro/vhostuser"
 	"tapgro/virtio"
 	"tapgro/vnethdr"
@@ -129,7 +131,7 @@ func (n *Net) FeaturesAcked(f vhostuser.Features) {
 		ok := true
 		for _, q := range n.pairs {
 			if err := q.tap.SetVnetHdrLen(f.HdrLen); err != nil {
-				n.peerLine(&n.gates.tapErr, err.Error(), n.logf, "vhostnet: %v", err)
+				n.peerLine(&n.gates.tapErr, quietlog.Key(err.Error()), n.logf, "vhostnet: %v", err)
 				ok = false
 			}
 		}
@@ -167,7 +169,7 @@ func (n *Net) applyOffloadsLocked() vnethdr.Offloads {
 	tap := n.pairs[0].tap
 	eff, err := tap.SetOffloads(TapOffloads(n.rxAllow, n.probed, n.offloadCap))
 	if err != nil {
-		n.peerLine(&n.gates.tapErr, err.Error(), n.logf, "vhostnet: %v", err)
+		n.peerLine(&n.gates.tapErr, quietlog.Key(err.Error()), n.logf, "vhostnet: %v", err)
 		// Whatever was set before may exceed the new acks: fall back to none.
 		eff, _ = tap.SetOffloads(0)
 	}

@@ -54,7 +54,7 @@ func (n *Net) admit(uc *net.UnixConn, how string) bool {
 		return false
 	}
 	ok := n.peers.allows(c)
-	key := fmt.Sprint(ok, c.Pid, c.Uid, c.Gid)
+	key := fmt.Sprint(ok, c.Uid, c.Gid) // logged when who connects changes, else now and then
 	if ok {
 		n.peerLine(&n.gates.peer, key, n.infof, "vhostnet: %s front-end pid %d uid %d gid %d", how, c.Pid, c.Uid, c.Gid)
 	} else {

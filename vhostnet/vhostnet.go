@@ -563,7 +563,7 @@ func (n *Net) SessionEnded(err error) {
 	n.guestMTU.Store(0)
 	n.resetQueues()
 	if err != nil {
-		n.peerLine(&n.gates.ended, err.Error(), n.logf, "vhostnet: session ended: %v", err)
+		n.peerLine(&n.gates.ended, quietlog.Key(err.Error()), n.logf, "vhostnet: session ended: %v", err)
 	}
 }
 

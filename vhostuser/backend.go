@@ -165,7 +165,7 @@ type Backend struct {
 // table of unsealed memfds, a ring that keeps breaking) from flooding the log.
 func (b *Backend) logf(format string, args ...any) {
 	line := fmt.Sprintf(format, args...)
-	ok, held := b.gate.Pass(line)
+	ok, held := b.gate.Pass(quietlog.Key(line))
 	if !ok {
 		return
 	}
@@ -679,13 +679,11 @@ func (s *Session) vringState(req uint32, v *Vring, st vuproto.VringState) (bool,
 
 // stopped tells the owner that v stopped (Handler.RingStopped, which joins the ring's
 // worker). The worker may be asleep in a write to an eventfd the front-end blocked
-// (signal.go): while the owner waits, the ring's eventfds are unjammed every
+// (signal.go), its own ring's or another's (Poke writes to the pair's TX kick from the
+// RX worker): while the owner waits, every ring's eventfds are unjammed every
 // unjamEvery, so that the write returns and the worker with it.
 func (s *Session) stopped(v *Vring) {
-	v.mu.Lock()
-	busy := v.busyFDsLocked()
-	v.mu.Unlock()
-	if !busy {
+	if !s.busyFDs() {
 		s.h.RingStopped(v)
 		return
 	}
@@ -698,10 +696,7 @@ func (s *Session) stopped(v *Vring) {
 			case <-done:
 				return
 			case <-t.C:
-				v.mu.Lock()
-				busy := v.busyFDsLocked()
-				v.mu.Unlock()
-				if !busy {
+				if !s.busyFDs() {
 					return
 				}
 			}
@@ -709,6 +704,20 @@ func (s *Session) stopped(v *Vring) {
 	}()
 	s.h.RingStopped(v)
 	close(done)
+}
+
+// busyFDs unjams every ring's eventfds that have a write in flight and reports whether
+// any has.
+func (s *Session) busyFDs() bool {
+	busy := false
+	for _, r := range s.rings {
+		r.mu.Lock()
+		if r.busyFDsLocked() {
+			busy = true
+		}
+		r.mu.Unlock()
+	}
+	return busy
 }
 
 // unjamEvery is how often a stopping ring's eventfds are unjammed while its worker is
@@ -731,15 +740,20 @@ func reqName(req uint32) string {
 // every running ring (QEMU then recovers last_avail_idx from used->idx, hw/virtio/
 // virtio.c virtio_queue_split_restore_last_avail_idx).
 func (s *Session) teardown() {
-	for _, v := range s.rings {
+	// Every ring stops, and every eventfd is closed (a write asleep on one unjammed),
+	// before any worker is joined: a worker may be asleep on another ring's fd.
+	announced := make([]bool, len(s.rings))
+	for i, v := range s.rings {
 		v.mu.Lock()
-		wasAnnounced := v.announced
+		announced[i] = v.announced
 		v.announced = false
 		v.stopLocked()
 		v.setFDLocked(&v.errf, nil)
 		v.mem = nil
 		v.unlockAsync()
-		if wasAnnounced {
+	}
+	for i, v := range s.rings {
+		if announced[i] {
 			s.stopped(v)
 		}
 	}
