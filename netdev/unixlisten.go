@@ -1,6 +1,10 @@
 package netdev
 
-import "net"
+import (
+	"fmt"
+	"net"
+	"os"
+)
 
 // ListenUnix creates a UNIX stream listener at path for callers outside the port code
 // (tapgro's control socket), with the same rules as a port's path: a directory others
@@ -17,4 +21,28 @@ func ListenUnix(path string, opt Options) (ln *net.UnixListener, remove func(), 
 		return nil, nil, err
 	}
 	return ln, func() { removeOurs(path, fi) }, nil
+}
+
+// InheritedUnixListener is the UNIX stream listener a service manager passed for path
+// (systemd socket activation: listenFDs from ListenFDs), for a port outside the
+// endpoint code (vhost-user). ok is false when nothing was passed and the caller binds
+// its own. The path belongs to the manager and is never removed.
+func InheritedUnixListener(path string, listenFDs []int) (ln *net.UnixListener, ok bool, err error) {
+	fd, _, ok, err := inheritedListener(Addr{Type: AddrUnix, Path: path}, listenFDs)
+	if err != nil || !ok {
+		return nil, false, err
+	}
+	f := os.NewFile(uintptr(fd), "inherited-listener")
+	l, err := net.FileListener(f) // dups fd; the original is closed below
+	f.Close()
+	if err != nil {
+		return nil, false, fmt.Errorf("netdev: inherited fd %d: %w", fd, err)
+	}
+	ul, isUnix := l.(*net.UnixListener)
+	if !isUnix {
+		l.Close()
+		return nil, false, fmt.Errorf("netdev: inherited fd %d is not a UNIX stream listener", fd)
+	}
+	ul.SetUnlinkOnClose(false)
+	return ul, true, nil
 }

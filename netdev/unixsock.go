@@ -149,6 +149,7 @@ func bindUnix(path string, sotype int, opt Options) (*os.File, fs.FileInfo, erro
 	if fi, err = node.Stat(); err != nil {
 		return created("stat", err)
 	}
+	fi = ownSocket(path, fi)
 	if opt.SocketUID > 0 || opt.SocketGID > 0 {
 		uid, gid := -1, -1
 		if opt.SocketUID > 0 {
@@ -358,13 +359,48 @@ func bindUnixgram(path string, opt Options) (*net.UnixConn, fs.FileInfo, error) 
 	return c.(*net.UnixConn), fi, nil
 }
 
+// ownedSocket is the identity of a socket path tapgro created, with its directory held
+// open (O_PATH) so that the path can still be removed when the process no longer sees
+// the filesystem by name: once confined (package sandbox), tapgro's root is an empty
+// tmpfs, and the directory descriptor, with Landlock's REMOVE_FILE right on it, is
+// how the socket goes at exit.
+type ownedSocket struct {
+	fs.FileInfo
+	dir  int // O_PATH descriptor of the path's directory; -1 if it could not be opened
+	name string
+}
+
+func ownSocket(path string, fi fs.FileInfo) fs.FileInfo {
+	dir, err := unix.Open(filepath.Dir(path), unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		dir = -1
+	}
+	return &ownedSocket{FileInfo: fi, dir: dir, name: filepath.Base(path)}
+}
+
 // removeOurs unlinks path if it is still the socket we created (same device and inode),
-// so a path someone else has since bound is left alone.
+// so a path someone else has since bound is left alone. It looks through the directory
+// held since the bind (ownedSocket) where there is one.
 func removeOurs(path string, fi fs.FileInfo) {
 	if fi == nil {
 		return
 	}
-	if cur, err := os.Lstat(path); err == nil && os.SameFile(fi, cur) {
-		os.Remove(path)
+	o, ok := fi.(*ownedSocket)
+	if !ok || o.dir < 0 {
+		if cur, err := os.Lstat(path); err == nil && os.SameFile(fi, cur) {
+			os.Remove(path)
+		}
+		return
+	}
+	dir := o.dir
+	o.dir = -1
+	defer unix.Close(dir)
+	var cur unix.Stat_t
+	st, _ := o.Sys().(*syscall.Stat_t)
+	if st == nil || unix.Fstatat(dir, o.name, &cur, unix.AT_SYMLINK_NOFOLLOW) != nil {
+		return
+	}
+	if cur.Dev == st.Dev && cur.Ino == st.Ino {
+		unix.Unlinkat(dir, o.name, 0)
 	}
 }
