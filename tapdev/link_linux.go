@@ -109,18 +109,28 @@ func nlAddr(p netip.Prefix) (*netlink.Addr, error) {
 
 // linkAddrs lists the addresses on the device's link (used by tests and diagnostics).
 func (d *Device) linkAddrs() ([]netip.Prefix, error) {
-	h, err := netlink.NewHandleAt(d.ns)
-	if err != nil {
-		return nil, err
+	_, addrs, err := d.LinkInfo()
+	return addrs, err
+}
+
+// LinkInfo reports the device's MAC address and the addresses now on its link, whoever
+// assigned them. tapgro announces them to each new peer (see main's announce.go). It
+// asks over the netlink socket opened with the device, so it works in a confined
+// process (package sandbox).
+func (d *Device) LinkInfo() (net.HardwareAddr, []netip.Prefix, error) {
+	d.nlMu.Lock()
+	defer d.nlMu.Unlock()
+	h := d.nl
+	if h == nil {
+		return nil, nil, fmt.Errorf("tapdev: %s is closed", d.name)
 	}
-	defer h.Close()
 	var link netlink.Link
 	if err := retryDump(func() (err error) { link, err = h.LinkByName(d.name); return err }); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	var list []netlink.Addr
 	if err := retryDump(func() (err error) { list, err = h.AddrList(link, netlink.FAMILY_ALL); return err }); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	out := make([]netip.Prefix, 0, len(list))
 	for _, a := range list {
@@ -131,24 +141,5 @@ func (d *Device) linkAddrs() ([]netip.Prefix, error) {
 		ones, _ := a.Mask.Size()
 		out = append(out, netip.PrefixFrom(ip.Unmap(), ones))
 	}
-	return out, nil
-}
-
-// LinkInfo reports the device's MAC address and the addresses now on its link, whoever
-// assigned them. tapgro announces them to each new peer (see main's announce.go).
-func (d *Device) LinkInfo() (net.HardwareAddr, []netip.Prefix, error) {
-	h, err := netlink.NewHandleAt(d.ns)
-	if err != nil {
-		return nil, nil, err
-	}
-	defer h.Close()
-	var link netlink.Link
-	if err := retryDump(func() (err error) { link, err = h.LinkByName(d.name); return err }); err != nil {
-		return nil, nil, err
-	}
-	addrs, err := d.linkAddrs()
-	if err != nil {
-		return nil, nil, err
-	}
-	return link.Attrs().HardwareAddr, addrs, nil
+	return link.Attrs().HardwareAddr, out, nil
 }

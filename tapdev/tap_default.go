@@ -66,3 +66,9 @@ func (d *Device) Close() error { return ErrUnsupported }
 
 // SetVnetHdrLen returns ErrUnsupported.
 func (d *Device) SetVnetHdrLen(n int) error { return ErrUnsupported }
+
+// Adopt returns ErrUnsupported.
+func Adopt(fd, vnetHdrLen int) (*Device, error) { return nil, ErrUnsupported }
+
+// NameOf returns ErrUnsupported.
+func NameOf(fd int) (string, error) { return "", ErrUnsupported }

@@ -30,7 +30,9 @@ type Device struct {
 	name       string
 	vnetHdrLen int
 	multiQueue bool
-	ns         netns.NsHandle // namespace the device was opened in; ConfigureLink works there
+	ns         netns.NsHandle  // namespace the device was opened in; ConfigureLink works there
+	nl         *netlink.Handle // rtnetlink in ns, opened with the device (LinkInfo)
+	nlMu       sync.Mutex      // one request at a time on nl
 	closed     atomic.Bool
 	stats      Stats
 
@@ -119,36 +121,77 @@ func Open(cfg Config) (*Device, error) {
 	if err := checkFlags(name, cfg.MultiQueue, got.Uint16()); err != nil {
 		return nil, err
 	}
+	return adopt(fd, name, hdrLen, cfg.MultiQueue, &ok)
+}
+
+// Adopt takes over fd, a TAP queue opened by someone else (a manager, as QEMU's
+// "-netdev tap,fd=N"): it must be a TAP with IFF_VNET_HDR and IFF_NO_PI, which TUNGETIFF
+// tells; its header length and read offloads are reset as Open does. Link
+// configuration is the opener's: tapgro needs no privilege for this. The name comes
+// from the device. On failure fd is left open.
+func Adopt(fd, vnetHdrLen int) (*Device, error) {
+	if vnetHdrLen == 0 {
+		vnetHdrLen = vnethdr.Len
+	}
+	got, _ := unix.NewIfreq("")
+	if err := unix.IoctlIfreq(fd, unix.TUNGETIFF, got); err != nil {
+		return nil, fmt.Errorf("tapdev: fd %d is not an open TAP queue (TUNGETIFF: %w)", fd, err)
+	}
+	flags := got.Uint16()
+	if flags&unix.IFF_TAP == 0 || flags&unix.IFF_VNET_HDR == 0 || flags&unix.IFF_NO_PI == 0 {
+		return nil, fmt.Errorf("tapdev: fd %d (%s) was opened with flags %#x; tapgro needs IFF_TAP|IFF_NO_PI|IFF_VNET_HDR", fd, got.Name(), flags)
+	}
+	if err := unix.SetNonblock(fd, true); err != nil {
+		return nil, fmt.Errorf("tapdev: fd %d: %w", fd, err)
+	}
+	unix.CloseOnExec(fd)
+	var owned bool
+	return adopt(fd, got.Name(), vnetHdrLen, flags&unix.IFF_MULTI_QUEUE != 0, &owned)
+}
+
+// adopt finishes Open and Adopt on an attached queue: header length, offloads reset,
+// the namespace and a netlink handle for run-time reads, and the runtime poller. *ok is
+// set once the returned Device (or the os.File) owns fd.
+func adopt(fd int, name string, hdrLen int, multiQueue bool, ok *bool) (*Device, error) {
 	if err := unix.IoctlSetPointerInt(fd, unix.TUNSETVNETHDRSZ, hdrLen); err != nil {
 		return nil, fmt.Errorf("tapdev: TUNSETVNETHDRSZ %d on %q: %w", hdrLen, name, err)
 	}
 	if err := unix.IoctlSetInt(fd, unix.TUNSETOFFLOAD, 0); err != nil {
 		return nil, fmt.Errorf("tapdev: TUNSETOFFLOAD 0 on %q: %w", name, err)
 	}
-	nsh, err := netns.Get()
+	nsh, err := deviceNetns(fd)
 	if err != nil {
-		return nil, fmt.Errorf("tapdev: current network namespace: %w", err)
+		return nil, fmt.Errorf("tapdev: %s's network namespace: %w", name, err)
+	}
+	// One rtnetlink socket for the device's life: LinkInfo reads the link's addresses
+	// at run time, when a confined tapgro can no longer open /proc (which netns.Get
+	// needs) or enter a namespace.
+	nl, err := netlink.NewHandleAt(nsh, unix.NETLINK_ROUTE)
+	if err != nil {
+		nsh.Close()
+		return nil, fmt.Errorf("tapdev: netlink in %s's namespace: %w", name, err)
 	}
 
 	// The fd is non-blocking, so os.NewFile registers it with the runtime poller: reads
 	// park the goroutine instead of a thread, deadlines work, and Close wakes a blocked
 	// ReadBatch (songgao/water#22 is what happens otherwise).
 	file := os.NewFile(uintptr(fd), "/dev/net/tun:"+name)
+	*ok = true // file owns the fd now
 	rc, err := file.SyscallConn()
 	if err != nil {
+		nl.Close()
 		nsh.Close()
 		file.Close()
-		ok = true // file owns the fd now
 		return nil, fmt.Errorf("tapdev: %q: %w", name, err)
 	}
-	ok = true
 	d := &Device{
 		file:       file,
 		rc:         rc,
 		name:       name,
 		vnetHdrLen: hdrLen,
-		multiQueue: cfg.MultiQueue,
+		multiQueue: multiQueue,
 		ns:         nsh,
+		nl:         nl,
 	}
 	d.readFn = d.readFrames
 	d.writeFn = d.writeFrame
@@ -478,6 +521,32 @@ func (d *Device) Close() error {
 		return os.ErrClosed
 	}
 	err := d.file.Close()
+	d.nlMu.Lock()
+	if d.nl != nil {
+		d.nl.Close()
+	}
+	d.nlMu.Unlock()
 	d.ns.Close()
 	return err
+}
+
+// NameOf returns the name of the TAP device fd is a queue of (TUNGETIFF), for
+// checking a descriptor before anything else is set up.
+func NameOf(fd int) (string, error) {
+	got, _ := unix.NewIfreq("")
+	if err := unix.IoctlIfreq(fd, unix.TUNGETIFF, got); err != nil {
+		return "", fmt.Errorf("not an open TAP queue (TUNGETIFF: %w)", err)
+	}
+	return got.Name(), nil
+}
+
+// deviceNetns is the network namespace the TAP's netdev lives in: TUNGETDEVNETNS (Linux
+// 5.2, drivers/net/tun.c; it needs CAP_NET_ADMIN there), else the calling thread's,
+// which is where Open created it and where a manager that passed the fd normally runs
+// tapgro.
+func deviceNetns(fd int) (netns.NsHandle, error) {
+	if nfd, err := unix.IoctlRetInt(fd, unix.TUNGETDEVNETNS); err == nil {
+		return netns.NsHandle(nfd), nil
+	}
+	return netns.Get()
 }
