@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -18,6 +19,8 @@ import (
 	"tapgro/onoff"
 	"tapgro/pcapio"
 	"tapgro/rxpool"
+	"tapgro/sandbox"
+	"tapgro/tapdev"
 	"tapgro/vhostnet"
 	"tapgro/vnethdr"
 )
@@ -26,6 +29,7 @@ import (
 // fills every field, so the datapath never guesses.
 type options struct {
 	tap         string
+	tapFDs      []int // --tap-fd: queues a manager opened (tapdev.Adopt)
 	netdev      netdev.Spec
 	addrs       []netip.Prefix
 	mtu         int
@@ -77,12 +81,16 @@ type options struct {
 	maxMapped   uint64
 	anyFSMemory bool
 
+	// sandbox is --sandbox (package sandbox): how tapgro confines itself after set-up.
+	sandbox sandbox.Mode
+
 	// Runtime control (ctl.go).
 	ctlSocket        string // --ctl-socket; "" disables the control socket
 	ctlSocketDefault bool   // ctlSocket is the default path: failing to create it only warns
 
 	// Capture (capture.go): files for each side ("" is off) and the Writer's limits.
 	pcapTap, pcapPort string
+	pcapDir           string // --pcap-dir: where ctl may start captures once confined
 	pcap              pcapio.Options
 }
 
@@ -194,12 +202,16 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.BoolVar(&o.anyFSMemory, "vhost-any-fs-memory", false, "vhost-user: accept guest memory on files outside tmpfs and hugetlbfs (DAX, pmem); on a FUSE or network filesystem a page fault may never finish and stop tapgro")
 	fs.StringVar(&userName, "user", "", "after opening the TAP, the port and the metrics listener, drop privileges to this user (name or uid)")
 	fs.StringVar(&groupName, "group", "", "with --user: the group to drop to (name or gid; default the user's primary group)")
+	var sandboxMode, tapFDs string
+	fs.StringVar(&sandboxMode, "sandbox", "on", "after set-up, confine tapgro: no capabilities, an empty root in its own mount namespace, Landlock, a seccomp allow-list (on); the same but unlisted system calls are logged by the kernel instead of stopping tapgro (log: for debugging); or nothing (off)")
+	fs.StringVar(&tapFDs, "tap-fd", "", "use these open TAP queues (comma-separated fds, one per queue pair; opened with IFF_TAP|IFF_NO_PI|IFF_VNET_HDR, link configured by whoever opened them) instead of opening --tap, as QEMU's -netdev tap,fd=")
 	fs.StringVar(&o.logFile, "log-file", "", "append the log to this file instead of stderr; SIGHUP reopens it (for logrotate)")
 	fs.DurationVar(&o.healthStall, "health-stall", 10*time.Second, "/healthz fails once a direction has had traffic pending without progress for this long")
 	fs.StringVar(&o.ctlSocket, "ctl-socket", "", "`PATH` of the control socket tapgro ctl talks to (mode 0600; default "+ctlDefaultDir+"/TAP.ctl; \"\" disables it)")
 	var pcapMax string
 	fs.StringVar(&o.pcapTap, "pcap-tap", "", "capture frames as the TAP sees them (GSO super-frames whole) into this pcap `FILE`")
 	fs.StringVar(&o.pcapPort, "pcap-port", "", "capture frames as they cross the port (what the guest sees) into this pcap `FILE`")
+	fs.StringVar(&o.pcapDir, "pcap-dir", "", "`DIR` in which tapgro ctl pcap may start capture files at run time (with the sandbox on, only there and in the directories of --pcap-tap and --pcap-port)")
 	fs.IntVar(&o.pcap.SnapLen, "pcap-snaplen", pcapio.DefaultSnapLen, "capture: bytes kept of each frame (the record keeps the true length)")
 	fs.StringVar(&pcapMax, "pcap-max-bytes", "0", "capture: rotate a file before it grows past this size, e.g. 100M (0: no cap)")
 	fs.IntVar(&o.pcap.Files, "pcap-files", 3, "capture: rotated files kept, FILE.1 … FILE.N (0: stop capturing at the cap)")
@@ -224,8 +236,28 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	if fs.NArg() > 0 {
 		return nil, fmt.Errorf("unexpected argument %q", fs.Arg(0))
 	}
+	var err error
+	if o.sandbox, err = sandbox.ParseMode(sandboxMode); err != nil {
+		return nil, err
+	}
+	if tapFDs != "" {
+		if o.tapFDs, err = parseTapFDs(tapFDs); err != nil {
+			return nil, err
+		}
+		name, err := tapdev.NameOf(o.tapFDs[0])
+		if err != nil {
+			return nil, fmt.Errorf("--tap-fd %d: %w", o.tapFDs[0], err)
+		}
+		if o.tap != "" && o.tap != name {
+			return nil, fmt.Errorf("--tap-fd %d is %s, not --tap %s", o.tapFDs[0], name, o.tap)
+		}
+		o.tap = name
+		if len(addrs) > 0 || o.txQueueLen != 0 {
+			return nil, errors.New("--tap-fd: the link is configured by whoever opened the TAP; --addr and --txqueuelen are not applied")
+		}
+	}
 	if o.tap == "" {
-		return nil, errors.New("--tap is required")
+		return nil, errors.New("--tap (or --tap-fd) is required")
 	}
 	if len(o.tap) > 15 {
 		return nil, fmt.Errorf("--tap %q: interface names are at most 15 bytes", o.tap)
@@ -484,4 +516,20 @@ func (o *options) timerFlush(vhostUser bool) bool {
 		return vhostUser
 	}
 	return o.groFlush == "timer"
+}
+
+// parseTapFDs reads --tap-fd: descriptors 3 and up (0-2 are stdio), no repeats.
+func parseTapFDs(v string) ([]int, error) {
+	var out []int
+	for _, f := range strings.Split(v, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < 3 {
+			return nil, fmt.Errorf("--tap-fd %q: want descriptor numbers of 3 or more, comma-separated", v)
+		}
+		if slices.Contains(out, n) {
+			return nil, fmt.Errorf("--tap-fd %q: fd %d given twice", v, n)
+		}
+		out = append(out, n)
+	}
+	return out, nil
 }

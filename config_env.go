@@ -3,6 +3,8 @@ package main
 import (
 	"flag"
 	"fmt"
+
+	"tapgro/sandbox"
 )
 
 // envFlags are the runtime switches an environment variable can set as well, for
@@ -16,6 +18,7 @@ var envFlags = []struct {
 	{"TAPGRO_GRO", "gro", func(v string) error { _, err := onOff("gro", v); return err }},
 	{"TAPGRO_UDP_GRO", "udp-gro", func(v string) error { _, err := onOff("udp-gro", v); return err }},
 	{"TAPGRO_OFFLOAD", "offload", func(v string) error { _, err := parseOffloads(v); return err }},
+	{"TAPGRO_SANDBOX", "sandbox", func(v string) error { _, err := sandbox.ParseMode(v); return err }},
 }
 
 // applyEnv sets each env-backed flag the command line left alone from its variable.

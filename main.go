@@ -34,6 +34,7 @@ import (
 	"tapgro/netdev"
 	"tapgro/ops"
 	"tapgro/procscale"
+	"tapgro/sandbox"
 )
 
 // version is set at build time with -ldflags "-X main.version=...".
@@ -64,6 +65,12 @@ func realMain(args []string, stdout, stderr io.Writer) int {
 		}
 		fmt.Fprintln(stderr, "tapgro:", err)
 		return 2
+	}
+	// Before anything is opened: the whole process moves into its own mount, IPC and
+	// UTS namespaces by re-executing itself (package sandbox says why).
+	if err := sandbox.Reexec(o.sandbox); err != nil {
+		fmt.Fprintln(stderr, "tapgro:", err)
+		return 1
 	}
 	out, err := logOutput(o, stderr)
 	if err != nil {
@@ -185,22 +192,35 @@ func run(ctx context.Context, o *options, log *logrus.Logger) error {
 	}
 	// The control socket (ctl.go) is created before the privilege drop, in a directory
 	// only root may write, and chowned to --user's account.
-	stopCtl, err := startCtl(o, ops.NewCtlServer(dp, version, engineLogger{log}), log)
+	ctlSrv := ops.NewCtlServer(dp, version, engineLogger{log})
+	stopCtl, err := startCtl(o, ctlSrv, log)
 	if err != nil {
 		return err
 	}
 	defer stopCtl()
-	// Everything privileged is open: the TAP, the port's socket, the metrics listener.
-	if o.user != nil {
-		if err := dropPrivileges(o.user); err != nil {
-			return err
+	// Everything privileged is open: the TAP, the port's socket, the metrics listener,
+	// the control socket, the log and capture files. Confine the process (package
+	// sandbox); with --sandbox off only --user's drop is done.
+	var confined sandbox.Report
+	if o.sandbox == sandbox.Off {
+		if o.user != nil {
+			if err := dropPrivileges(o.user); err != nil {
+				return err
+			}
 		}
+		confined.Mode = sandbox.Off
+	} else if confined, err = sandbox.Enter(sandboxPlan(o)); err != nil {
+		return err
 	}
+	ctlSrv.SetSandbox(confined.String())
 	if p := k.problems(); p != nil {
 		go ops.ReportProblems(ctx, ops.ProblemInterval, p, engineLogger{log})
 	}
 	fields, msg := k.ready()
 	fields["version"] = version
+	for k, v := range confined.Fields() {
+		fields[k] = v
+	}
 	if o.user != nil {
 		fields["user"] = o.user.String()
 	}

@@ -84,12 +84,11 @@ func openEngine(o *options, log *logrus.Logger) (k portKind, err error) {
 			e.close()
 		}
 	}()
-	if e.tap, err = tapdev.Open(tapdev.Config{Name: o.tap, MultiQueue: o.multiQueue, VnetHdrLen: o.vnetHdrLen}); err != nil {
+	taps, err := openTAP(o, 1, o.multiQueue)
+	if err != nil {
 		return nil, err
 	}
-	if err := e.tap.ConfigureLink(tapdev.LinkConfig{MTU: o.mtu, TxQueueLen: o.txQueueLen, Addrs: o.addrs, Up: true}); err != nil {
-		return nil, err
-	}
+	e.tap = taps[0]
 	cfg := datapath.Config{
 		VnetHdrLen:  o.vnetHdrLen,
 		Batch:       o.batch,
@@ -230,10 +229,7 @@ func openVhost(o *options, log *logrus.Logger) (k portKind, err error) {
 		}
 	}()
 	// queues=N: one TAP queue per queue pair (IFF_MULTI_QUEUE when N > 1).
-	if v.taps, err = tapdev.OpenQueues(tapdev.Config{Name: o.tap, VnetHdrLen: o.vnetHdrLen}, o.netdev.QueuePairs()); err != nil {
-		return nil, err
-	}
-	if err := v.taps[0].ConfigureLink(tapdev.LinkConfig{MTU: o.mtu, TxQueueLen: o.txQueueLen, Addrs: o.addrs, Up: true}); err != nil {
+	if v.taps, err = openTAP(o, o.netdev.QueuePairs(), o.netdev.QueuePairs() > 1); err != nil {
 		return nil, err
 	}
 	offload := o.offload
@@ -267,11 +263,25 @@ func openVhost(o *options, log *logrus.Logger) (k portKind, err error) {
 	if spec.Role == netdev.RoleServer {
 		// The same rules as every other socket path: 0600 (or --socket-mode), owner, stale
 		// sockets replaced, unsafe directories refused.
-		ln, remove, err := netdev.ListenUnix(spec.Local.Path, socketOptions(o, nil))
+		// A listener systemd passed (contrib/systemd/tapgro-vhost@.socket) is used as it
+		// is; otherwise tapgro binds its own.
+		listenFDs, err := netdev.ListenFDs()
 		if err != nil {
 			return nil, err
 		}
-		v.closers = append(v.closers, func() { ln.Close() }, remove)
+		ln, ok, err := netdev.InheritedUnixListener(spec.Local.Path, listenFDs)
+		if err != nil {
+			return nil, err
+		}
+		if ok {
+			v.closers = append(v.closers, func() { ln.Close() })
+		} else {
+			var remove func()
+			if ln, remove, err = netdev.ListenUnix(spec.Local.Path, socketOptions(o, nil)); err != nil {
+				return nil, err
+			}
+			v.closers = append(v.closers, func() { ln.Close() }, remove)
+		}
 		v.serveFn = func(ctx context.Context) error { return v.vn.Serve(ctx, ln) }
 		v.addr, v.role = spec.Local.String(), "listen"
 	}
@@ -359,4 +369,51 @@ func (v *vhostKind) summary() logrus.Fields {
 		f["rsc_gso_packets"], f["rsc_coalesced"] = r.GSOOut.Load(), r.Coalesced.Load()
 	}
 	return f
+}
+
+// openTAP opens n queues of --tap and configures its link, or adopts the queues a
+// manager opened (--tap-fd), whose link is the manager's to configure.
+func openTAP(o *options, n int, multiQueue bool) ([]*tapdev.Device, error) {
+	if len(o.tapFDs) == 0 {
+		cfg := tapdev.Config{Name: o.tap, MultiQueue: multiQueue, VnetHdrLen: o.vnetHdrLen}
+		var qs []*tapdev.Device
+		var err error
+		if n == 1 {
+			var q *tapdev.Device
+			if q, err = tapdev.Open(cfg); err == nil {
+				qs = []*tapdev.Device{q}
+			}
+		} else {
+			qs, err = tapdev.OpenQueues(cfg, n)
+		}
+		if err != nil {
+			return nil, err
+		}
+		if err := qs[0].ConfigureLink(tapdev.LinkConfig{MTU: o.mtu, TxQueueLen: o.txQueueLen, Addrs: o.addrs, Up: true}); err != nil {
+			for _, q := range qs {
+				q.Close()
+			}
+			return nil, err
+		}
+		return qs, nil
+	}
+	if len(o.tapFDs) != n {
+		return nil, fmt.Errorf("--tap-fd: %d fds for %d queue(s); give one per queue", len(o.tapFDs), n)
+	}
+	qs := make([]*tapdev.Device, 0, n)
+	for _, fd := range o.tapFDs {
+		q, err := tapdev.Adopt(fd, o.vnetHdrLen)
+		if err == nil && q.Name() != o.tap {
+			err = fmt.Errorf("--tap-fd %d is a queue of %s, not of %s", fd, q.Name(), o.tap)
+			q.Close()
+		}
+		if err != nil {
+			for _, q := range qs {
+				q.Close()
+			}
+			return nil, err
+		}
+		qs = append(qs, q)
+	}
+	return qs, nil
 }

@@ -7,7 +7,7 @@ cd "$(dirname "$0")"
 export PATH="$PATH:/usr/local/go/bin"
 
 if [ "$(id -u)" = 0 ]; then
-	pkgs="iproute2 iputils-ping iperf3 ethtool tcpdump procps qemu-system-x86 busybox-static cpio socat xz-utils zstd"
+	pkgs="systemd iproute2 iputils-ping iperf3 ethtool tcpdump procps qemu-system-x86 busybox-static cpio socat xz-utils zstd"
 	missing=""
 	for p in $pkgs; do
 		dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"

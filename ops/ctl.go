@@ -8,6 +8,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -59,11 +60,12 @@ const (
 // datapath's to say (Datapath.refuse); a request for a switch it lacks is refused with
 // the reason before anything changes.
 type CtlServer struct {
-	dp     Datapath
-	tap    string
-	listen string // the port's address, for status
-	log    Logger
-	ver    string // tapgro's version, for status
+	dp      Datapath
+	tap     string
+	listen  string // the port's address, for status
+	log     Logger
+	ver     string                 // tapgro's version, for status
+	sandbox atomic.Pointer[string] // what the sandbox put in force, for status (SetSandbox)
 
 	mu    sync.Mutex    // one change at a time: an edit reads the choice, then sets it
 	slots chan struct{} // connections being served
@@ -92,8 +94,15 @@ const (
 func (s *CtlServer) status() *Status {
 	st := s.dp.status()
 	st.Version, st.Tap, st.Listen = s.ver, s.tap, s.listen
+	if sb := s.sandbox.Load(); sb != nil {
+		st.Sandbox = *sb
+	}
 	return st
 }
+
+// SetSandbox records what package sandbox put in force, for status. The server starts
+// before the sandbox closes (its listener is opened with the rest of set-up).
+func (s *CtlServer) SetSandbox(what string) { s.sandbox.Store(&what) }
 
 // Serve answers connections on ln until it is closed.
 func (s *CtlServer) Serve(ln *net.UnixListener) {

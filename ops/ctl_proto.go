@@ -29,6 +29,7 @@ type Response struct {
 // Status is the state after the request.
 type Status struct {
 	Version       string `json:"version"`
+	Sandbox       string `json:"sandbox"` // what package sandbox put in force
 	Tap           string `json:"tap"`
 	Listen        string `json:"listen"`
 	PortConnected bool   `json:"port_connected"`

@@ -37,6 +37,7 @@ func (st *Status) lines() [][2]string {
 		rows := [][2]string{
 			{"tap", st.Tap},
 			{"version", st.Version},
+			{"sandbox", st.Sandbox},
 			{"port", port},
 			{"features offered", strings.Join(v.Offered, " ")},
 			{"features acked", acked},
@@ -78,6 +79,7 @@ func (st *Status) lines() [][2]string {
 	return [][2]string{
 		{"tap", st.Tap},
 		{"version", st.Version},
+		{"sandbox", st.Sandbox},
 		{"port", port},
 		{"negotiated", st.Negotiated},
 		{"offload choice", st.OffloadChoice},
