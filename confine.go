@@ -36,6 +36,11 @@ func sandboxPlan(o *options) sandbox.Plan {
 				p.TCPConnectPorts = append(p.TCPConnectPorts, sp.Remote.Port)
 			}
 		}
+		// A datagram port sends to its peer's path with every frame: sendto(2) resolves
+		// it each time.
+		if sp.Role == netdev.RoleDatagram && sp.Remote.Type == netdev.AddrUnix {
+			p.DialDirs = append(p.DialDirs, filepath.Dir(sp.Remote.Path))
+		}
 		if (sp.Role == netdev.RoleServer || sp.Role == netdev.RoleDatagram) && sp.Local.Type == netdev.AddrUnix {
 			p.RemoveDirs = append(p.RemoveDirs, filepath.Dir(sp.Local.Path))
 		}

@@ -62,7 +62,9 @@ func TestVhostUserOps(t *testing.T) {
 	sock, ctlSock, pcap := filepath.Join(dir, "vu.sock"), filepath.Join(dir, "ctl"), filepath.Join(dir, "p.pcap")
 	const maddr = "127.0.0.1:9111"
 	tg := startTapgro(t, ns, "tapgro", "--tap", "tg0", "--mtu", "1500", "--addr", hostIP4+"/24",
-		"--netdev", "vhost-user,path="+sock, "--ctl-socket", ctlSock, "--metrics-addr", maddr, "--health-stall", "2s")
+		"--netdev", "vhost-user,path="+sock, "--ctl-socket", ctlSock, "--metrics-addr", maddr, "--health-stall", "2s",
+		// Confined, tapgro creates capture files at run time only where it was told.
+		"--pcap-dir", dir)
 	tg.waitLog(readyRe, 10*time.Second)
 
 	status := func() ctlVhostJSON {

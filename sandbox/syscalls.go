@@ -105,6 +105,9 @@ func allowList() []call {
 		{name: "socket", needs: NeedDial, why: "a client port's new connection (UNIX, IPv4, IPv6 only)",
 			cond: [][]seccomp.Condition{argEq(0, unix.AF_UNIX), argEq(0, unix.AF_INET), argEq(0, unix.AF_INET6)}},
 		{name: "connect", needs: NeedDial, why: "a client port's new connection"},
+		{name: "timerfd_create", why: "vhost-user's TX hold timer; the timer flush's alarm (package alarm)"},
+		{name: "timerfd_settime", why: "arming those timers"},
+		{name: "memfd_create", why: "vnet-hdr=on streams: the shared-memory rings of each new connection (sockport shm.go)"},
 		{name: "setitimer", why: "runtime: CPU profiling (--pprof)"},
 		{name: "timer_create", why: "runtime: CPU profiling (--pprof)"},
 		{name: "timer_settime", why: "runtime: CPU profiling (--pprof)"},
@@ -114,11 +117,14 @@ func allowList() []call {
 	}
 }
 
-// ioctls are the requests allowed on descriptors tapgro holds: the TAP's offloads and
-// headers (tapdev), and SIOCINQ/SIOCOUTQ (queued bytes of sockets).
+// ioctls are the requests allowed on descriptors tapgro holds: the TAP's offloads,
+// headers and queues (tapdev; TUNSETQUEUE when a guest changes its queue pairs), and
+// SIOCINQ/SIOCOUTQ (queued bytes of sockets).
 func ioctls() [][]seccomp.Condition {
 	reqs := []uint64{unix.TUNSETOFFLOAD, unix.TUNGETIFF, unix.TUNSETVNETHDRSZ, unix.TUNGETVNETHDRSZ,
-		unix.SIOCINQ, unix.SIOCOUTQ}
+		unix.TUNSETQUEUE, unix.SIOCINQ, unix.SIOCOUTQ,
+		unix.TCGETS, // logrus asks whether its output is a terminal at its first line
+	}
 	out := make([][]seccomp.Condition, 0, len(reqs))
 	for _, r := range reqs {
 		out = append(out, argEq(1, r))
