@@ -375,17 +375,7 @@ func (v *vhostKind) summary() logrus.Fields {
 // manager opened (--tap-fd), whose link is the manager's to configure.
 func openTAP(o *options, n int, multiQueue bool) ([]*tapdev.Device, error) {
 	if len(o.tapFDs) == 0 {
-		cfg := tapdev.Config{Name: o.tap, MultiQueue: multiQueue, VnetHdrLen: o.vnetHdrLen}
-		var qs []*tapdev.Device
-		var err error
-		if n == 1 {
-			var q *tapdev.Device
-			if q, err = tapdev.Open(cfg); err == nil {
-				qs = []*tapdev.Device{q}
-			}
-		} else {
-			qs, err = tapdev.OpenQueues(cfg, n)
-		}
+		qs, err := tapdev.OpenQueues(tapdev.Config{Name: o.tap, MultiQueue: multiQueue, VnetHdrLen: o.vnetHdrLen}, n)
 		if err != nil {
 			return nil, err
 		}

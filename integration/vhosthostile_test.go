@@ -109,9 +109,12 @@ func TestVhostUserHostileFrontEnd(t *testing.T) {
 		t.Cleanup(func() { unix.Close(fd) })
 		return fd
 	}
-	// reblock makes fd blocking again after tapgro took it and made it non-blocking: the
-	// flag belongs to the open file both hold, and the front-end keeps its copy.
-	reblock := func(t *testing.T, s *vhostusertest.Session, fd int) {
+	// handJammed hands ring 1 a saturated eventfd with req and, once tapgro took it and
+	// made it non-blocking, makes it blocking again: the flag belongs to the open file
+	// both hold, and the front-end keeps its copy.
+	handJammed := func(t *testing.T, s *vhostusertest.Session, req uint32) {
+		fd := saturated(t)
+		s.FE.Send(req, 1, vhostusertest.U64(1), fd)
 		s.FE.Get(vhostuser.ReqGetFeatures) // the message that carried fd was handled
 		if err := unix.SetNonblock(fd, false); err != nil {
 			t.Fatal(err)
@@ -168,18 +171,14 @@ func TestVhostUserHostileFrontEnd(t *testing.T) {
 			s.FE.Get(vhostuser.ReqGetFeatures)
 		}, false},
 		{"call fd re-blocked after the ack, then a TX batch", func(t *testing.T, s *vhostusertest.Session) {
-			fd := saturated(t)
-			s.FE.Send(vhostuser.ReqSetVringCall, 1, vhostusertest.U64(1), fd)
-			reblock(t, s, fd)
+			handJammed(t, s, vhostuser.ReqSetVringCall)
 			tx := s.TX(0)
 			tx.SendFrame(append(make([]byte, s.HdrLen()), ethFrame([]byte{2, 0, 0, 0, 0, 2}, 200, 1)...), nil, false)
 			tx.KickNow()
 			metricsAnswer(t)
 		}, true},
 		{"err fd re-blocked, then a SET_MEM_TABLE without the rings", func(t *testing.T, s *vhostusertest.Session) {
-			fd := saturated(t)
-			s.FE.Send(vhostuser.ReqSetVringErr, 1, vhostusertest.U64(1), fd)
-			reblock(t, s, fd)
+			handJammed(t, s, vhostuser.ReqSetVringErr)
 			g := s.G.Regions
 			last := g[len(g)-1]
 			s.FE.Send(vhostuser.ReqSetMemTable, 1, vhostusertest.MemTablePayload([]vuproto.MemRegion{
@@ -187,9 +186,7 @@ func TestVhostUserHostileFrontEnd(t *testing.T) {
 			metricsAnswer(t)
 		}, true},
 		{"err fd re-blocked, then a looping chain", func(t *testing.T, s *vhostusertest.Session) {
-			fd := saturated(t)
-			s.FE.Send(vhostuser.ReqSetVringErr, 1, vhostusertest.U64(1), fd)
-			reblock(t, s, fd)
+			handJammed(t, s, vhostuser.ReqSetVringErr)
 			tx := s.TX(0)
 			head := tx.PrepareFrame(append(make([]byte, s.HdrLen()), ethFrame([]byte{2, 0, 0, 0, 0, 2}, 200, 1)...), []int{20}, false)
 			d := tx.Desc[16*int(head):]
@@ -202,9 +199,7 @@ func TestVhostUserHostileFrontEnd(t *testing.T) {
 			metricsAnswer(t)
 		}, true},
 		{"TX kick re-blocked, then Poke writes it", func(t *testing.T, s *vhostusertest.Session) {
-			fd := saturated(t)
-			s.FE.Send(vhostuser.ReqSetVringKick, 1, vhostusertest.U64(1), fd)
-			reblock(t, s, fd)
+			handJammed(t, s, vhostuser.ReqSetVringKick)
 			s.RX(0).PostRX(64, 2048, 1)
 			// Frames into the TAP (a ping's ARP requests): the RX worker hands them to
 			// the guest and pokes the TX worker through its kick.
