@@ -13,6 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"tapgro/netdev"
+	"tapgro/sandbox"
 	"tapgro/vhostnet"
 )
 
@@ -206,6 +207,12 @@ func (p *peerList) Set(v string) error {
 	return nil
 }
 
+// errUnmapped: SO_PEERCRED reports ids in the reader's user namespace, and the one a
+// tapgro started unprivileged runs in maps only the starting user and group.
+var errUnmapped = errors.New("not visible in tapgro's user namespace (started unprivileged, only the starting user and group are; start as root, or allow only those)")
+
+// resolve looks the entries up and translates them into the user namespace tapgro
+// runs in, where SO_PEERCRED reports them.
 func (p peerList) resolve() (vhostnet.Peers, error) {
 	var out vhostnet.Peers
 	for _, e := range p {
@@ -215,7 +222,11 @@ func (p peerList) resolve() (vhostnet.Peers, error) {
 			if err != nil {
 				return out, err
 			}
-			out.GIDs = append(out.GIDs, uint32(gid))
+			in, ok := sandbox.NamespaceID(uint32(gid), true)
+			if !ok {
+				return out, fmt.Errorf("--allow-peer gid:%s: %w", who, errUnmapped)
+			}
+			out.GIDs = append(out.GIDs, in)
 			continue
 		}
 		uid, err := strconv.Atoi(who)
@@ -229,7 +240,11 @@ func (p peerList) resolve() (vhostnet.Peers, error) {
 		if uid < 0 {
 			return out, fmt.Errorf("--allow-peer uid:%s: want a user name or a uid >= 0", who)
 		}
-		out.UIDs = append(out.UIDs, uint32(uid))
+		in, ok := sandbox.NamespaceID(uint32(uid), false)
+		if !ok {
+			return out, fmt.Errorf("--allow-peer uid:%s: %w", who, errUnmapped)
+		}
+		out.UIDs = append(out.UIDs, in)
 	}
 	return out, nil
 }

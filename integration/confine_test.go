@@ -3,10 +3,15 @@ package integration
 import (
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"tapgro/integration/netnstest"
 )
@@ -42,25 +47,7 @@ func TestConfinement(t *testing.T) {
 			p := startTapgro(t, ns, "tapgro "+k.name, "--tap", "tgc0", "--netdev", k.netdev, "--log-file", logFile)
 			waitFile(t, logFile, "tapgro ready", 10*time.Second)
 			pid := p.cmd.Process.Pid
-			status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-			if err != nil {
-				t.Fatal(err)
-			}
-			want := map[string]string{"CapInh": "0000000000000000", "CapPrm": "0000000000000000",
-				"CapEff": "0000000000000000", "CapBnd": "0000000000000000", "CapAmb": "0000000000000000",
-				"NoNewPrivs": "1", "Seccomp": "2"}
-			for _, line := range strings.Split(string(status), "\n") {
-				key, val, _ := strings.Cut(line, ":")
-				if w, ok := want[key]; ok {
-					if strings.TrimSpace(val) != w {
-						t.Errorf("/proc/%d/status %s: %s, want %s", pid, key, strings.TrimSpace(val), w)
-					}
-					delete(want, key)
-				}
-			}
-			if len(want) > 0 {
-				t.Errorf("/proc/%d/status lacks %v", pid, want)
-			}
+			checkConfined(t, pid)
 			// The root: nothing but the path down to the kept log directory (and, in a
 			// cgo build, the procfs psx needs: Landlock denies all of it but the
 			// process's task list).
@@ -99,6 +86,31 @@ func TestConfinement(t *testing.T) {
 	}
 }
 
+// checkConfined reads /proc/PID/status: no capability in any set, no_new_privs, a
+// seccomp filter.
+func checkConfined(t *testing.T, pid int) {
+	t.Helper()
+	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]string{"CapInh": "0000000000000000", "CapPrm": "0000000000000000",
+		"CapEff": "0000000000000000", "CapBnd": "0000000000000000", "CapAmb": "0000000000000000",
+		"NoNewPrivs": "1", "Seccomp": "2"}
+	for _, line := range strings.Split(string(status), "\n") {
+		key, val, _ := strings.Cut(line, ":")
+		if w, ok := want[key]; ok {
+			if strings.TrimSpace(val) != w {
+				t.Errorf("/proc/%d/status %s: %s, want %s", pid, key, strings.TrimSpace(val), w)
+			}
+			delete(want, key)
+		}
+	}
+	if len(want) > 0 {
+		t.Errorf("/proc/%d/status lacks %v", pid, want)
+	}
+}
+
 // waitFile waits until the file at path contains sub.
 func waitFile(t *testing.T, path, sub string, limit time.Duration) {
 	t.Helper()
@@ -112,5 +124,138 @@ func waitFile(t *testing.T, path, sub string, limit time.Duration) {
 			t.Fatalf("%s: no %q after %v:\n%s", path, sub, limit, b)
 		}
 		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// TestConfinementUnprivileged starts tapgro the way a manager with no privilege to give
+// would: as nobody, with a TAP opened for it (--tap-fd, as QEMU's -netdev tap,fd=) in a
+// namespace where /dev/net/tun is root's. tapgro then confines itself in a user
+// namespace of its own (package sandbox, superviseUserNS): the running process is PID
+// 1 of a new PID namespace, maps nobody to 0 and nothing else, holds no capability
+// even there, has the empty root; traffic crosses it both ways (the bench front-end,
+// integration/vhostrelay, as the guest); the control socket serves nobody and refuses
+// root (unmapped, so the kernel reports it as the overflow uid); SIGTERM to the
+// supervisor reaches tapgro, which removes its sockets and exits 0.
+func TestConfinementUnprivileged(t *testing.T) {
+	netnstest.RequirePriv(t)
+	setpriv, err := exec.LookPath("setpriv")
+	if err != nil {
+		t.Skip("needs setpriv (util-linux) to start tapgro as nobody")
+	}
+	relay := vhostrelayBin(t)
+	const nobody = 65534
+	dir, err := os.MkdirTemp("", "tapgro-unpriv-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	// nobody cannot reach the test binary's build directory: a copy of its own.
+	bin := filepath.Join(dir, "tapgro")
+	b, err := os.ReadFile(tapgroBin(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(bin, b, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chown(dir, nobody, nobody); err != nil {
+		t.Fatal(err)
+	}
+	asNobody := []string{setpriv, "--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all"}
+
+	host, guest := netnstest.New(t, "tgun"), netnstest.New(t, "tgug")
+	var tap *os.File
+	if err := host.Do(func() error {
+		fd, err := unix.Open("/dev/net/tun", unix.O_RDWR|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return err
+		}
+		tap = os.NewFile(uintptr(fd), "tg0")
+		ifr, _ := unix.NewIfreq("tg0")
+		ifr.SetUint16(unix.IFF_TAP | unix.IFF_NO_PI | unix.IFF_VNET_HDR)
+		return unix.IoctlIfreq(fd, unix.TUNSETIFF, ifr)
+	}); err != nil {
+		t.Fatalf("open tg0: %v", err)
+	}
+	host.MustRun(t, "ip", "addr", "add", hostIP4+"/24", "dev", "tg0")
+	host.MustRun(t, "ip", "link", "set", "tg0", "up")
+
+	sock, ctl, logFile := filepath.Join(dir, "vu.sock"), filepath.Join(dir, "ctl.sock"), filepath.Join(dir, "log")
+	argv := append([]string{"netns", "exec", host.Name}, asNobody...)
+	argv = append(argv, bin, "--tap-fd", "3", "--netdev", "vhost-user,path="+sock, "--ctl-socket", ctl, "--log-file", logFile)
+	cmd := exec.Command("ip", argv...)
+	cmd.ExtraFiles = []*os.File{tap}
+	p := &proc{t: t, name: "tapgro (nobody)", cmd: cmd, out: &syncBuffer{}, done: make(chan struct{})}
+	cmd.Stdout, cmd.Stderr = p.out, p.out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	tap.Close() // tapgro holds the queue now
+	go func() { cmd.Wait(); close(p.done) }()
+	t.Cleanup(func() {
+		p.kill()
+		if t.Failed() {
+			l, _ := os.ReadFile(logFile)
+			t.Logf("--- log of %s ---\n%s%s", p.name, p.out.String(), l)
+		}
+	})
+	waitFile(t, logFile, "tapgro ready", 10*time.Second)
+
+	// ip netns exec and setpriv exec in place: the PID we hold is the supervisor's.
+	kids, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/children", cmd.Process.Pid, cmd.Process.Pid))
+	if err != nil || len(strings.Fields(string(kids))) != 1 {
+		t.Fatalf("the supervisor's children: %q, %v", kids, err)
+	}
+	pid, _ := strconv.Atoi(strings.Fields(string(kids))[0])
+	checkConfined(t, pid)
+	status, _ := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if !regexp.MustCompile(`(?m)^NSpid:\s+\d+\s+1$`).Match(status) {
+		t.Errorf("tapgro is not PID 1 of a PID namespace of its own:\n%s", status)
+	}
+	if m, _ := os.ReadFile(fmt.Sprintf("/proc/%d/uid_map", pid)); strings.Join(strings.Fields(string(m)), " ") != "0 65534 1" {
+		t.Errorf("uid_map %q, want nobody as 0 and nothing else", m)
+	}
+	ents, err := os.ReadDir(fmt.Sprintf("/proc/%d/root/", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range ents {
+		if e.Name() != "tmp" && e.Name() != "proc" {
+			t.Errorf("tapgro's root holds %s: want only the path to the log directory (and /proc in a cgo build)", e.Name())
+		}
+	}
+
+	rcmd := exec.Command("ip", "netns", "exec", guest.Name, relay, "-connect", sock, "-tap", "vr0", "-addr", guestIP4+"/24", "-mtu", "1500")
+	rout := &syncBuffer{}
+	rcmd.Stdout, rcmd.Stderr = rout, rout
+	if err := rcmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		rcmd.Process.Kill()
+		rcmd.Wait()
+		if t.Failed() {
+			t.Logf("--- log of vhostrelay ---\n%s", rout.String())
+		}
+	})
+	waitPing(t, guest, hostIP4, 30*time.Second)
+	const size = 16 << 20
+	transfer(t, guest, host, hostIP4, guestUp, size)
+	transfer(t, host, guest, guestIP4, guestDown, size)
+
+	out, err := exec.Command(asNobody[0], append(asNobody[1:], bin, "ctl", "--socket", ctl, "status")...).CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "user (uid 0 inside") {
+		t.Errorf("tapgro ctl status as nobody: %v\n%s", err, out)
+	}
+	out, err = exec.Command(bin, "ctl", "--socket", ctl, "status").CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "permission denied") {
+		t.Errorf("tapgro ctl status as root: %v, want refused (root is unmapped)\n%s", err, out)
+	}
+
+	p.stop()
+	for _, f := range []string{sock, ctl} {
+		if _, err := os.Lstat(f); err == nil {
+			t.Errorf("%s left behind after SIGTERM", f)
+		}
 	}
 }

@@ -31,6 +31,10 @@ var ErrUnsafeDir = errors.New("directory is writable by other users and has no s
 // is changed then.
 var ErrSocketReplaced = errors.New("the socket just bound was replaced at its path")
 
+// euid is read at start: geteuid(2) is not on the confined allow-list, and a socket is
+// re-bound at run time (redial, reconnect).
+var euid = uint32(os.Geteuid())
+
 // checkSocketDir refuses a socket path whose directory others may write without the
 // sticky bit. In such a directory any user who can write it may rename or unlink the
 // socket tapgro created (the sticky bit restricts both to the entry's owner, the
@@ -206,7 +210,7 @@ func ownSocketInode(path string, sock int) (*os.File, error) {
 			node.Close()
 			return nil, fmt.Errorf("%w (by another socket)", ErrSocketReplaced)
 		}
-	case st.Uid != uint32(os.Geteuid()):
+	case st.Uid != euid:
 		node.Close()
 		return nil, fmt.Errorf("%w (by a socket of uid %d)", ErrSocketReplaced, st.Uid)
 	}

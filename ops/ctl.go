@@ -143,6 +143,12 @@ func (s *CtlServer) Serve(ln *net.UnixListener) {
 	}
 }
 
+// euid is read at start: geteuid(2) is not on the confined allow-list. In the user
+// namespace of a tapgro started unprivileged it is 0, the starting user seen from
+// inside; root outside is not mapped there and reads as the overflow uid, so only the
+// starting user may use that tapgro's control socket.
+var euid = os.Geteuid()
+
 // serveConn reads one request from c, answers it and closes c.
 func (s *CtlServer) serveConn(c *net.UnixConn) {
 	defer c.Close()
@@ -152,7 +158,7 @@ func (s *CtlServer) serveConn(c *net.UnixConn) {
 		s.log.Warn("control socket: cannot read the client's credentials; closing", "error", err)
 		return
 	}
-	if cred.Uid != 0 && int(cred.Uid) != os.Geteuid() {
+	if cred.Uid != 0 && int(cred.Uid) != euid {
 		s.log.Warn("control socket: refused a client that is neither root nor tapgro's user", "uid", cred.Uid, "pid", cred.Pid)
 		refuse(c, &Response{Error: "permission denied: only root and tapgro's own user may use the control socket"})
 		return

@@ -20,9 +20,16 @@
 //     ".") then umount2(MNT_DETACH)" sequence), then remounts it read-only. Only what
 //     run time opens by name is bind-mounted in, at its own path: the directories of
 //     the log and capture files, and, in client mode, of the peer's socket.
-//     CLONE_NEWUSER is not used: unshare refuses it to a multi-threaded process, and
-//     re-executing into a user namespace would lose CAP_NET_ADMIN in the host's network
-//     namespace, which set-up needs. A start without CAP_SYS_ADMIN skips the
+//     Started with no capability at all (a manager handed it the TAP with --tap-fd
+//     and perhaps its sockets), tapgro cannot unshare a user namespace in place either
+//     (unshare refuses CLONE_NEWUSER to a multi-threaded process), so it forks:
+//     Reexec becomes a supervisor that forwards signals and returns the exit status,
+//     and the real tapgro is a child created in new user, PID, mount, IPC and UTS
+//     namespaces (userns.go says why each), mapping the starting user to 0 and no one
+//     else, as passt's isolate_initial does. With CAP_SYS_ADMIN no user namespace is
+//     made: execve in place keeps the PID systemd and managers know, and a user
+//     namespace would take away CAP_NET_ADMIN in the host's network namespace, which
+//     set-up needs. A start with some capabilities but not CAP_SYS_ADMIN skips the
 //     namespaces; Landlock (below) still denies the filesystem.
 //  2. Capabilities. The bounding set is emptied (PR_CAPBSET_DROP), ambient ones
 //     cleared, --user's account taken, and the effective, permitted and inheritable

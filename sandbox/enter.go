@@ -119,6 +119,9 @@ func Enter(p Plan) (Report, error) {
 		}
 		return r, nil
 	}
+	if inUserNS && p.User != nil {
+		return r, errors.New("sandbox: --user needs a start as root; started unprivileged, tapgro keeps the account that started it")
+	}
 	// The directories Landlock's rules name, held before the pivot makes them
 	// unreachable by path.
 	dirs, err := openRuleDirs(p)
@@ -203,6 +206,12 @@ func enterRoot(p Plan, r *Report) error {
 		return nil
 	}
 	r.Namespaces = "mnt,ipc,uts"
+	if inUserNS {
+		r.Namespaces = "user (uid 0 inside = the starting uid outside),pid,mnt,ipc,uts"
+		if !procOwn {
+			r.Namespaces += " (the host's /proc: a new one was refused)"
+		}
+	}
 	// Nothing done below may reach the host's mount table.
 	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
 		return fmt.Errorf("sandbox: make mounts private: %w", err)

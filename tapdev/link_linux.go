@@ -57,7 +57,7 @@ func (d *Device) ConfigureLink(lc LinkConfig) error {
 		addrs = append(addrs, a)
 	}
 
-	h, err := netlink.NewHandleAt(d.ns)
+	h, err := handleIn(d.ns)
 	if err != nil {
 		return fmt.Errorf("tapdev: netlink in %s's namespace: %w", d.name, err)
 	}

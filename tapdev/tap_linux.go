@@ -166,7 +166,7 @@ func adopt(fd int, name string, hdrLen int, multiQueue bool, ok *bool) (*Device,
 	// One rtnetlink socket for the device's life: LinkInfo reads the link's addresses
 	// at run time, when a confined tapgro can no longer open /proc (which netns.Get
 	// needs) or enter a namespace.
-	nl, err := netlink.NewHandleAt(nsh, unix.NETLINK_ROUTE)
+	nl, err := handleIn(nsh)
 	if err != nil {
 		nsh.Close()
 		return nil, fmt.Errorf("tapdev: netlink in %s's namespace: %w", name, err)
@@ -538,6 +538,21 @@ func NameOf(fd int) (string, error) {
 		return "", fmt.Errorf("not an open TAP queue (TUNGETIFF: %w)", err)
 	}
 	return got.Name(), nil
+}
+
+// handleIn opens an rtnetlink handle in namespace ns. netlink.NewHandleAt always
+// enters ns with setns(2), which needs CAP_SYS_ADMIN over it even when the caller is
+// already there: a tapgro started unprivileged with --tap-fd in its own namespace would
+// fail, so that case opens the socket where the thread is.
+func handleIn(ns netns.NsHandle) (*netlink.Handle, error) {
+	if cur, err := netns.Get(); err == nil {
+		same := cur.Equal(ns)
+		cur.Close()
+		if same {
+			return netlink.NewHandle(unix.NETLINK_ROUTE)
+		}
+	}
+	return netlink.NewHandleAt(ns, unix.NETLINK_ROUTE)
 }
 
 // deviceNetns is the network namespace the TAP's netdev lives in: TUNGETDEVNETNS (Linux
