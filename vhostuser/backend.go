@@ -452,7 +452,8 @@ func (s *Session) setFeatures(f uint64) {
 	for _, v := range s.rings {
 		v.mu.Lock()
 		if v.state == ringRunning {
-			v.eventIdx, v.indirectOK, v.hdrLen = fe.eventIdx, fe.indirect, fe.hdrLen
+			v.hdrLen = fe.hdrLen
+			v.ring.setFeats(fe)
 		}
 		v.setLogLocked(s.log, s.logAll)
 		v.mu.Unlock()
@@ -520,12 +521,12 @@ func (s *Session) setMemTable(m *message, p []byte) error {
 	for _, v := range s.rings {
 		v.mu.Lock()
 		v.mem = g
-		if v.state == ringRunning && !v.broken && !v.translateLocked() {
+		if v.state == ringRunning && !v.broken && !v.ring.remap(g) {
 			v.failLocked(RejectRingAddr)
 		}
 		if v.broken {
 			// Not re-translated: no view of the old table may outlive its unmap.
-			v.desc, v.avail, v.used = nil, nil, nil
+			v.ring.unmap()
 		}
 		v.unlockAsync()
 	}

@@ -44,16 +44,21 @@
 // package unsafe (32-bit atomics on ring words, 16-bit event words, alignment) or mmap.
 //
 // The virtqueue: vring.go is its state and life cycle (configuration from SET_VRING_*,
-// start, translation, violations, stop); batch.go the worker's batch, Pop with every
-// descriptor checked, Push and Rewind; notify.go publishing and calls, with
-// moderation; wait.go sleeping for kicks and the poll window; fds.go the kick, call
-// and err eventfds (SET_VRING_KICK/CALL/ERR). The descriptor table, avail ring and used ring
-// are each translated for their full size, event words included. A ring runs from
+// start, violations, stop); batch.go the worker's batch, Pop, Push and Rewind;
+// notify.go publishing and calls, with moderation; wait.go sleeping for kicks and the
+// poll window; fds.go the kick, call and err eventfds (SET_VRING_KICK/CALL/ERR);
+// layout.go the seam to the memory format and split.go the split one: translation
+// (the descriptor table, avail ring and used ring each for its full size, event words
+// included), the descriptor walk with every index and address checked, used entries,
+// the index stores and the driver's suppression hints. A ring runs from
 // SET_VRING_KICK to GET_VRING_BASE (vhost-user.rst "Ring states"). The device sees a
 // ring only as a Queue (queue.go): chains (Pop), used entries (Push), hand-backs
-// (Rewind), batches and waits, never ring indices. Vring is the split layout's Queue,
-// the only layout today; a packed one (VIRTIO_F_RING_PACKED) would be a second Queue the
-// session builds at start, and the device would not change.
+// (Rewind), batches and waits, never ring indices. Vring is that Queue whatever the
+// layout: it holds the per-ring state (fds, batch and lock discipline, moderation, the
+// poll window, the dirty log's records, faults) over a layout (layout.go), of which
+// split.go is the split one and the only one offered today; a packed one
+// (VIRTIO_F_RING_PACKED) is one more layout that Vring picks at start, and neither the
+// session nor the device changes.
 //
 // # Concurrency and unmapping
 //

@@ -74,7 +74,7 @@ func (s *Session) vringFile(m *message, p []byte) error {
 	switch m.req {
 	case ReqSetVringCall:
 		v.setFDLocked(&v.call, newEventFD(fd))
-		if fd >= 0 && v.state == ringRunning && v.pubIdx != v.base {
+		if fd >= 0 && v.state == ringRunning && v.ring.published() {
 			// QEMU sends CALL after KICK (hw/virtio/vhost.c vhost_virtqueue_start), so
 			// entries may have been published with no fd to signal. One spurious
 			// interrupt is harmless; a lost one stalls the guest (passt signals every

@@ -198,11 +198,6 @@ func (v *Vring) rewindLogLocked(n int) {
 	v.logPops = v.logPops[:k]
 }
 
-// logUsedLocked marks used-ring bytes [off, off+n) at the ring's log_guest_addr.
-func (v *Vring) logUsedLocked(off, n int) {
-	v.log.mark(v.addr.Log+uint64(off), uint64(n))
-}
-
 // Wrote marks the first n bytes of the chain at head as written without using it: a
 // device that wrote into chains and hands them back (Rewind) tells the log, since the
 // guest memory changed all the same. A no-op while not logging.
@@ -222,6 +217,7 @@ func (v *Vring) setLogLocked(l *dirtyLog, logAll bool) {
 	if logAll && l != nil && v.addr.Flags&vringFLog != 0 {
 		v.log = l
 	}
+	v.ulog = areaLog{log: v.log, gpa: v.addr.Log}
 	v.logOn.Store(v.log != nil)
 }
 

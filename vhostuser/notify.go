@@ -7,39 +7,31 @@ import (
 	"time"
 )
 
-// Telling the driver: publishing used->idx, deciding whether the driver asked for a
-// call (EVENT_IDX or VRING_AVAIL_F_NO_INTERRUPT), sending it, and moderating calls
-// under load (SetCallModeration).
+// Telling the driver: publishing (the layout's store), asking the layout whether the
+// driver wants a call (split: EVENT_IDX or VRING_AVAIL_F_NO_INTERRUPT), sending it, and
+// moderating calls under load (SetCallModeration).
 
-// publishLocked stores used->idx once for everything pushed since the last publish and
-// sends at most one call, or owes it to the moderation timer.
+// publishLocked makes everything pushed since the last publish visible with one store
+// (the layout's) and sends at most one call, or owes it to the moderation timer.
 func (v *Vring) publishLocked() {
-	if v.usedIdx == v.pubIdx {
+	if !v.ring.publish() {
 		return
 	}
-	// The used entries (plain stores) precede this seq-cst store, which is the write
-	// barrier before used->idx (QEMU virtqueue_split_flush: smp_wmb, then idx).
-	store32(v.used, 0, uint32(v.usedIdx)<<16|uint32(v.usedFlags))
-	if v.log != nil {
-		v.logUsedLocked(0, 4)
-	}
-	v.pubIdx = v.usedIdx
 	if v.call == nil {
 		return
 	}
-	if !v.needCallLocked() {
+	if !v.ring.needCall() {
 		// The driver polls, or asked for an event further on: what it will see
 		// without a call needs none, and a call owed is no longer (the driver moved
 		// its event index past everything published, so it is processing).
-		v.signalled, v.signalledValid = v.pubIdx, true
+		v.ring.signalled()
 		if v.callDeferred {
 			v.callDeferred = false
 			v.callTimer.Stop()
 		}
 		return
 	}
-	if v.modEvery > 0 && v.sinceCall+int(v.otherLoad.Load()) >= moderateBytes &&
-		(!v.signalledValid || v.pubIdx-v.signalled < uint16(v.num/2)) {
+	if v.modEvery > 0 && v.sinceCall+int(v.otherLoad.Load()) >= moderateBytes && !v.ring.backlogged() {
 		// Under load: at most one call per modEvery. The call is owed, not lost:
 		// the timer sends it when the interval is up, unless by then the driver has
 		// consumed everything without one (deferredCall asks again). Half a ring
@@ -58,22 +50,6 @@ func (v *Vring) publishLocked() {
 	v.callLocked()
 }
 
-// needCallLocked reports whether the driver asked to be told about the used entries
-// published up to pubIdx since the last call or decision (v.signalled).
-func (v *Vring) needCallLocked() bool {
-	// This seq-cst load after the used->idx store is the full barrier before reading
-	// the driver's suppression hints (QEMU virtio_split_should_notify: smp_mb).
-	aw := load32(v.avail, 0)
-	if !v.eventIdx {
-		return uint16(aw)&availFNoInterrupt == 0
-	}
-	// QEMU virtio_split_should_notify / DPDK vhost_vring_call_split: the first call
-	// after a start is unconditional, then vring_need_event decides from the used idx
-	// at the previous decision (QEMU's signalled_used). A deferred call keeps that
-	// index, so the question covers every entry published since.
-	return !v.signalledValid || vringNeedEvent(load16(v.avail, v.usedEventOff), v.pubIdx, v.signalled)
-}
-
 // callLocked decides the call for everything published; it goes out when mu is
 // released (Vring.unlock).
 func (v *Vring) callLocked() {
@@ -82,7 +58,7 @@ func (v *Vring) callLocked() {
 		// do, and on an idle process it would still be a wake-up.
 		v.callTimer.Stop()
 	}
-	v.signalled, v.signalledValid = v.pubIdx, true
+	v.ring.signalled()
 	v.callDeferred, v.sinceCall = false, 0
 	v.otherLoad.Store(0)
 	if v.modEvery > 0 {
@@ -106,7 +82,7 @@ func (v *Vring) deferredCallLocked() {
 	if !v.callDeferred {
 		return
 	}
-	if v.state != ringRunning || v.broken || v.call == nil || v.used == nil {
+	if v.state != ringRunning || v.broken || v.call == nil || !v.ring.mapped() {
 		v.callDeferred = false
 		return
 	}
@@ -114,11 +90,12 @@ func (v *Vring) deferredCallLocked() {
 		v.callTimer.Reset(wait) // a Reset raced with an earlier expiry
 		return
 	}
-	if v.needCallLocked() {
+	if v.ring.needCall() {
 		v.callLocked()
 		return
 	}
-	v.signalled, v.callDeferred = v.pubIdx, false
+	v.ring.signalled()
+	v.callDeferred = false
 }
 
 // moderateBytes is what, pushed since the last call, counts as load for call
@@ -170,10 +147,4 @@ func (v *Vring) Publish() {
 	if v.inBatch && !v.broken {
 		v.publishLocked()
 	}
-}
-
-// vringNeedEvent is vring_need_event from linux include/uapi/linux/virtio_ring.h: should
-// moving the index from old to newIdx notify a peer waiting for event_idx?
-func vringNeedEvent(eventIdx, newIdx, old uint16) bool {
-	return newIdx-eventIdx-1 < newIdx-old
 }

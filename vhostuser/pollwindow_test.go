@@ -194,7 +194,7 @@ func TestSleepSeesForgottenKick(t *testing.T) {
 	p := newPWRing(t, featsDefault)
 	v := p.v
 	v.mu.Lock()
-	v.waitAt, v.waitWatch = v.lastAvail, true
+	v.split.waitAt, v.waitWatch = v.split.lastAvail, true
 	rc := v.kickRC
 	v.mu.Unlock()
 	v.kickWoke = false

@@ -9,17 +9,16 @@ import "time"
 // the Handler as a Queue, so a second layout is a second implementation chosen by the
 // session, and the device does not change.
 //
-// The split layout (virtio spec 1.x §2.7 "Split Virtqueues") is Vring, the only one
-// tapgro offers today: the device leaves VIRTIO_F_RING_PACKED (34) out of its offer
-// (Config.Features; offering it is then one bit in vhostnet).
-// A packed ring (§2.8 "Packed Virtqueues") would be a type beside Vring keeping the same
-// contract — its descriptors carry the avail/used state and wrap counters instead of
-// the two index rings, its event suppression is the two structures of §2.8.10 instead
-// of VRING_F_NO_NOTIFY / EVENT_IDX's words — that the session builds instead of Vring at
-// start when the driver acked RING_PACKED. What is not the layout's stays shared:
-// configuration and fds (the session), guest memory and its fault handling (mem.go,
-// fault.go), kick waiting with the poll backoff (wait.go) and call moderation
-// (notify.go).
+// Vring implements it for every layout: the memory format is the layout interface
+// under it (layout.go). The split layout (virtio spec 1.x §2.7, split.go) is the only
+// one tapgro offers today: the device leaves VIRTIO_F_RING_PACKED (34) out of its offer
+// (Config.Features). A packed ring (§2.8) is a second layout — descriptors that carry
+// the avail/used state with wrap counters instead of the two index rings, event
+// suppression in the two structures of §2.8.10 instead of NO_NOTIFY / EVENT_IDX's
+// words — that Vring.startLocked picks when the driver acked RING_PACKED. What is not
+// the layout's stays in Vring, shared: configuration and fds, guest memory and its
+// fault handling (mem.go, fault.go), kick waiting with the poll backoff (wait.go), call
+// moderation (notify.go) and the dirty log's chain records (log.go).
 //
 // The contract, for every layout: one worker uses a Queue, between Begin and End for
 // everything that touches guest memory; Pop returns chains in the driver's order with

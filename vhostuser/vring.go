@@ -15,17 +15,7 @@ import (
 	"tapgro/vhostuser/vuproto"
 )
 
-// Split-ring layout (virtio spec "Split Virtqueues"; linux include/uapi/linux/virtio_ring.h).
 const (
-	descSize = 16
-
-	descFNext     = 1 // VRING_DESC_F_NEXT
-	descFWrite    = 2 // VRING_DESC_F_WRITE: device-writable
-	descFIndirect = 4 // VRING_DESC_F_INDIRECT
-
-	availFNoInterrupt = 1 // VRING_AVAIL_F_NO_INTERRUPT
-	usedFNoNotify     = 1 // VRING_USED_F_NO_NOTIFY
-
 	// MaxRingSize is the spec's limit (Queue Size ≤ 32768). QEMU 7.2 uses ≤ 1024
 	// (VIRTQUEUE_MAX_SIZE), but nothing here depends on that.
 	MaxRingSize = 32768
@@ -136,15 +126,17 @@ type Vring struct {
 	// that the session's watchdog and teardown can see and unjam them.
 	retired []*eventFD
 
-	mem                   *guestMem
-	eventIdx, indirectOK  bool
-	hdrLen                int
-	state                 ringState
-	broken                bool
-	announced             bool
-	desc, avail, used     []byte
-	mask                  uint16
-	usedEventOff, availEv int
+	mem       *guestMem
+	hdrLen    int
+	state     ringState
+	broken    bool
+	announced bool
+
+	// ring is the layout (layout.go) of this start: split, the only one offered.
+	ring  layout
+	split splitRing
+	// ulog is what ring marks of its own areas in the dirty log (log.go).
+	ulog areaLog
 
 	// onFault ends the ring's session after a guest memory fault (fault.go). The
 	// session sets it before the ring can start; it is called with mu held.
@@ -160,16 +152,9 @@ type Vring struct {
 	logf      func(string, ...any) // the Backend's Config.Logf
 
 	// Data-path state: meaningful while running, touched only under mu.
-	lastAvail      uint16 // next avail index to consume
-	availCache     uint16 // avail->idx last read
-	usedIdx        uint16 // next used index to write (shadow)
-	pubIdx         uint16 // used->idx as last published
-	usedFlags      uint16
-	pending        int // popped, neither pushed nor rewound
-	signalled      uint16
-	signalledValid bool
-	inBatch        bool
-	dry            bool // this batch found the avail ring empty
+	pending int // popped, neither pushed nor rewound
+	inBatch bool
+	dry     bool // this batch found the avail ring empty
 
 	// Call moderation (SetCallModeration), also under mu.
 	modEvery     time.Duration // 0: a call whenever the driver asks for one
@@ -201,13 +186,14 @@ type Vring struct {
 	selfPokes  atomic.Int32
 
 	kickWoke  bool               // the poller ended sleep's wait (awaitKickFd)
-	waitAt    uint16             // the avail->idx sleep waits to see move
 	waitWatch bool               // sleep is Wait's, which watches when Poke opens a window
 	awaitKick func(uintptr) bool // v.awaitKickFd, made once: the worker waits without allocating
 }
 
 func newVring(index int, writable bool, stats *Stats) *Vring {
 	v := &Vring{index: index, writable: writable, stats: stats, logf: func(string, ...any) {}}
+	v.split = splitRing{lg: &v.ulog, writable: writable}
+	v.ring = &v.split
 	v.awaitKick = v.awaitKickFd
 	return v
 }
@@ -246,43 +232,19 @@ type feats struct {
 // It reports whether the ring is usable; a translation failure counts RejectRingAddr
 // and leaves the ring broken (stopped for the data path until restarted).
 func (v *Vring) startLocked(mem *guestMem, f feats) bool {
-	v.eventIdx, v.indirectOK, v.hdrLen = f.eventIdx, f.indirect, f.hdrLen
+	v.hdrLen = f.hdrLen
 	v.mem = mem
 	v.state = ringRunning
 	v.broken = false
-	v.lastAvail, v.availCache, v.usedIdx, v.pubIdx = v.base, v.base, v.base, v.base
-	v.pending, v.usedFlags = 0, 0
-	v.signalledValid = false // first call after a (re)start is unconditional
+	v.pending = 0
 	v.sinceCall, v.callDeferred = 0, false
 	v.otherLoad.Store(0)
 	v.enabled.Store(!f.protoAcked || v.enableReq)
-	if !v.translateLocked() {
+	if !v.addrSet || !v.ring.start(mem, v.addr, v.num, f, v.base) {
+		v.ring.unmap()
 		v.failLocked(RejectRingAddr)
 		return false
 	}
-	return true
-}
-
-// translateLocked maps desc/avail/used for their full sizes, event words included
-// (DPDK translate_ring_addresses checks full sizes; libvhost-user map_ring does not).
-func (v *Vring) translateLocked() bool {
-	v.desc, v.avail, v.used = nil, nil, nil
-	n := uint64(v.num)
-	if !v.addrSet || n == 0 || v.mem == nil {
-		return false
-	}
-	d := v.mem.qva(v.addr.Desc, descSize*n)
-	a := v.mem.qva(v.addr.Avail, 6+2*n)
-	u := v.mem.qva(v.addr.Used, 6+8*n)
-	// Alignment: desc 16 and used 4 are the spec's; avail is only 2-aligned in the
-	// spec, but its {flags, idx} word is read with one 32-bit atomic, so require 4.
-	if d == nil || a == nil || u == nil || !aligned(d, 16) || !aligned(a, 4) || !aligned(u, 4) {
-		return false
-	}
-	v.desc, v.avail, v.used = d, a, u
-	v.mask = uint16(v.num - 1)
-	v.usedEventOff = 4 + 2*int(v.num) // avail->used_event (vring_used_event)
-	v.availEv = 4 + 8*int(v.num)      // used->avail_event (vring_avail_event)
 	return true
 }
 
@@ -415,7 +377,7 @@ func (v *Vring) jammedLocked(cutoff int64) bool {
 // A ring that never started answers the base SET_VRING_BASE gave, as libvhost-user,
 // DPDK and rust-vmm do.
 func (v *Vring) stopLocked() uint16 {
-	if v.state == ringRunning && !v.broken && v.used != nil {
+	if v.state == ringRunning && !v.broken && v.ring.mapped() {
 		v.flushOnStopLocked()
 	}
 	v.callDeferred = false
@@ -423,13 +385,13 @@ func (v *Vring) stopLocked() uint16 {
 		v.callTimer.Stop()
 	}
 	if v.state == ringRunning {
-		v.base = v.lastAvail
+		v.base = v.ring.position()
 	}
 	v.state = ringStopped
 	v.enabled.Store(false)
 	v.closeKickLocked()
 	v.setFDLocked(&v.call, nil)
-	v.desc, v.avail, v.used = nil, nil, nil
+	v.ring.unmap()
 	return v.base
 }
 

@@ -13,17 +13,17 @@ import (
 // back-off; and stopping a ring whose kick never goes quiet.
 
 // Wait blocks until the ring may have work. Before sleeping it re-enables kicks
-// (avail_event with EVENT_IDX, else clears NO_NOTIFY), issues a full barrier and
-// re-reads avail->idx, so a chain made available meanwhile is not missed (QEMU
+// (split: avail_event with EVENT_IDX, else clears NO_NOTIFY), issues a full barrier and
+// looks at the ring again, so a chain made available meanwhile is not missed (QEMU
 // virtio_queue_split_set_notification: smp_mb after enabling). It returns ErrStopped
 // or ErrBroken when the worker should stop.
-func (v *Vring) Wait() error { return v.waitAvail(0, true) }
+func (v *Vring) Wait() error { return v.waitAvail(true) }
 
-// waitAvail sleeps until avail->idx differs from at: last_avail_idx as it is each time
-// round (atLast, Wait), or the given index (WaitMore). Each round asks for a kick at
-// that index (avail_event with EVENT_IDX, else NO_NOTIFY cleared), issues the full
-// barrier and looks at avail->idx once more before sleeping on the kick.
-func (v *Vring) waitAvail(at uint16, atLast bool) error {
+// waitAvail sleeps until a chain is available beyond the ring's position as it is each
+// time round (atLast, Wait), or beyond what the last pop saw (WaitMore). Each round
+// arms the kicks for that point (layout.armKicks: the request, the full barrier and
+// one more look) before sleeping on the kick.
+func (v *Vring) waitAvail(atLast bool) error {
 	for {
 		if atLast {
 			if found, err := v.watch(); found || err != nil {
@@ -33,37 +33,13 @@ func (v *Vring) waitAvail(at uint16, atLast bool) error {
 		if err := v.lockForWait(); err != nil {
 			return err
 		}
-		if atLast {
-			at = v.lastAvail
-		}
-		if v.eventIdx {
-			store16(v.used, v.availEv, at)
-			if v.log != nil {
-				v.logUsedLocked(v.availEv, 2)
-			}
-		} else {
-			v.usedFlags = 0
-		}
-		// Seq-cst store then seq-cst load: the full barrier between enabling kicks
-		// and the final check of avail->idx.
-		store32(v.used, 0, uint32(v.pubIdx)<<16|uint32(v.usedFlags))
-		if v.log != nil {
-			v.logUsedLocked(0, 4)
-		}
-		if uint16(load32(v.avail, 0)>>16) != at {
-			if atLast && !v.eventIdx {
-				// Kicks are not needed while the worker takes what is there (virtio
-				// spec "Used Buffer Notification Suppression", VIRTQ_USED_F_NO_NOTIFY).
-				v.usedFlags = usedFNoNotify
-				store32(v.used, 0, uint32(v.pubIdx)<<16|uint32(v.usedFlags))
-				// Marked above already: the same word of the same page.
-			}
+		if v.ring.armKicks(!atLast) {
 			v.unlockForWait()
 			v.pollWait, v.idleKicks = 0, 0
 			return nil
 		}
 		rc, poll := v.kickRC, v.kickNoFd
-		v.waitAt, v.waitWatch = at, atLast
+		v.waitWatch = atLast
 		v.unlockForWait()
 		v.parked.Store(true)
 		err := v.sleep(rc, poll)
@@ -202,7 +178,7 @@ func (v *Vring) awaitKickFd(uintptr) bool {
 	// Guest memory under mu, as in waitAvail: a fault here reaches the worker's Guard,
 	// which must know that mu is held.
 	v.waitLocked = true
-	ready := v.state != ringRunning || v.broken || uint16(load32(v.avail, 0)>>16) != v.waitAt
+	ready := v.state != ringRunning || v.broken || v.ring.armed()
 	v.waitLocked = false
 	v.mu.Unlock()
 	if ready {
@@ -222,16 +198,7 @@ func (v *Vring) awaitKickFd(uintptr) bool {
 // avail->idx and sleeps on the kick only if it has not moved (the protocol of Wait,
 // QEMU virtio_queue_split_set_notification). Call it outside a batch. It returns
 // ErrStopped or ErrBroken when the worker should stop.
-func (v *Vring) WaitMore() error {
-	if err := v.lockForWait(); err != nil {
-		return err
-	}
-	// The avail idx the last Pop saw: after a reservation that ran out, every chain up to
-	// it was looked at. Chains the driver added since count as "more" already.
-	target := v.availCache
-	v.unlockForWait()
-	return v.waitAvail(target, false)
-}
+func (v *Vring) WaitMore() error { return v.waitAvail(false) }
 
 // The poll window (--vhost-poll; SetPollWindow). A worker that sleeps on its kick as
 // soon as the ring is empty pays a thread wake-up for the next chain, and its driver a
@@ -295,7 +262,7 @@ func (v *Vring) watch() (bool, error) {
 		if first {
 			v.kicksOffLocked()
 		}
-		moved := uint16(load32(v.avail, 0)>>16) != v.lastAvail
+		moved := v.ring.available()
 		v.unlockForWait()
 		if moved {
 			v.stats.PollHits.Add(1)
@@ -313,23 +280,6 @@ func (v *Vring) watch() (bool, error) {
 }
 
 // kicksOffLocked turns the driver's kicks off for a watch. After work they are off
-// already (avail_event behind, or NO_NOTIFY), but a worker Poke woke from its sleep had
-// turned them on. With EVENT_IDX, avail_event = last_avail_idx-1 is behind every index
-// the driver can move from, so vring_need_event is false for all of them; waitAvail
-// turns kicks on again, and looks once more, before any sleep.
-func (v *Vring) kicksOffLocked() {
-	if v.eventIdx {
-		store16(v.used, v.availEv, v.lastAvail-1)
-		if v.log != nil {
-			v.logUsedLocked(v.availEv, 2)
-		}
-		return
-	}
-	if v.usedFlags != usedFNoNotify {
-		v.usedFlags = usedFNoNotify
-		store32(v.used, 0, uint32(v.pubIdx)<<16|uint32(v.usedFlags))
-		if v.log != nil {
-			v.logUsedLocked(0, 4)
-		}
-	}
-}
+// already, but a worker Poke woke from its sleep had turned them on; waitAvail turns
+// them on again, and looks once more, before any sleep.
+func (v *Vring) kicksOffLocked() { v.ring.kicksOff() }
