@@ -31,6 +31,7 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"tapgro/coalescer"
+	"tapgro/demo"
 	"tapgro/netdev"
 	"tapgro/ops"
 	"tapgro/procscale"
@@ -48,14 +49,14 @@ func realMain(args []string, stdout, stderr io.Writer) int {
 	if len(args) > 0 {
 		switch args[0] {
 		case "demo":
-			return runDemo(args[1:], stdout, stderr)
+			return demo.Run(args[1:], stdout, stderr)
 		case "ctl":
 			return runCtl(args[1:], stdout, stderr)
 		case "version", "--version":
 			fmt.Fprintln(stdout, "tapgro", version)
 			return 0
 		case "__sink", "__source":
-			return runHelper(args, stdout, stderr)
+			return demo.Helper(args, stdout, stderr)
 		}
 	}
 	o, err := parseFlags(args, stderr)
@@ -109,8 +110,8 @@ func realMain(args []string, stdout, stderr io.Writer) int {
 // port's pipelines do (a TAP write's ACK makes the TAP readable for the RX worker), and
 // a guest that sends in small batches (under TCG: a few frames per kick) showed it:
 // one P against one per CPU took 27 % of tapgro's context switches and 7-11 % of its
-// CPU per GB away, at 7-8 % less throughput (docs/benchmarks/GUESTS-before-after.md,
-// run 8).
+// CPU per GB away, at 7-8 % less throughput (benchtool -guests -before -trace, the two
+// builds alternating in one run).
 func procsFor(o *options, env string, cpus int) (n int, scale bool, why string) {
 	switch {
 	case o.procs > 0:

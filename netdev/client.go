@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"tapgro/port"
+	"tapgro/redial"
 	"tapgro/sockport"
 )
 
@@ -16,9 +17,9 @@ type client struct {
 	*core
 	gate gate
 	// redial is the backoff between dials, and the pause before redialling after a
-	// connection that ended almost at once (redial.go). Only Next's goroutine, which
+	// connection that ended almost at once (package redial). Only Next's goroutine, which
 	// holds the gate, uses it.
-	redial Redial
+	redial redial.Policy
 }
 
 func openClient(c *core) (*client, error) {
@@ -80,7 +81,7 @@ func (c *client) Next(ctx context.Context) (port.Port, error) {
 		conn.Close()
 		var he *sockport.HelloError
 		if !errors.As(perr, &he) {
-			return Permanent(perr)
+			return redial.Permanent(perr)
 		}
 		// The server is not a vnet-hdr=on tapgro: say so, back off, dial again (it may
 		// be replaced by the right one).

@@ -36,7 +36,7 @@
 //   - client (stream server=off, socket connect=): Next dials, retrying with exponential
 //     backoff from 100 ms to 5 s (each failure reported with OnRetry) until it connects
 //     or ctx ends; after a Port dies, the next Next dials again, after a pause if the
-//     connection lasted under a second. That policy is Redial (redial.go), which
+//     connection lasted under a second. That policy is package redial, which
 //     vhostnet's Net.ServeClient (vhost-user server=off) uses as well.
 //   - inheritedConn (stream server=off,addr.type=fd, socket,fd=N): the connected socket a
 //     supervisor passed, handed out once (see below).

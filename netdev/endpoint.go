@@ -13,15 +13,10 @@ import (
 	"tapgro/sockport"
 )
 
-// Dial backoff for client endpoints, and accept-error backoff for servers.
+// Accept-error backoff for servers (client endpoints redial by package redial).
 const (
-	dialWaitMin   = 100 * time.Millisecond
-	dialWaitMax   = 5 * time.Second
 	acceptWaitMin = 5 * time.Millisecond
 	acceptWaitMax = time.Second
-
-	// quickConnection: a connection that lived less than this makes the next dial wait.
-	quickConnection = time.Second
 )
 
 // Events receives connection-management events. The packet path never logs, so this is

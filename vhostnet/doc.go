@@ -15,7 +15,7 @@
 // no saved state (it recovers ring positions from used->idx, QEMU hw/virtio/virtio.c
 // virtio_queue_split_restore_last_avail_idx). ServeClient(ctx, path, retry) is the same
 // with the socket's roles reversed: QEMU listens (-chardev socket,server=on,wait=off)
-// and Net dials it with netdev.Redial's backoff, one session at a time, and dials again
+// and Net dials it with package redial's backoff, one session at a time, and dials again
 // when a session ends.
 //
 // # Queue pairs

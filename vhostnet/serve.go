@@ -11,7 +11,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"tapgro/netdev"
+	"tapgro/redial"
 )
 
 type activeConn struct{ uc *net.UnixConn }
@@ -111,7 +111,7 @@ const (
 // socket,path=…,server=on,wait=off) and ServeClient dials it, serving one session at a
 // time. Config.Peers applies to the process listening on path. While path is missing or refuses, and again after each session ends (QEMU
 // exited, or dropped the connection), it dials with the stream client's backoff
-// (netdev.Redial: 100 ms doubling to 5 s, and a pause after a session that lasted under
+// (package redial: 100 ms doubling to 5 s, and a pause after a session that lasted under
 // a second), reporting each wait to retry (nil: not reported). A session that fails
 // (the peer broke the protocol) ends only that session; the next dial starts a fresh
 // one from GET_FEATURES. When ctx is done the running session is shut down and
@@ -121,7 +121,7 @@ func (n *Net) ServeClient(ctx context.Context, path string, retry func(err error
 	defer n.serveMu.Unlock()
 	stop := context.AfterFunc(ctx, n.shutdownActive)
 	defer stop()
-	var rd netdev.Redial
+	var rd redial.Policy
 	var up time.Time // when the last session's connection was made
 	for {
 		if !rd.Pause(ctx, up, retry) {

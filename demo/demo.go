@@ -1,4 +1,10 @@
-package main
+// Package demo is `tapgro demo`: two tapgro processes, each in a network namespace of
+// its own with a TAP, joined by the stream port over a UNIX socket, and a TCP
+// throughput run each way through them (iperf3 where it is installed, else the
+// built-in sender and receiver, Helper). It needs root and the ip command, nothing
+// else; it cleans up the namespaces and processes it made by their own names and PIDs.
+// It is a traffic harness, not part of the daemon: package main only dispatches to it.
+package demo
 
 import (
 	"bufio"
@@ -26,7 +32,7 @@ import (
 	"tapgro/vnethdr"
 )
 
-// runDemo is `tapgro demo`: the main job on an embedded default, no QEMU needed.
+// Run is `tapgro demo`: the main job on an embedded default, no QEMU needed.
 //
 //	netns A                                   netns B
 //	198.18.0.1 ─ TAP ─ tapgro ══ stream ══ tapgro ─ TAP ─ 198.18.0.2
@@ -35,7 +41,7 @@ import (
 //
 // The link between the two tapgro processes carries exactly what a QEMU guest behind
 // -netdev stream would see: plain, MTU-sized, fully checksummed frames.
-func runDemo(args []string, stdout, stderr io.Writer) int {
+func Run(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("tapgro demo", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	secs := fs.Int("seconds", 5, "length of each throughput run")
@@ -522,9 +528,10 @@ func summaryLine(log string) string {
 	return "(no summary line; log follows)\n" + log
 }
 
-// runHelper is the built-in TCP sender and receiver the demo falls back on without
-// iperf3. They are hidden subcommands so the demo needs nothing but this binary.
-func runHelper(args []string, stdout, stderr io.Writer) int {
+// Helper is the built-in TCP sender and receiver the demo falls back on without
+// iperf3: tapgro's hidden subcommands __sink and __source, so that the demo needs
+// nothing but the tapgro binary.
+func Helper(args []string, stdout, stderr io.Writer) int {
 	switch {
 	case args[0] == "__sink" && len(args) == 2:
 		ln, err := net.Listen("tcp", args[1])

@@ -1,4 +1,4 @@
-package main
+package demo
 
 import (
 	"bytes"
@@ -63,7 +63,7 @@ func TestRunDemoWithoutIPFailsFast(t *testing.T) {
 	t.Setenv("PATH", stubPath(t, "ping", "iperf3"))
 	var stdout, stderr bytes.Buffer
 	start := time.Now()
-	if rc := runDemo(nil, &stdout, &stderr); rc != 2 {
+	if rc := Run(nil, &stdout, &stderr); rc != 2 {
 		t.Errorf("rc = %d, want 2; stderr: %s", rc, stderr.String())
 	}
 	if el := time.Since(start); el > 2*time.Second {

@@ -1,4 +1,8 @@
-package netdev
+// Package redial is tapgro's reconnect policy for the roles where tapgro dials: the
+// stream and vhost-user clients (netdev's client endpoint and vhostnet's ServeClient)
+// share it, so "tapgro is the client" means the same thing whatever it dials. It is a
+// package of its own so that both can import it without each other.
+package redial
 
 import (
 	"context"
@@ -7,10 +11,7 @@ import (
 	"time"
 )
 
-// Redial is the dialling roles' reconnect policy, one for the whole program: the stream
-// client (client.go) and vhostnet's ServeClient (tapgro dialling the vhost-user socket a
-// QEMU serves) both use it, so "tapgro is the client" means the same thing whatever it
-// dials.
+// Policy is the dialling roles' reconnect policy:
 //
 //   - A failed attempt is retried after 100 ms, the wait doubling up to 5 s
 //     (dialWaitMin, dialWaitMax), each failure reported to onRetry with the wait.
@@ -21,9 +22,9 @@ import (
 //     start failed (net/vhost-user.c net_vhost_user_event: CHR_EVENT_OPENED calls
 //     qemu_chr_fe_disconnect when vhost_user_start fails).
 //
-// The zero Redial is ready to use. It is not safe for concurrent use: one dialling
+// The zero Policy is ready to use. It is not safe for concurrent use: one dialling
 // goroutine owns it.
-type Redial struct {
+type Policy struct {
 	quickWait time.Duration
 }
 
@@ -31,7 +32,7 @@ type Redial struct {
 // zero time: there was none yet). If that connection lived less than quickConnection it
 // reports the wait to onRetry (nil: not reported) and sleeps; otherwise it returns at
 // once. It returns false if ctx ended first.
-func (r *Redial) Pause(ctx context.Context, up time.Time, onRetry func(err error, wait time.Duration)) bool {
+func (r *Policy) Pause(ctx context.Context, up time.Time, onRetry func(err error, wait time.Duration)) bool {
 	lived := time.Since(up)
 	if up.IsZero() || lived >= quickConnection {
 		r.quickWait = 0
@@ -48,7 +49,7 @@ func (r *Redial) Pause(ctx context.Context, up time.Time, onRetry func(err error
 // error wrapped by Permanent ends it at once with the wrapped error; when ctx ends it
 // returns ctx.Err() (try is expected to fail promptly once ctx is done, as
 // net.Dialer.DialContext does).
-func (r *Redial) Dial(ctx context.Context, try func(ctx context.Context) error, onRetry func(err error, wait time.Duration)) error {
+func (r *Policy) Dial(ctx context.Context, try func(ctx context.Context) error, onRetry func(err error, wait time.Duration)) error {
 	wait := dialWaitMin
 	for {
 		err := try(ctx)
@@ -76,6 +77,25 @@ func (r *Redial) Dial(ctx context.Context, try func(ctx context.Context) error, 
 func Permanent(err error) error { return permanentError{err} }
 
 type permanentError struct{ err error }
+
+const (
+	dialWaitMin = 100 * time.Millisecond
+	dialWaitMax = 5 * time.Second
+	// quickConnection: a connection that lived less than this makes the next dial wait.
+	quickConnection = time.Second
+)
+
+// sleepCtx waits for d or until ctx ends; it reports whether the full wait elapsed.
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
 
 func (p permanentError) Error() string { return p.err.Error() }
 func (p permanentError) Unwrap() error { return p.err }

@@ -1,4 +1,4 @@
-package netdev
+package redial
 
 import (
 	"context"
@@ -7,11 +7,11 @@ import (
 	"time"
 )
 
-// TestRedial: failed attempts back off 100, 200, 400 ms…; a Permanent error and the end
+// TestPolicy: failed attempts back off 100, 200, 400 ms…; a Permanent error and the end
 // of ctx stop Dial; a connection that ended within a second makes Pause wait (doubling),
 // one that lived longer does not and resets the pause.
-func TestRedial(t *testing.T) {
-	var r Redial
+func TestPolicy(t *testing.T) {
+	var r Policy
 	var waits []time.Duration
 	rec := func(err error, wait time.Duration) { waits = append(waits, wait) }
 	ctx := context.Background()
