@@ -410,8 +410,8 @@ func (n *Net) RingStarted(v vhostuser.Queue) {
 	}
 	if isRX(v.Index()) {
 		// Only toward the guest's receive path. A TX completion held back holds back
-		// a sender whose socket buffer waits for it: tried, a guest's UDP_SEGMENT
-		// sender lost 10-40 % (docs/benchmarks/GUESTS-before-after.md, run 9).
+		// a sender whose socket buffer waits for it: tried with the TCG guests
+		// (benchtool -guests -before), a guest's UDP_SEGMENT sender lost 10-40 %.
 		v.SetCallModeration(n.callInterval)
 		q.rx.Store(&queueRef{v})
 		if v.Enabled() {

@@ -215,7 +215,7 @@ func (v *Vring) WaitMore() error { return v.waitAvail(false) }
 // spell) was tried and dropped: with testpmd as the front-end it cost 143 against 94 µs
 // of CPU per ping round trip for the same latency, and under TCG, where the guest's
 // vCPU needs the host's cores, it doubled tapgro's CPU per GB and lengthened the guest's
-// round trips (docs/benchmarks/GUESTS-before-after.md, run 2).
+// round trips (benchtool -guests -before, QEMU 10.0).
 
 // monoBase anchors the window's monotonic clock (time.Since reads the monotonic one).
 var monoBase = time.Now()
