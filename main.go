@@ -214,9 +214,7 @@ func run(ctx context.Context, o *options, log *logrus.Logger) error {
 		return err
 	}
 	ctlSrv.SetSandbox(confined.String())
-	if p := k.problems(); p != nil {
-		go ops.ReportProblems(ctx, ops.ProblemInterval, p, engineLogger{log})
-	}
+	go ops.ReportProblems(ctx, ops.ProblemInterval, ops.Problems(dp), engineLogger{log})
 	fields, msg := k.ready()
 	fields["version"] = version
 	for k, v := range confined.Fields() {

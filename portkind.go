@@ -32,8 +32,6 @@ type portKind interface {
 	datapath() ops.Datapath
 	// delivered is the bytes each direction has delivered (procscale's load).
 	delivered() (tapToPort, portToTap uint64)
-	// problems is the periodic problem report's counters; nil: none.
-	problems() func() map[string]uint64
 	serve(ctx context.Context) error
 	// summary is the exit line's counters, taken after serve returned.
 	summary() logrus.Fields
@@ -148,11 +146,6 @@ func (e *engineKind) datapath() ops.Datapath {
 		own = s.Counters()
 	}
 	return ops.EngineDatapath(e.eng, e.ep.Stats(), own, e.tap.Name(), e.ep.Addr())
-}
-
-func (e *engineKind) problems() func() map[string]uint64 {
-	pp := ops.PortProblems(e.ep.Stats())
-	return func() map[string]uint64 { return ops.ProblemCounts(e.eng.Snapshot(), pp) }
 }
 
 func (e *engineKind) ready() (logrus.Fields, string) {
@@ -305,8 +298,6 @@ func (v *vhostKind) delivered() (uint64, uint64) {
 func (v *vhostKind) datapath() ops.Datapath {
 	return ops.VhostDatapath(v.vn, v.taps[0].Name(), v.addr)
 }
-
-func (v *vhostKind) problems() func() map[string]uint64 { return nil }
 
 func (v *vhostKind) ready() (logrus.Fields, string) {
 	q := resolveQEMU(v.o)

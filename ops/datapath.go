@@ -27,6 +27,9 @@ type Datapath interface {
 	// work appends to into one watch per direction (per queue pair, where the kind has
 	// several): whether work is waiting, and the counter that moves when it gets done.
 	work(into []watch) []watch
+	// problems is every per-packet problem counter, keyed "direction/reason", for the
+	// periodic problem report (ReportProblems).
+	problems() map[string]uint64
 	// status is the kind's part of `tapgro ctl status`; the server adds what it knows.
 	status() *Status
 	// refuse says why the kind lacks one of the run-time switches in need, or is nil

@@ -38,6 +38,12 @@ func EngineDatapath(eng Engine, ps *port.Stats, own []port.Counter, tap, listen 
 
 func (e *engineDP) names() (string, string) { return e.tap, e.listen }
 
+// problems: the engine's drops by direction and reason, the receive pool's, GSO write
+// fallbacks, and the port's per-frame errors.
+func (e *engineDP) problems() map[string]uint64 {
+	return ProblemCounts(e.eng.Snapshot(), PortProblems(e.port))
+}
+
 // refuse: the engine has every switch.
 func (e *engineDP) refuse(ctlCaps) error { return nil }
 

@@ -85,6 +85,22 @@ func (v *vhostDP) setCapture(side datapath.CaptureSide, path string) error {
 	return v.vn.SetCapture(path)
 }
 
+// problems: vhostnet's drops by direction and reason (the engine's keys where the
+// reason is the engine's), the chains and rings the guest broke (ring/REASON), and pages
+// the front-end's dirty log was too small for.
+func (v *vhostDP) problems() map[string]uint64 {
+	st, bs := v.vn.Stats(), v.vn.BackendStats()
+	m := map[string]uint64{}
+	for r := vhostnet.Drop(0); r < vhostnet.NumDrops; r++ {
+		m[r.Dir()+"/"+r.String()] = st.Drops[r].Load()
+	}
+	for r := vhostuser.Reason(0); r < vhostuser.NumReasons; r++ {
+		m["ring/"+r.String()] = bs.Rejected[r].Load()
+	}
+	m["log/beyond"] = bs.LogBeyond.Load()
+	return m
+}
+
 // catalogue: the shared families first, fed from vhostnet's counters, then vhost-user's
 // own (tapgro_vhost_*).
 func (v *vhostDP) catalogue(m *Metrics) {

@@ -15,6 +15,7 @@ import (
 	"tapgro/port"
 	"tapgro/rxpool"
 	"tapgro/vhostnet"
+	"tapgro/vhostuser"
 )
 
 // stubPort is a connected port for the health monitor: a peer name and a receive queue.
@@ -271,3 +272,32 @@ func (l *recLogger) all() []logEntry {
 func (l *recLogger) Debug(msg string, kv ...any) { l.log("debug", msg, kv) }
 func (l *recLogger) Info(msg string, kv ...any)  { l.log("info", msg, kv) }
 func (l *recLogger) Warn(msg string, kv ...any)  { l.log("warn", msg, kv) }
+
+// TestVhostProblems: the problem report reads a vhost-user datapath too — its drops
+// by direction and reason, the chains the guest broke, log pages beyond the log.
+func TestVhostProblems(t *testing.T) {
+	f := &fakeVhost{st: new(vhostnet.Stats)}
+	dp := VhostDatapath(f, "tg0", "unix:/test.sock")
+	read := Problems(dp)
+	prev := read()
+	if d := problemDeltas(prev, read()); d != nil {
+		t.Fatalf("nothing changed, got %v", d)
+	}
+	f.st.Drops[0].Add(3)
+	f.bs.Rejected[vhostuser.RejectLoop].Add(1)
+	f.bs.LogBeyond.Add(2)
+	d := problemDeltas(prev, read())
+	want := map[string]uint64{
+		vhostnet.Drop(0).Dir() + "_" + vhostnet.Drop(0).String(): 3,
+		"ring_loop":  1,
+		"log_beyond": 2,
+	}
+	if len(d) != len(want) {
+		t.Fatalf("deltas %v, want %v", d, want)
+	}
+	for k, v := range want {
+		if d[k] != v {
+			t.Errorf("%s = %v, want %v", k, d[k], v)
+		}
+	}
+}

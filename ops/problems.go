@@ -92,6 +92,10 @@ func ReportProblems(ctx context.Context, every time.Duration, read func() map[st
 	}
 }
 
+// Problems reads dp's per-packet problem counters, for ReportProblems: every port kind
+// has the report.
+func Problems(dp Datapath) func() map[string]uint64 { return dp.problems }
+
 // ProblemInterval is the shortest time between two reports of per-packet problems.
 const ProblemInterval = 10 * time.Second
 
