@@ -45,6 +45,7 @@ func (st *Status) lines() [][2]string {
 			{"offload choice", v.OffloadChoice},
 			{"tap offloads", st.TapOffloads + " (what the guest acked to receive, within the choice; USO also to cut for a guest without it)"},
 			{"tap offers", st.TapProbed},
+			{"gro", onoff.String(st.GROActive) + " (toward the TAP, and RSC toward a guest the TAP hands MTU frames)"},
 			{"udp-gro", onoff.String(st.UDPGROActive)},
 			{"guest mtu", mtu},
 			{"guest->tap", dir(c.PortToTap) + fmt.Sprintf(", %d GSO whole", v.GSOToTap)},

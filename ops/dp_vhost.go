@@ -24,6 +24,8 @@ type VhostNet interface {
 	SetCapture(path string) error
 	OffloadChoice() vnethdr.Choice
 	SetOffloads(c vnethdr.Choice) vnethdr.Offloads
+	SetGRO(on bool) bool
+	GROActive() bool
 	SetUDPGRO(on bool) bool
 	UDPGROActive() bool
 }
@@ -47,23 +49,17 @@ func VhostDatapath(vn VhostNet, tap, listen string) Datapath {
 func (v *vhostDP) names() (string, string) { return v.tap, v.listen }
 
 // refuse: vhost-user switches the TAP's offloads (a cap on what the guest acked, as
-// --offload), UDP coalescing toward the TAP, and capture of the port side. GRO itself is
-// fixed at start (--gro: it decides whether the rings' workers have engines at all),
-// and a capture of the TAP side would show the port side's frames again.
+// --offload), coalescing (GRO toward the TAP, RSC toward the guest), UDP coalescing
+// toward the TAP, and capture of the port side. A capture of the TAP side would show the
+// port side's frames again.
 func (v *vhostDP) refuse(need ctlCaps) error {
-	switch {
-	case need&capGRO != 0:
-		return errNoGROSwitch
-	case need&capPcapTap != 0:
+	if need&capPcapTap != 0 {
 		return errNoPcapTap
 	}
 	return nil
 }
 
-var (
-	errNoGROSwitch = errors.New("vhost-user: gro is set at start (--gro: it decides whether the rings' workers run the coalescing engines); offload and udp-gro switch at run time")
-	errNoPcapTap   = errors.New("vhost-user: capture has one side, port= (each frame as the guest sent or received it; the TAP sees the same frames)")
-)
+var errNoPcapTap = errors.New("vhost-user: capture has one side, port= (each frame as the guest sent or received it; the TAP sees the same frames)")
 
 func (v *vhostDP) offloads() (vnethdr.Choice, vnethdr.Offloads) {
 	return v.vn.OffloadChoice(), v.vn.State().TapProbed
@@ -75,7 +71,7 @@ func (v *vhostDP) setOffloads(c vnethdr.Choice) (vnethdr.Offloads, error) {
 	return v.vn.SetOffloads(c), nil
 }
 
-func (v *vhostDP) setGRO(bool) (bool, error)       { return false, errNoGROSwitch }
+func (v *vhostDP) setGRO(on bool) (bool, error)    { return v.vn.SetGRO(on), nil }
 func (v *vhostDP) setUDPGRO(on bool) (bool, error) { return v.vn.SetUDPGRO(on), nil }
 
 func (v *vhostDP) setCapture(side datapath.CaptureSide, path string) error {
@@ -257,6 +253,7 @@ func (v *vhostDP) status() *Status {
 	tx, rx := st.TXFrames.Load(), st.RXFrames.Load()
 	return &Status{
 		PortConnected: vs.Connected, OffloadChoice: vst.OffloadChoice,
+		GRO: v.vn.GROActive(), GROActive: v.vn.GROActive(),
 		UDPGRO: v.vn.UDPGROActive(), UDPGROActive: v.vn.UDPGROActive(),
 		TapProbed: vs.TapProbed.String(), TapOffloads: vst.TapOffloads,
 		PcapTap: "off", PcapPort: v.vn.Capture().Describe(),

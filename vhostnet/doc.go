@@ -126,7 +126,8 @@
 //
 // # GRO toward the TAP (gro.go)
 //
-// With Config.GRO (--gro on), a guest that sends MTU-sized TCP segments — it did not ack
+// With Config.GRO (--gro on; SetGRO switches it at run time, taken up by each TX worker
+// at its next batch after it wrote what it held), a guest that sends MTU-sized TCP segments — it did not ack
 // HOST_TSO4/6, or switched TSO off inside, which never reaches a vhost-user back-end —
 // has them coalesced by package coalescer, the stream path's engine with its rules and
 // tapgro_gro_* counters (Stats.GRO), so the host stack gets 64 KB TCP GSO packets,

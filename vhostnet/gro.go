@@ -50,10 +50,9 @@ type txGRO struct {
 // across them) never needs the engine reconfigured.
 const groHdrLen = vnethdr.LenMrgRxbuf
 
+// newTXGRO builds a TX worker's engine: at the worker's start with GRO on, else at the
+// first batch after SetGRO turned it on (the one allocation a switch costs).
 func (n *Net) newTXGRO(q *queuePair) *txGRO {
-	if !n.gro {
-		return nil
-	}
 	g := &txGRO{n: n, q: q, buf: make([]byte, groHdrLen+MaxFrame), iov: make([][]byte, 2),
 		timer: n.timerFlush, interval: n.rscInterval.Nanoseconds(), udp: n.UDPGROActive()}
 	g.c = coalescer.New(g.config(), g.emit)
@@ -72,6 +71,27 @@ func (g *txGRO) config() coalescer.Config {
 		UDP:   g.udp,
 		Stats: &g.n.stats.GRO,
 	}
+}
+
+// groBatch takes up SetGRO at the start of a TX batch, and reports whether this batch
+// runs the engine. Turned off, the engine first writes what it holds, before any frame
+// of the batch, so a flow's frames stay in order; it is kept for a later switch on.
+func (n *Net) groBatch(st *txState) bool {
+	on := n.groOn.Load()
+	if on && st.gro == nil {
+		st.gro = n.newTXGRO(st.pair)
+	}
+	if st.gro == nil {
+		return false
+	}
+	if !on {
+		if st.gro.c.Held() > 0 {
+			st.gro.c.Flush()
+		}
+		return false
+	}
+	st.gro.beginBatch()
+	return true
 }
 
 // beginBatch takes up a switch of UDP coalescing (SetUDPGRO) at the start of a batch;

@@ -223,30 +223,71 @@ func testGROToTAP(t *testing.T, mask uint64, timer bool) {
 	}
 }
 
-// TestGROOff: without Config.GRO nothing is coalesced and the engine counts nothing.
-func TestGROOff(t *testing.T) {
-	e := newEnv(t, vhostusertest.Options{})
+// TestGROSwitch: without Config.GRO nothing is coalesced and the engine counts nothing;
+// SetGRO(true) at run time makes the next segments leave as GSO packets; SetGRO(false)
+// writes what the engine holds before any later frame, and the stream stays whole and in
+// order across both switches.
+func TestGROSwitch(t *testing.T) {
+	e := newEnvCfg(t, vhostusertest.Options{}, Config{TimerFlush: true, RSCInterval: time.Second})
 	hl := e.s.HdrLen()
 	tx := e.s.TX(0)
-	for i := range 20 {
-		f, h := tcpSeg(e.mac, gMAC, guestIP, farIP, 40000, 5001, uint32(i*mss), 1, tcpACK, uint16(i), streamBytes(0, i*mss, mss), false)
-		data := make([]byte, hl+len(f))
-		h.Encode(data, hl)
-		copy(data[hl:], f)
-		tx.SendFrame(data, []int{hl}, false)
-	}
-	tx.KickNow()
-	e.waitTXDone()
 	s := &tcpStreams{t: t, next: map[uint16]int{}, frames: map[uint16]int{}}
 	buf := make([]byte, 1<<17)
-	for s.next[40000] < 20*mss {
-		f, err := e.recvTAP(buf)
-		if err != nil {
-			t.Fatal(err)
+	seq := 0
+	// round sends n MTU segments and returns how many TAP frames carried them.
+	round := func(n int) int {
+		t.Helper()
+		before := s.frames[40000]
+		for range n {
+			f, h := tcpSeg(e.mac, gMAC, guestIP, farIP, 40000, 5001, uint32(seq), 1, tcpACK, uint16(seq/mss), streamBytes(0, seq, mss), false)
+			data := make([]byte, hl+len(f))
+			h.Encode(data, hl)
+			copy(data[hl:], f)
+			for tx.Free() < 4 {
+				e.reapTX(time.Second)
+			}
+			tx.SendFrame(data, []int{hl}, false)
+			seq += mss
 		}
-		s.add(f)
+		tx.KickNow()
+		e.waitTXDone()
+		return s.frames[40000] - before
 	}
-	if s.frames[40000] != 20 || e.n.Stats().GRO.Segments.Load() != 0 {
-		t.Errorf("GRO off: %d frames at the TAP, engine saw %d", s.frames[40000], e.n.Stats().GRO.Segments.Load())
+	drain := func() {
+		t.Helper()
+		for s.next[40000] < seq {
+			f, err := e.recvTAP(buf)
+			if err != nil {
+				t.Fatalf("recv: %v (got %d of %d bytes; stats %v)", err, s.next[40000], seq, e.stats())
+			}
+			s.add(f)
+		}
+	}
+	round(20)
+	drain()
+	if got := s.frames[40000]; got != 20 || e.n.Stats().GRO.Segments.Load() != 0 {
+		t.Fatalf("GRO off: %d frames at the TAP for 20 segments, engine saw %d", got, e.n.Stats().GRO.Segments.Load())
+	}
+	if !e.n.SetGRO(true) || !e.n.GROActive() {
+		t.Fatal("SetGRO(true) did not turn GRO on")
+	}
+	before := s.frames[40000]
+	round(40)
+	// Timer mode with a 1 s interval: the last aggregate may still be held; switching
+	// off must write it before the next frames.
+	if e.n.SetGRO(false) {
+		t.Fatal("SetGRO(false) left GRO on")
+	}
+	round(10)
+	drain()
+	on := s.frames[40000] - before - 10
+	g := &e.n.Stats().GRO
+	if g.Segments.Load() != 40 || g.GSOOut.Load() == 0 || on*4 > 40 {
+		t.Errorf("GRO on for 40 segments: %d TAP frames, engine segments %d, GSO packets %d", on, g.Segments.Load(), g.GSOOut.Load())
+	}
+	for r := range NumDrops {
+		if v := e.n.Stats().Drops[r].Load(); v != 0 {
+			t.Errorf("drops %s = %d", r.String(), v)
+		}
 	}
 }

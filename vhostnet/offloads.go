@@ -176,7 +176,7 @@ func (n *Net) applyOffloadsLocked() vnethdr.Offloads {
 	n.tapOffl.Store(uint64(eff))
 	want := n.rxAllow
 	// RSC (rsc.go) when the guest takes a TSO kind the TAP will not produce.
-	n.rscMode = n.gro && ((want&vnethdr.OffloadTSO4 != 0 && eff&vnethdr.OffloadTSO4 == 0) ||
+	n.rscMode = n.groOn.Load() && ((want&vnethdr.OffloadTSO4 != 0 && eff&vnethdr.OffloadTSO4 == 0) ||
 		(want&vnethdr.OffloadTSO6 != 0 && eff&vnethdr.OffloadTSO6 == 0))
 	n.rscECN = want&vnethdr.OffloadTSOECN != 0
 	return eff
@@ -211,6 +211,31 @@ func (n *Net) OffloadChoice() vnethdr.Choice {
 	return n.offload
 }
 
+// SetGRO switches coalescing on or off at run time (--gro, `tapgro ctl gro=`): toward
+// the TAP the TX workers take it up at their next batch, writing what they hold first
+// when it goes off; toward the guest RSC mode is chosen again at once (between batches,
+// under the write lock), and an RX worker in it delivers what it holds before it leaves
+// it. It returns whether coalescing runs now.
+func (n *Net) SetGRO(on bool) bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.groOn.Swap(on) == on {
+		return on
+	}
+	if n.ackedOK.Load() {
+		n.applyOffloadsLocked()
+	}
+	if on {
+		n.infof("vhostnet: gro on")
+	} else {
+		n.infof("vhostnet: gro off")
+	}
+	return on
+}
+
+// GROActive reports whether coalescing is on (--gro, SetGRO).
+func (n *Net) GROActive() bool { return n.groOn.Load() }
+
 // SetUDPGRO switches UDP coalescing toward the TAP (--udp-gro, `tapgro ctl udp-gro`);
 // the TX workers take it up at their next batch. It returns whether UDP is coalesced
 // now: only with GRO on and a TAP that takes UDP GSO frames on write (it probed
@@ -222,5 +247,5 @@ func (n *Net) SetUDPGRO(on bool) bool {
 
 // UDPGROActive reports whether UDP datagrams are coalesced toward the TAP.
 func (n *Net) UDPGROActive() bool {
-	return n.gro && n.udpGRO.Load() && n.probed&vnethdr.OffloadUSO == vnethdr.OffloadUSO
+	return n.groOn.Load() && n.udpGRO.Load() && n.probed&vnethdr.OffloadUSO == vnethdr.OffloadUSO
 }

@@ -46,7 +46,9 @@ type txState struct {
 
 	tap *tapdev.Device // the pair's TAP queue
 	q   *QueueStats    // the pair's counters
-	gro *txGRO         // nil: GRO off (gro.go)
+	pair  *queuePair
+	gro   *txGRO // nil: GRO never on for this worker (gro.go)
+	groOn bool   // this batch runs gro (groBatch)
 	gh  vnethdr.Hdr    // the header handed to the engine (kept off the stack)
 
 	faulted bool // guest memory faulted: the worker is ending (vhostuser.Vring.Guard)
@@ -62,8 +64,11 @@ func (n *Net) txLoop(w *worker) {
 		// A chain has at most Num descriptors, each at most two regions' worth.
 		iov: make([][]byte, 0, 2*v.Num()+2),
 		out: make([][]byte, 0, tapdev.MaxIov),
-		lin: make([]byte, MaxFrame),
-		gro: n.newTXGRO(w.q),
+		lin:  make([]byte, MaxFrame),
+		pair: w.q,
+	}
+	if n.groOn.Load() {
+		st.gro = n.newTXGRO(w.q)
 	}
 	defer st.finish()
 	defer v.Guard(&st.faulted)
@@ -126,9 +131,7 @@ func (n *Net) txBatch(v vhostuser.Queue, st *txState) (moved int, drained, block
 	if err := v.Begin(); err != nil {
 		return 0, false, false, err
 	}
-	if st.gro != nil {
-		st.gro.beginBatch()
-	}
+	st.groOn = n.groBatch(st)
 	empty := false
 	for range txBudget {
 		c, err := v.Pop(st.iov)
@@ -153,7 +156,7 @@ func (n *Net) txBatch(v vhostuser.Queue, st *txState) (moved int, drained, block
 			v.Publish()
 		}
 	}
-	if st.gro != nil {
+	if st.groOn {
 		// Before End: the aggregates are written before the guest sees its chains
 		// used, as if each segment had been (endBatch says when).
 		st.gro.endBatch(empty || blocked)
@@ -217,7 +220,7 @@ func (n *Net) tx(st *txState, c vhostuser.Chain, ringHL int) error {
 		// (drivers/net/tun.c tun_vnet_hdr_get): the guest's hint goes, not the frame.
 		h.HdrLen = 0
 	}
-	if st.gro != nil {
+	if st.groOn {
 		// The engine decides from st.lin and copies what it may merge; anything else
 		// is written below, its flow's held aggregate already written (gro.go).
 		st.gh = h

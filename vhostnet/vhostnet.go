@@ -200,7 +200,7 @@ type Net struct {
 	probed  vnethdr.Offloads
 	mtu     int
 
-	gro         bool
+	groOn       atomic.Bool // coalescing (--gro, SetGRO): TX workers take it up per batch, RX through rscMode
 	timerFlush  bool
 	rscInterval time.Duration
 	maxFlows    int
@@ -308,7 +308,8 @@ func New(cfg Config) (*Net, error) {
 		n.stats = new(Stats)
 	}
 	n.peers = cfg.Peers
-	n.gro, n.timerFlush, n.rscInterval, n.maxFlows = cfg.GRO, cfg.TimerFlush, cfg.RSCInterval, cfg.MaxFlows
+	n.timerFlush, n.rscInterval, n.maxFlows = cfg.TimerFlush, cfg.RSCInterval, cfg.MaxFlows
+	n.groOn.Store(cfg.GRO)
 	n.perFrame, n.callInterval, n.pollWindow, n.txHold = cfg.PerFrame, cfg.CallInterval, cfg.PollWindow, cfg.TXHold
 	if n.timerFlush && n.rscInterval <= 0 {
 		return nil, errors.New("vhostnet: TimerFlush needs an RSCInterval")
