@@ -44,12 +44,12 @@ type txState struct {
 	lin  []byte // our copy of the frame's first bytes (tx) and, rarely, all of it
 	nPop int
 
-	tap *tapdev.Device // the pair's TAP queue
-	q   *QueueStats    // the pair's counters
+	tap   *tapdev.Device // the pair's TAP queue
+	q     *QueueStats    // the pair's counters
 	pair  *queuePair
-	gro   *txGRO // nil: GRO never on for this worker (gro.go)
-	groOn bool   // this batch runs gro (groBatch)
-	gh  vnethdr.Hdr    // the header handed to the engine (kept off the stack)
+	gro   *txGRO      // nil: GRO never on for this worker (gro.go)
+	groOn bool        // this batch runs gro (groBatch)
+	gh    vnethdr.Hdr // the header handed to the engine (kept off the stack)
 
 	faulted bool // guest memory faulted: the worker is ending (vhostuser.Vring.Guard)
 }
@@ -62,8 +62,8 @@ func (n *Net) txLoop(w *worker) {
 		tap: w.q.tap,
 		q:   w.q.stats,
 		// A chain has at most Num descriptors, each at most two regions' worth.
-		iov: make([][]byte, 0, 2*v.Num()+2),
-		out: make([][]byte, 0, tapdev.MaxIov),
+		iov:  make([][]byte, 0, 2*v.Num()+2),
+		out:  make([][]byte, 0, tapdev.MaxIov),
 		lin:  make([]byte, MaxFrame),
 		pair: w.q,
 	}
