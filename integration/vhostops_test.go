@@ -218,8 +218,8 @@ func TestVhostUserOps(t *testing.T) {
 		t.Fatalf("/healthz after the guest posted buffers: %d %q", code, body)
 	}
 	m := scrape(t, ns, maddr)
-	if v := m.get(t, `tapgro_vhost_rx_stalls_total`); v < 1 {
-		t.Errorf("tapgro_vhost_rx_stalls_total = %v after a stall", v)
+	if v := m.get(t, `tapgro_rx_stalls_total`); v < 1 {
+		t.Errorf("tapgro_rx_stalls_total = %v after a stall", v)
 	}
 	if v := m.get(t, `tapgro_pcap_frames_total{side="port"}`); v < 4 {
 		t.Errorf("tapgro_pcap_frames_total{side=port} = %v", v)

@@ -170,7 +170,7 @@ func (m *Metrics) addRxPool() {
 		m.add("tapgro_rx_dropped_total", "Frames the receive pool dropped, by reason.", Counter,
 			Labels{"reason": d.String()}, pool(func(st *rxpool.Stats) uint64 { return st.Drops[d].Load() }))
 	}
-	m.add("tapgro_rx_stalls_total", "Times the port could not take more frames (backpressure).", Counter, nil, pool(func(st *rxpool.Stats) uint64 { return st.Stalls.Load() }))
+	m.addRXStalls(pool(func(st *rxpool.Stats) uint64 { return st.Stalls.Load() }))
 	m.add("tapgro_rx_blocked_seconds_total", "Time the TAP->port pipeline waited for the port.", Counter, nil,
 		func(src *Source) float64 { s := src.Snap; return float64(s.Pool.BlockedNanos.Load()) / 1e9 })
 	m.add("tapgro_rx_skipped_buffers_total", "Buffers left empty at the pool's end to keep a frame contiguous.", Counter, nil, pool(func(st *rxpool.Stats) uint64 { return st.SkippedBuffers.Load() }))

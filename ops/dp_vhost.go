@@ -155,7 +155,7 @@ func (v *vhostDP) catalogue(m *Metrics) {
 			Counter, Labels{"reason": r.String()}, u(bs.Rejected[r].Load))
 	}
 	m.add("tapgro_vhost_rx_chains_total", "vhost-user: receive descriptor chains filled (more than frames with mergeable buffers).", Counter, nil, u(st.RXChains.Load))
-	m.add("tapgro_vhost_rx_stalls_total", "vhost-user: times TAP → guest waited for the guest to post buffers.", Counter, nil, u(st.RXStalls.Load))
+	m.addRXStalls(u(st.RXStalls.Load))
 	m.add("tapgro_vhost_tx_holds_total", "vhost-user: times a TX worker that moved bulk held (--tx-hold) with kicks off instead of waiting for the next kick.", Counter, nil, u(st.TXHolds.Load))
 	m.add("tapgro_vhost_tx_blocked_total", "vhost-user: times guest → TAP waited for the TAP to take a frame.", Counter, nil, u(st.TXBlocked.Load))
 	m.add("tapgro_vhost_tx_linearized_total", "vhost-user: guest frames of more segments than one writev takes, copied.", Counter, nil, u(st.Linearized.Load))

@@ -31,6 +31,12 @@ func (m *Metrics) addGSOSegmented(v func(*Source) float64) {
 	m.add("tapgro_gso_segmented_total", "GSO frames from the TAP split in software for the port.", Counter, nil, v)
 }
 
+// addRXStalls: times TAP → peer met a peer that could take no more (the engine: the
+// port's socket or ring full; vhost-user: the guest posted no receive buffers).
+func (m *Metrics) addRXStalls(v func(*Source) float64) {
+	m.add("tapgro_rx_stalls_total", "Times the port could not take more frames (backpressure; vhost-user: the guest had no receive buffers).", Counter, nil, v)
+}
+
 func (m *Metrics) addConnected(v func(*Source) float64) {
 	m.add("tapgro_port_connected", "1 while a peer is connected to the port.", Gauge, nil, v)
 }
