@@ -42,8 +42,8 @@ func TestClassify(t *testing.T) {
 	}
 	checkGroups(t, [][]byte{a, b}, h.out, [][]int{{0, 1}})
 	st := h.c.Stats()
-	if st.Segments.Load() != 3 || st.Packets.Load() != 2 || st.PureAck.Load()+st.DupAck.Load() != 1 {
-		t.Errorf("segments %d packets %d acks %d", st.Segments.Load(), st.Packets.Load(), st.PureAck.Load()+st.DupAck.Load())
+	if st.Segments.Load() != 3 || st.Packets.Load() != 2 || st.Reason(ReasonPureAck).Load()+st.Reason(ReasonDupAck).Load() != 1 {
+		t.Errorf("segments %d packets %d acks %d", st.Segments.Load(), st.Packets.Load(), st.Reason(ReasonPureAck).Load()+st.Reason(ReasonDupAck).Load())
 	}
 	// A prefix shorter than the headers: copy and Add.
 	if !classify(ack, 40, nil) {

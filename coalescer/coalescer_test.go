@@ -261,7 +261,7 @@ func TestGSOInput(t *testing.T) {
 	if h.out[1].hdr != want || !bytes.Equal(h.out[1].frame, big) {
 		t.Errorf("GSO frame: header %s, want %s; frame equal %t", h.out[1].hdr, want, bytes.Equal(h.out[1].frame, big))
 	}
-	if n := h.c.Stats().GSOInput.Load(); n != 1 {
+	if n := h.c.Stats().Reason(ReasonGSOInput).Load(); n != 1 {
 		t.Errorf("GSOInput = %d", n)
 	}
 }
@@ -326,8 +326,8 @@ func TestTimer(t *testing.T) {
 		t.Errorf("Oldest = %d, want 200", got)
 	}
 	h.c.FlushExpired(300, 100)
-	if h.c.Held() != 0 || h.c.Stats().Timer.Load() != 2 {
-		t.Errorf("held %d, timer flushes %d", h.c.Held(), h.c.Stats().Timer.Load())
+	if h.c.Held() != 0 || h.c.Stats().Reason(ReasonTimer).Load() != 2 {
+		t.Errorf("held %d, timer flushes %d", h.c.Held(), h.c.Stats().Reason(ReasonTimer).Load())
 	}
 }
 
@@ -347,7 +347,7 @@ func TestFlushOneExpired(t *testing.T) {
 	if !h.c.FlushOneExpired(200, 100) || h.c.FlushOneExpired(200, 100) || h.c.Held() != 0 {
 		t.Fatalf("second expired flush: %d packets, %d held", len(h.out), h.c.Held())
 	}
-	if n := h.c.Stats().Timer.Load(); n != 2 {
+	if n := h.c.Stats().Reason(ReasonTimer).Load(); n != 2 {
 		t.Errorf("timer flushes %d, want 2", n)
 	}
 }

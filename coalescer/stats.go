@@ -116,34 +116,10 @@ type Stats struct {
 	Started   atomic.Uint64 // aggregates started (including ones emitted with 1 segment)
 	GSOOut    atomic.Uint64 // packets emitted as GSO (2 or more segments)
 
-	NotTCPUDP      atomic.Uint64
-	IPOptions      atomic.Uint64
-	Fragment       atomic.Uint64
-	ExtHeader      atomic.Uint64
-	Syn            atomic.Uint64
-	FinRstUrg      atomic.Uint64
-	PureAck        atomic.Uint64
-	DupAck         atomic.Uint64
-	CWR            atomic.Uint64
-	OutOfOrder     atomic.Uint64
-	OptionsChanged atomic.Uint64
-	AckChanged     atomic.Uint64
-	TosTTLChanged  atomic.Uint64
-	FlagsChanged   atomic.Uint64
-	IPIDChanged    atomic.Uint64
-	BadChecksum    atomic.Uint64
-	NoChecksum     atomic.Uint64
-	OverSize       atomic.Uint64
-	LargerSegment  atomic.Uint64
-	SegmentCap     atomic.Uint64
-	Eviction       atomic.Uint64
-	BatchEnd       atomic.Uint64
-	Timer          atomic.Uint64
-	Psh            atomic.Uint64
-	ShortSegment   atomic.Uint64
-	GSOInput       atomic.Uint64
-	Disabled       atomic.Uint64
-	Malformed      atomic.Uint64
+	// reasons counts each bypass and flush decision, indexed by Reason (Reason(r)
+	// reads one): declared once, by the Reason constants and reasonNames, so a new
+	// reason cannot be missed here.
+	reasons [numReasons]atomic.Uint64
 
 	// HeldCopies counts the payload bytes AddRef'd aggregates copied into their own
 	// buffer because they outlived the caller's buffer (Release) or reached MaxRefs:
@@ -157,70 +133,15 @@ type Stats struct {
 }
 
 // Reason returns the counter for r (Coalesced for ReasonMerged, Started for
-// ReasonStarted), so exporters can loop over Reasons().
+// ReasonStarted), so exporters can loop over Reasons(). r must be a Reason constant.
 func (s *Stats) Reason(r Reason) *atomic.Uint64 {
 	switch r {
 	case ReasonMerged:
 		return &s.Coalesced
 	case ReasonStarted:
 		return &s.Started
-	case ReasonNotTCPUDP:
-		return &s.NotTCPUDP
-	case ReasonIPOptions:
-		return &s.IPOptions
-	case ReasonFragment:
-		return &s.Fragment
-	case ReasonExtHeader:
-		return &s.ExtHeader
-	case ReasonSyn:
-		return &s.Syn
-	case ReasonFinRstUrg:
-		return &s.FinRstUrg
-	case ReasonPureAck:
-		return &s.PureAck
-	case ReasonDupAck:
-		return &s.DupAck
-	case ReasonCWR:
-		return &s.CWR
-	case ReasonOutOfOrder:
-		return &s.OutOfOrder
-	case ReasonOptionsChanged:
-		return &s.OptionsChanged
-	case ReasonAckChanged:
-		return &s.AckChanged
-	case ReasonTosTTLChanged:
-		return &s.TosTTLChanged
-	case ReasonFlagsChanged:
-		return &s.FlagsChanged
-	case ReasonIPIDChanged:
-		return &s.IPIDChanged
-	case ReasonBadChecksum:
-		return &s.BadChecksum
-	case ReasonNoChecksum:
-		return &s.NoChecksum
-	case ReasonOverSize:
-		return &s.OverSize
-	case ReasonLargerSegment:
-		return &s.LargerSegment
-	case ReasonSegmentCap:
-		return &s.SegmentCap
-	case ReasonEviction:
-		return &s.Eviction
-	case ReasonBatchEnd:
-		return &s.BatchEnd
-	case ReasonTimer:
-		return &s.Timer
-	case ReasonPsh:
-		return &s.Psh
-	case ReasonShortSegment:
-		return &s.ShortSegment
-	case ReasonGSOInput:
-		return &s.GSOInput
-	case ReasonDisabled:
-		return &s.Disabled
-	default:
-		return &s.Malformed
 	}
+	return &s.reasons[r]
 }
 
 // histBucket maps a segment count (>= 1) to its SegsPerPacket index: 1→0, 2→1, 3..4→2,

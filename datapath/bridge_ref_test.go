@@ -257,13 +257,13 @@ func testPortToTapPoisoned(t *testing.T, lend bool) {
 			}
 			st := b.coal.Stats()
 			t.Logf("%d reads, %d packets (%d GSO), eviction %d, timer %d, batch_end %d, %d bytes copied on hold",
-				sp.reads, st.Packets.Load(), st.GSOOut.Load(), st.Eviction.Load(), st.Timer.Load(), st.BatchEnd.Load(), st.HeldCopies.Load())
+				sp.reads, st.Packets.Load(), st.GSOOut.Load(), st.Reason(coalescer.ReasonEviction).Load(), st.Reason(coalescer.ReasonTimer).Load(), st.Reason(coalescer.ReasonBatchEnd).Load(), st.HeldCopies.Load())
 			if st.GSOOut.Load() == 0 {
 				t.Fatal("nothing was coalesced")
 			}
 			if lend {
 				// No references to check: the engine copies what it keeps of lent frames.
-				if st.HeldCopies.Load() != 0 || (mode.timer && st.Eviction.Load() == 0) {
+				if st.HeldCopies.Load() != 0 || (mode.timer && st.Reason(coalescer.ReasonEviction).Load() == 0) {
 					t.Fatal("lent frames were referenced, or the run did not exercise eviction")
 				}
 				return
@@ -274,11 +274,11 @@ func testPortToTapPoisoned(t *testing.T, lend bool) {
 					t.Fatal("MTU segments were referenced below groRefMinPayload")
 				}
 			case "timer-held", "batch-pending", "jumbo-timer-held":
-				if st.Eviction.Load() == 0 || st.HeldCopies.Load() == 0 {
+				if st.Reason(coalescer.ReasonEviction).Load() == 0 || st.HeldCopies.Load() == 0 {
 					t.Fatal("the run did not exercise eviction and copy on hold")
 				}
 			case "timer-expiring":
-				if st.Timer.Load() == 0 || st.Eviction.Load() == 0 {
+				if st.Reason(coalescer.ReasonTimer).Load() == 0 || st.Reason(coalescer.ReasonEviction).Load() == 0 {
 					t.Fatal("the run did not exercise the timer flush and eviction")
 				}
 			}

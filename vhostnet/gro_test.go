@@ -12,6 +12,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"tapgro/coalescer"
 	"tapgro/vhostuser/vhostusertest"
 	"tapgro/virtio"
 	"tapgro/vnethdr"
@@ -209,8 +210,8 @@ func testGROToTAP(t *testing.T, mask uint64, timer bool) {
 	if g.Segments.Load() != uint64(segs) || g.Packets.Load() != uint64(frames+gotMarkers) {
 		t.Errorf("GRO counted %d segments, %d packets; want %d, %d", g.Segments.Load(), g.Packets.Load(), segs, frames+gotMarkers)
 	}
-	if g.GSOInput.Load() != 1 || g.PureAck.Load()+g.DupAck.Load() != 1 || g.NotTCPUDP.Load() != uint64(markers) {
-		t.Errorf("bypass counters: gso_input %d, acks %d, not_tcp_udp %d", g.GSOInput.Load(), g.PureAck.Load()+g.DupAck.Load(), g.NotTCPUDP.Load())
+	if g.Reason(coalescer.ReasonGSOInput).Load() != 1 || g.Reason(coalescer.ReasonPureAck).Load()+g.Reason(coalescer.ReasonDupAck).Load() != 1 || g.Reason(coalescer.ReasonNotTCPUDP).Load() != uint64(markers) {
+		t.Errorf("bypass counters: gso_input %d, acks %d, not_tcp_udp %d", g.Reason(coalescer.ReasonGSOInput).Load(), g.Reason(coalescer.ReasonPureAck).Load()+g.Reason(coalescer.ReasonDupAck).Load(), g.Reason(coalescer.ReasonNotTCPUDP).Load())
 	}
 	st := e.n.Stats()
 	if st.TXFrames.Load() != uint64(segs) || st.TXGSO.Load() != 1 {
