@@ -44,13 +44,10 @@ type dirStats struct {
 	Batches atomic.Uint64 // read batches processed
 	Reads   atomic.Uint64 // frames read from the near side
 
-	DropNoPeer    atomic.Uint64 // TAP→port: nobody connected
-	DropMalformed atomic.Uint64 // bad vnet header or headers that cannot be segmented
-	DropPortError atomic.Uint64 // TAP→port: the port failed mid-batch
-	DropTapEIO    atomic.Uint64 // port→TAP: TAP link is down
-	DropTapError  atomic.Uint64 // port→TAP: other write errors
-	GSOFallback   atomic.Uint64 // port→TAP: GSO writes refused with EINVAL and re-sent segmented
-	GSOSegmented  atomic.Uint64 // GSO frames split in software (TAP→port: for the port; port→TAP: kinds the TAP refuses)
+	Drops [NumDrops]atomic.Uint64 // by Drop reason (engine.go)
+
+	GSOFallback  atomic.Uint64 // port→TAP: GSO writes refused with EINVAL and re-sent segmented
+	GSOSegmented atomic.Uint64 // GSO frames split in software (TAP→port: for the port; port→TAP: kinds the TAP refuses)
 	// GSOPassthrough counts GSO frames handed on whole: TAP→port to a port that accepts
 	// them (vnet-hdr), port→TAP from a vnet-hdr port to the TAP.
 	GSOPassthrough atomic.Uint64

@@ -359,7 +359,7 @@ func benchPipeline(b *testing.B, br *bridge, ref bool, src [][]byte, seg int) *c
 	}
 	b.StopTimer()
 	coal.Flush()
-	if br.p2t.DropTapError.Load() != 0 {
+	if br.p2t.Drops[DropTapError].Load() != 0 {
 		b.Fatal("TAP write errors")
 	}
 	return coal

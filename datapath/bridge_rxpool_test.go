@@ -197,7 +197,7 @@ func TestTapToPortBackpressure(t *testing.T) {
 			t.Fatalf("got %d of %d segments", got, frames*45)
 		}
 	}
-	if b.t2p.DropPortError.Load() != 0 || b.rxStats.Drops[rxpool.DropTooBig].Load() != 0 {
+	if b.t2p.Drops[DropPortError].Load() != 0 || b.rxStats.Drops[rxpool.DropTooBig].Load() != 0 {
 		t.Fatal("frames dropped under backpressure")
 	}
 }

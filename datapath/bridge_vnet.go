@@ -34,17 +34,17 @@ func (p *portToTap) addWithHeaders(coal *coalescer.Coalescer, n int, now int64) 
 	tl := b.cfg.vnetHdrLen
 	for i := 0; i < n; i++ {
 		if p.sizes[i] < p.phl+port.MinFrame {
-			st.DropMalformed.Add(1)
+			st.Drops[DropMalformed].Add(1)
 			continue
 		}
 		buf := p.cur[i]
 		if err := p.hdr.Decode(buf[p.head-p.phl:], p.phl); err != nil {
-			st.DropMalformed.Add(1)
+			st.Drops[DropMalformed].Add(1)
 			continue
 		}
 		frame := buf[p.head : p.head-p.phl+p.sizes[i]]
 		if vnethdr.ValidatePeer(frame, &p.hdr) != nil {
-			st.DropMalformed.Add(1)
+			st.Drops[DropMalformed].Add(1)
 			continue
 		}
 		if p.hdr.IsGSO() && b.tapWriteOK(&p.hdr, len(frame)) {

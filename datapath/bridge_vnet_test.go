@@ -168,8 +168,8 @@ func TestVnetPortToTapDropsBadGSO(t *testing.T) {
 	out := waitWritten(t, tap, 1)
 	far.Close()
 	<-done
-	if len(out) != 1 || b.p2t.DropMalformed.Load() != 1 {
-		t.Fatalf("%d written, %d dropped; want 1 and 1", len(out), b.p2t.DropMalformed.Load())
+	if len(out) != 1 || b.p2t.Drops[DropMalformed].Load() != 1 {
+		t.Fatalf("%d written, %d dropped; want 1 and 1", len(out), b.p2t.Drops[DropMalformed].Load())
 	}
 }
 
@@ -645,7 +645,7 @@ func testCraftedHeaders(t *testing.T, tap tapIO, accepts vnethdr.Offloads) {
 	if len(killed) != 0 || b.tapKilled.Load() != 0 || b.groKilled.Load() {
 		t.Errorf("offloads killed: %v (tapKilled %s, groKilled %v)", killed, vnethdr.Offloads(b.tapKilled.Load()), b.groKilled.Load())
 	}
-	if got := b.p2t.DropMalformed.Load(); got != uint64(len(crafted)) {
+	if got := b.p2t.Drops[DropMalformed].Load(); got != uint64(len(crafted)) {
 		t.Errorf("%d records counted as malformed, want the %d crafted ones", got, len(crafted))
 	}
 	if b.p2t.GSOFallback.Load() != 0 {

@@ -145,8 +145,8 @@ func TestTapToPortBuffersNotReusedWhileStaged(t *testing.T) {
 			time.Sleep(time.Millisecond)
 		}
 	}
-	if releases.Load() == 0 || b.rxStats.Stalls.Load() == 0 || b.t2p.DropPortError.Load() != 0 {
-		t.Fatalf("releases %d, stalls %d, port-error drops %d", releases.Load(), b.rxStats.Stalls.Load(), b.t2p.DropPortError.Load())
+	if releases.Load() == 0 || b.rxStats.Stalls.Load() == 0 || b.t2p.Drops[DropPortError].Load() != 0 {
+		t.Fatalf("releases %d, stalls %d, port-error drops %d", releases.Load(), b.rxStats.Stalls.Load(), b.t2p.Drops[DropPortError].Load())
 	}
 }
 

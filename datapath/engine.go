@@ -420,16 +420,13 @@ func (e *Engine) Snapshot() Snapshot {
 }
 
 func (d *dirStats) load() Dir {
-	return Dir{
+	out := Dir{
 		Reads: d.Reads.Load(), Batches: d.Batches.Load(), Frames: d.Frames.Load(), Bytes: d.Bytes.Load(),
-		Drops: [NumDrops]uint64{
-			DropNoPeer:    d.DropNoPeer.Load(),
-			DropMalformed: d.DropMalformed.Load(),
-			DropPortError: d.DropPortError.Load(),
-			DropTapEIO:    d.DropTapEIO.Load(),
-			DropTapError:  d.DropTapError.Load(),
-		},
 		GSOSegmented: d.GSOSegmented.Load(), GSOPassthrough: d.GSOPassthrough.Load(),
 		GSOFallback: d.GSOFallback.Load(), CsumCompleted: d.CsumCompleted.Load(),
 	}
+	for r := range d.Drops {
+		out.Drops[r] = d.Drops[r].Load()
+	}
+	return out
 }

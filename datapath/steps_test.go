@@ -215,8 +215,8 @@ func TestStepsMatchFramesTapToPort(t *testing.T) {
 			}
 		}
 	}
-	if b.t2p.DropMalformed.Load()+b.t2p.DropPortError.Load() != 0 {
-		t.Errorf("drops: malformed %d, port error %d", b.t2p.DropMalformed.Load(), b.t2p.DropPortError.Load())
+	if b.t2p.Drops[DropMalformed].Load()+b.t2p.Drops[DropPortError].Load() != 0 {
+		t.Errorf("drops: malformed %d, port error %d", b.t2p.Drops[DropMalformed].Load(), b.t2p.Drops[DropPortError].Load())
 	}
 }
 
@@ -263,8 +263,8 @@ func TestStepsMatchFramesPortToTap(t *testing.T) {
 			hasUFO := emits&vnethdr.OffloadUFO != 0
 			checkSteps(t, what, n.P2T&^(StepHdrConvert|StepGRO|StepUDPGRO), whole, refused, got, hasUFO)
 			if hasUFO {
-				before := b.p2t.DropMalformed.Load()
-				if o := classify(t, send(ufo), 10); o != outDropped || b.p2t.DropMalformed.Load() != before+1 {
+				before := b.p2t.Drops[DropMalformed].Load()
+				if o := classify(t, send(ufo), 10); o != outDropped || b.p2t.Drops[DropMalformed].Load() != before+1 {
 					t.Errorf("%s: UFO frame %v, not dropped as malformed", what, o)
 				}
 			}

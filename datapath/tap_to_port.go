@@ -147,19 +147,19 @@ func (p *tapToPort) process(n int) {
 	}
 	ref := b.port.Load()
 	if ref == nil {
-		st.DropNoPeer.Add(uint64(n))
+		st.Drops[DropNoPeer].Add(uint64(n))
 		return
 	}
 	p.setPort(ref)
 	for i := 0; i < n; i++ {
 		if p.ref == nil {
 			// The port failed mid-batch: the rest of the batch has nowhere to go.
-			st.DropPortError.Add(uint64(n - i))
+			st.Drops[DropPortError].Add(uint64(n - i))
 			return
 		}
 		pkt := p.cur[i][:p.sizes[i]]
 		if err := p.hdr.Decode(pkt, hl); err != nil {
-			st.DropMalformed.Add(1)
+			st.Drops[DropMalformed].Add(1)
 			continue
 		}
 		frame := pkt[hl:]
@@ -180,7 +180,7 @@ func (p *tapToPort) process(n int) {
 			p.split(frame)
 		default: // a partial checksum the port cannot take
 			if vnethdr.CompleteChecksum(frame, &p.hdr) != nil {
-				st.DropMalformed.Add(1)
+				st.Drops[DropMalformed].Add(1)
 				continue
 			}
 			st.CsumCompleted.Add(1)
@@ -262,7 +262,7 @@ func (p *tapToPort) reserveVec(headLen, bodyLen int) ([]byte, bool) {
 		return nil, false
 	}
 	if !p.flush(rxpool.ReasonPoolFull) {
-		p.b.t2p.DropPortError.Add(1)
+		p.b.t2p.Drops[DropPortError].Add(1)
 		return nil, false
 	}
 	if head, ok = p.pool.ReserveVec(headLen, bodyLen); !ok {
@@ -281,7 +281,7 @@ func (p *tapToPort) reserveVec(headLen, bodyLen int) ([]byte, bool) {
 func (p *tapToPort) released() {
 	if p.pool.Borrowing() {
 		staged, _ := p.pool.Queued()
-		p.b.t2p.DropPortError.Add(uint64(staged))
+		p.b.t2p.Drops[DropPortError].Add(uint64(staged))
 		p.pool.Discard(rxpool.DropPortError)
 	}
 	if p.onRelease != nil {

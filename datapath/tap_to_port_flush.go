@@ -36,7 +36,7 @@ func (p *tapToPort) flush(why rxpool.Reason) bool {
 	if err == nil {
 		return true
 	}
-	st.DropPortError.Add(uint64(staged - n))
+	st.Drops[DropPortError].Add(uint64(staged - n))
 	p.pool.Discard(rxpool.DropPortError)
 	if !errors.Is(err, unix.EPIPE) && !errors.Is(err, unix.ECONNRESET) {
 		p.ref.p.Close()

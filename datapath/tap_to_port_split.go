@@ -20,7 +20,7 @@ func (p *tapToPort) split(frame []byte) {
 	st := &p.b.t2p
 	pl, err := vnethdr.Plan(frame, &p.hdr)
 	if err != nil {
-		st.DropMalformed.Add(1)
+		st.Drops[DropMalformed].Add(1)
 		return
 	}
 	segCap, nseg := p.hl+pl.SegCap, pl.Segments
@@ -48,7 +48,7 @@ func (p *tapToPort) split(frame []byte) {
 func (p *tapToPort) finishSplit(n int, err error, commit func(i int)) {
 	if err != nil {
 		p.pool.Cancel()
-		p.b.t2p.DropMalformed.Add(1)
+		p.b.t2p.Drops[DropMalformed].Add(1)
 		return
 	}
 	p.b.t2p.GSOSegmented.Add(1)
@@ -73,7 +73,7 @@ func (p *tapToPort) reserveSegs(vec bool, headLen, bodyMax, nseg int) bool {
 		return true
 	}
 	if !p.flush(rxpool.ReasonPoolFull) {
-		p.b.t2p.DropPortError.Add(1)
+		p.b.t2p.Drops[DropPortError].Add(1)
 		return false
 	}
 	if !p.tryReserveSegs(vec, headLen, bodyMax, nseg) { // cannot happen: they Fit an empty pool

@@ -68,9 +68,9 @@ func (w *tapWriter) write(pkt []byte) {
 	case errors.Is(err, unix.EINVAL) && w.isGSO(pkt):
 		w.refusedGSO(pkt, err)
 	case errors.Is(err, unix.EIO):
-		st.DropTapEIO.Add(1)
+		st.Drops[DropTapEIO].Add(1)
 	default:
-		st.DropTapError.Add(1)
+		st.Drops[DropTapError].Add(1)
 	}
 }
 
@@ -99,9 +99,9 @@ func (w *tapWriter) writev(iov [][]byte) {
 	case errors.Is(err, unix.EINVAL) && w.isGSO(iov[0]):
 		w.refusedGSO(w.flatten(iov), err)
 	case errors.Is(err, unix.EIO):
-		st.DropTapEIO.Add(1)
+		st.Drops[DropTapEIO].Add(1)
 	default:
-		st.DropTapError.Add(1)
+		st.Drops[DropTapError].Add(1)
 	}
 }
 
@@ -143,7 +143,7 @@ func (w *tapWriter) refusedGSO(pkt []byte, cause error) {
 	st := &b.p2t
 	hl := b.cfg.vnetHdrLen
 	if vnethdr.ValidatePeer(pkt[hl:], &w.hdr) != nil {
-		st.DropMalformed.Add(1)
+		st.Drops[DropMalformed].Add(1)
 		return
 	}
 	st.GSOFallback.Add(1)
@@ -199,7 +199,7 @@ func (w *tapWriter) split(pkt []byte) {
 	frame := pkt[hl:]
 	pl, err := vnethdr.Plan(frame, &w.hdr)
 	if err != nil {
-		st.DropMalformed.Add(1)
+		st.Drops[DropMalformed].Add(1)
 		return
 	}
 	// One slab, carved into nseg segments of hl + headers + gso_size; it grows to the
@@ -220,14 +220,14 @@ func (w *tapWriter) split(pkt []byte) {
 	}
 	n, err := vnethdr.Split(frame, &w.hdr, w.fallbackViews[:nseg], w.fallbackSize[:nseg])
 	if err != nil {
-		st.DropMalformed.Add(1)
+		st.Drops[DropMalformed].Add(1)
 		return
 	}
 	for i := 0; i < n; i++ {
 		out := w.fallback[i][:hl+w.fallbackSize[i]]
 		vnethdr.Zero(out, hl)
 		if _, err := b.tap.Write(out); err != nil {
-			st.DropTapError.Add(1)
+			st.Drops[DropTapError].Add(1)
 			continue
 		}
 		if c := b.capture.tap.Writer(); c != nil {

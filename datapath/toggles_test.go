@@ -119,7 +119,7 @@ func TestTogglesMidStream(t *testing.T) {
 	}
 	tap.Close()
 	<-t2pDone
-	if d := b.t2p.DropMalformed.Load() + b.p2t.DropMalformed.Load() + b.p2t.DropTapError.Load(); d != 0 {
+	if d := b.t2p.Drops[DropMalformed].Load() + b.p2t.Drops[DropMalformed].Load() + b.p2t.Drops[DropTapError].Load(); d != 0 {
 		t.Errorf("%d frames dropped", d)
 	}
 }
