@@ -8,7 +8,6 @@ import (
 	"sync"
 	"time"
 
-	"tapgro/netmapio"
 	"tapgro/port"
 	"tapgro/sockport"
 )
@@ -61,12 +60,6 @@ type Endpoint interface {
 	Stats() *port.Stats
 }
 
-// NetmapStatser is implemented by every Endpoint (and by netmapio.NetmapPort): the
-// counters only a netmap port has, shared by every registration of the endpoint.
-type NetmapStatser interface {
-	NetmapStats() *netmapio.NetmapStats
-}
-
 // Open prepares an endpoint for spec: a server starts listening now (so a busy address is
 // reported at once) and a datagram endpoint binds now; a client dials only in Next.
 func Open(spec Spec, ev Events) (Endpoint, error) { return OpenWith(spec, ev, Options{}) }
@@ -111,9 +104,6 @@ type core struct {
 	ev    Events
 	opt   Options
 	stats port.Stats
-	// nmStats are netmap's counters. Every role has them (zero but for netmap) so the
-	// set of metrics tapgro exports does not depend on the backend.
-	nmStats netmapio.NetmapStats
 
 	ctx       context.Context // cancelled by Close
 	cancel    context.CancelFunc
@@ -137,13 +127,6 @@ func (c *core) Addr() string {
 }
 
 func (c *core) Stats() *port.Stats { return &c.stats }
-
-// NetmapStats returns the endpoint's netmap counters (all zero for other backends).
-func (c *core) NetmapStats() *netmapio.NetmapStats { return &c.nmStats }
-
-// Counters are the endpoint's transport counters for the operator surfaces
-// (port.CounterSource): netmap's, all zero for other backends.
-func (c *core) Counters() []port.Counter { return c.nmStats.Counters() }
 
 // Spec is the endpoint's spec with inherited sockets resolved to the address they are
 // bound to, so the QEMU option printed at start-up names a real path or port.

@@ -16,16 +16,27 @@ type attach struct {
 	*core
 	gate  gate
 	first *netmapio.NetmapPort // under core.mu: registered by Open, not yet handed out
+	// nm are netmap's own counters, shared by every registration so that they survive
+	// re-registering; they reach the operator surfaces through Counters.
+	nm netmapio.NetmapStats
 }
 
+var _ port.CounterSource = (*attach)(nil)
+
 func openAttach(c *core) (*attach, error) {
-	p, err := netmapio.Open(c.spec.IfName, c.spec.HdrLen, &c.stats, &c.nmStats)
+	a := &attach{core: c, gate: newGate()}
+	p, err := netmapio.Open(c.spec.IfName, c.spec.HdrLen, &c.stats, &a.nm)
 	if err != nil {
 		return nil, err
 	}
 	c.addr = c.spec.IfName
-	return &attach{core: c, gate: newGate(), first: p}, nil
+	a.first = p
+	return a, nil
 }
+
+// Counters are netmap's own series (port.CounterSource): only a netmap endpoint has
+// them.
+func (a *attach) Counters() []port.Counter { return a.nm.Counters() }
 
 func (a *attach) Close() error {
 	a.shutdown(func() {
@@ -50,7 +61,7 @@ func (a *attach) Next(ctx context.Context) (port.Port, error) {
 	a.mu.Unlock()
 	if p == nil {
 		var err error
-		if p, err = netmapio.Open(a.spec.IfName, a.spec.HdrLen, &a.stats, &a.nmStats); err != nil {
+		if p, err = netmapio.Open(a.spec.IfName, a.spec.HdrLen, &a.stats, &a.nm); err != nil {
 			a.gate.release()
 			return nil, err
 		}
