@@ -123,5 +123,7 @@ func (f *fakeVhost) Capture() *pcapio.Point                      { return &f.cap
 func (f *fakeVhost) SetCapture(path string) error                { return f.cap.Set(path, pcapio.Options{}) }
 func (f *fakeVhost) OffloadChoice() vnethdr.Choice               { return vnethdr.Choice{Auto: true} }
 func (f *fakeVhost) SetOffloads(vnethdr.Choice) vnethdr.Offloads { return 0 }
+func (f *fakeVhost) SetGRO(bool) bool                            { return false }
+func (f *fakeVhost) GROActive() bool                             { return false }
 func (f *fakeVhost) SetUDPGRO(bool) bool                         { return false }
 func (f *fakeVhost) UDPGROActive() bool                          { return false }

@@ -227,7 +227,7 @@ func openVhost(o *options, log *logrus.Logger) (k portKind, err error) {
 	}
 	offload := o.offload
 	v.vn, err = vhostnet.New(vhostnet.Config{TAPs: v.taps, MTU: o.mtu, Pcap: o.pcap, PcapPath: o.pcapPort,
-		Logf: func(f string, a ...any) { log.Warnf(f, a...) }, Infof: func(f string, a ...any) { log.Infof(f, a...) },
+		Log: engineLogger{log},
 		// GRO toward the TAP (UDP too with --udp-gro) and RSC toward the guest
 		// (vhostnet/gro.go, rsc.go), with the stream path's switches; --offload caps the
 		// TAP's read offloads.

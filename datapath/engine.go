@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"tapgro/coalescer"
+	"tapgro/kvlog"
 	"tapgro/pcapio"
 	"tapgro/port"
 	"tapgro/rxpool"
@@ -40,21 +41,12 @@ type Config struct {
 	Trace func(r coalescer.Reason, frameLen int)
 }
 
-// Logger receives the engine's events: rare, never per packet (per-packet problems are
-// counters, read through Snapshot). kv are alternating keys and values; an error value
-// goes under the key "error". The engine calls it from its own goroutines.
-type Logger interface {
-	Debug(msg string, kv ...any)
-	Info(msg string, kv ...any)
-	Warn(msg string, kv ...any)
-}
+// Logger is kvlog's, the libraries' one contract. The engine's events are rare, never
+// per packet (per-packet problems are counters, read through Snapshot).
+type Logger = kvlog.Logger
 
-// NopLogger discards everything.
-type NopLogger struct{}
-
-func (NopLogger) Debug(string, ...any) {}
-func (NopLogger) Info(string, ...any)  {}
-func (NopLogger) Warn(string, ...any)  {}
+// NopLogger discards everything (kvlog.Nop).
+type NopLogger = kvlog.Nop
 
 // TAP is what the engine needs of its TAP: *tapdev.Device, or the in-memory TAP of
 // package tapdev/taptest.

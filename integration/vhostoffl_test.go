@@ -94,7 +94,7 @@ echo "GUEST-DOWN-SHA=$(nc %[1]s %[5]d </dev/null | sha256sum | cut -d' ' -f1)"
 	}
 	s.tg.stop()
 	log := s.tg.out.String()
-	if n := len(regexp.MustCompile(`vhostnet: features 0x`).FindAllString(log, -1)); n < 2 {
+	if n := len(regexp.MustCompile(`guest features acked`).FindAllString(log, -1)); n < 2 {
 		t.Errorf("tapgro logged %d feature negotiations, want one per driver start (2):\n%s", n, log)
 	}
 	t.Logf("took %v", time.Since(start).Round(time.Millisecond))

@@ -100,9 +100,9 @@ var (
 	guestFeaturesRe = regexp.MustCompile(`GUEST-FEATURES=([01]+)`)
 	logWarnRe       = regexp.MustCompile(`level=(warning|error|fatal|panic)`)
 	// vhostnet's FeaturesAcked log line: what QEMU sent in SET_FEATURES.
-	vhostAckedRe = regexp.MustCompile(`vhostnet: features (0x[0-9a-f]+) \([^)]*\): header (\d+) bytes`)
+	vhostAckedRe = regexp.MustCompile(`guest features acked" features=(0x[0-9a-f]+) header_bytes=(\d+)`)
 	// The same line with the bits' names, and the guest's ethtool -k line for USO.
-	vhostAckedNamesRe = regexp.MustCompile(`vhostnet: features (0x[0-9a-f]+) \(([^)]*)\)`)
+	vhostAckedNamesRe = regexp.MustCompile(`guest features acked" features=(0x[0-9a-f]+) header_bytes=\d+ names="?([^"]*)"?`)
 	guestUSORe        = regexp.MustCompile(`(?m)^tx-udp-segmentation: .*$`)
 )
 

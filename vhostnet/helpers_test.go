@@ -16,6 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"tapgro/integration/netnstest"
+	"tapgro/kvlog"
 	"tapgro/tapdev"
 	"tapgro/vhostuser"
 	"tapgro/vhostuser/vhostusertest"
@@ -53,7 +54,7 @@ func newEnv(t testing.TB, o vhostusertest.Options) *env {
 	return newEnvCfg(t, o, Config{})
 }
 
-// newEnvCfg is newEnv with Net configured by cfg (its TAP and Logf filled in).
+// newEnvCfg is newEnv with Net configured by cfg (its TAP and Log filled in).
 func newEnvCfg(t testing.TB, o vhostusertest.Options, cfg Config) *env {
 	t.Helper()
 	ns := netnstest.New(t, "vhostnet")
@@ -67,7 +68,7 @@ func newEnvCfg(t testing.TB, o vhostusertest.Options, cfg Config) *env {
 	}
 	t.Cleanup(func() { e.tap.Close() })
 	e.attach(tapName)
-	cfg.TAP, cfg.Logf = e.tap, t.Logf
+	cfg.TAP, cfg.Log = e.tap, kvlog.Printf(t.Logf)
 	n, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)

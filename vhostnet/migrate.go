@@ -5,6 +5,7 @@ package vhostnet
 import (
 	"encoding/binary"
 	"fmt"
+	"net"
 	"sync/atomic"
 	"time"
 
@@ -129,7 +130,7 @@ func (n *Net) sendRARP(mac [6]byte) error {
 		return fmt.Errorf("RARP for %x into the TAP: %w", mac, err)
 	}
 	n.stats.RARPs.Add(1)
-	n.peerLine(&n.gates.rarp, string(mac[:]), n.infof, "vhostnet: announced %02x:%02x:%02x:%02x:%02x:%02x on the TAP (RARP) after a migration",
-		mac[0], mac[1], mac[2], mac[3], mac[4], mac[5])
+	n.peerLine(&n.gates.rarp, string(mac[:]), n.log.Info, "vhostnet: announced the guest on the TAP (RARP) after a migration",
+		"mac", net.HardwareAddr(mac[:]).String())
 	return nil
 }

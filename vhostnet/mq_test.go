@@ -13,6 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"tapgro/integration/netnstest"
+	"tapgro/kvlog"
 	"tapgro/tapdev"
 	"tapgro/vhostuser"
 	"tapgro/vhostuser/vhostusertest"
@@ -42,7 +43,7 @@ func newMQEnv(t *testing.T, pairs int) *env {
 	})
 	e.tap = qs[0]
 	e.attach(mqTap)
-	n, err := New(Config{TAPs: qs, Logf: t.Logf})
+	n, err := New(Config{TAPs: qs, Log: kvlog.Printf(t.Logf)})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -131,7 +131,8 @@ func (n *Net) FeaturesAcked(f vhostuser.Features) {
 		ok := true
 		for _, q := range n.pairs {
 			if err := q.tap.SetVnetHdrLen(f.HdrLen); err != nil {
-				n.peerLine(&n.gates.tapErr, quietlog.Key(err.Error()), n.logf, "vhostnet: %v", err)
+				n.peerLine(&n.gates.tapErr, quietlog.Key(err.Error()), n.log.Warn,
+					"vhostnet: the TAP refused the guest's header length", "header_bytes", f.HdrLen, "error", err)
 				ok = false
 			}
 		}
@@ -147,17 +148,18 @@ func (n *Net) FeaturesAcked(f vhostuser.Features) {
 	n.acked.Store(f.Bits)
 	n.ackedOK.Store(true)
 	eff := n.applyOffloadsLocked()
-	rsc := ""
+	hex := fmt.Sprintf("%#x", f.Bits)
+	kv := []any{"features", hex, "names", virtio.String(f.Bits), "header_bytes", n.tapHdr, "tap_offloads", eff.String()}
 	if n.rscMode {
-		rsc = ", coalescing toward the guest"
+		kv = append(kv, "rsc", "on") // coalescing toward the guest
 	}
 	if cut := n.rxAllow & vnethdr.OffloadUSO; eff&vnethdr.OffloadUSO != 0 && cut != vnethdr.OffloadUSO {
-		rsc += ", cutting UDP GSO for the guest"
+		kv = append(kv, "uso_cut", "on") // cutting UDP GSO for the guest
 	}
 	// Logged when it changes: QEMU repeats SET_FEATURES at every migration's start and
 	// end, and a front-end can send it as often as it likes.
-	line := fmt.Sprintf("vhostnet: features %#x (%s): header %d bytes, TAP offloads %s%s", f.Bits, virtio.String(f.Bits), n.tapHdr, eff, rsc)
-	n.peerLine(&n.gates.features, line, n.infof, "%s", line)
+	key := fmt.Sprint(hex, n.tapHdr, eff, n.rscMode)
+	n.peerLine(&n.gates.features, key, n.log.Info, "vhostnet: guest features acked", kv...)
 }
 
 // applyOffloadsLocked sets TUNSETOFFLOAD from the acked features and the cap (n.mu held
@@ -169,7 +171,8 @@ func (n *Net) applyOffloadsLocked() vnethdr.Offloads {
 	tap := n.pairs[0].tap
 	eff, err := tap.SetOffloads(TapOffloads(n.rxAllow, n.probed, n.offloadCap))
 	if err != nil {
-		n.peerLine(&n.gates.tapErr, quietlog.Key(err.Error()), n.logf, "vhostnet: %v", err)
+		n.peerLine(&n.gates.tapErr, quietlog.Key(err.Error()), n.log.Warn,
+			"vhostnet: the TAP refused its offloads; it hands MTU frames", "error", err)
 		// Whatever was set before may exceed the new acks: fall back to none.
 		eff, _ = tap.SetOffloads(0)
 	}
@@ -200,7 +203,7 @@ func (n *Net) SetOffloads(c vnethdr.Choice) vnethdr.Offloads {
 		return vnethdr.Offloads(n.tapOffl.Load())
 	}
 	eff := n.applyOffloadsLocked()
-	n.infof("vhostnet: offloads %s: TAP offloads %s", c, eff)
+	n.log.Info("vhostnet: offloads changed", "offload", c.String(), "tap_offloads", eff.String())
 	return eff
 }
 
@@ -225,11 +228,7 @@ func (n *Net) SetGRO(on bool) bool {
 	if n.ackedOK.Load() {
 		n.applyOffloadsLocked()
 	}
-	if on {
-		n.infof("vhostnet: gro on")
-	} else {
-		n.infof("vhostnet: gro off")
-	}
+	n.log.Info("vhostnet: gro switched", "gro", on)
 	return on
 }
 

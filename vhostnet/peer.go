@@ -49,18 +49,20 @@ func peerCred(uc *net.UnixConn) (*unix.Ucred, error) {
 func (n *Net) admit(uc *net.UnixConn, how string) bool {
 	c, err := peerCred(uc)
 	if err != nil {
-		n.logf("vhostnet: %s front-end: SO_PEERCRED: %v; closed", how, err)
+		n.log.Warn("vhostnet: closed a front-end whose credentials could not be read (SO_PEERCRED)",
+			"how", how, "error", err)
 		uc.Close()
 		return false
 	}
 	ok := n.peers.allows(c)
 	key := fmt.Sprint(ok, c.Uid, c.Gid) // logged when who connects changes, else now and then
 	if ok {
-		n.peerLine(&n.gates.peer, key, n.infof, "vhostnet: %s front-end pid %d uid %d gid %d", how, c.Pid, c.Uid, c.Gid)
+		n.peerLine(&n.gates.peer, key, n.log.Info, "vhostnet: front-end connected",
+			"how", how, "pid", c.Pid, "uid", c.Uid, "gid", c.Gid)
 	} else {
 		n.BackendStats().PeerRefused.Add(1)
-		n.peerLine(&n.gates.peer, key, n.logf, "vhostnet: refused a front-end that is not allowed (%s): pid %d uid %d gid %d",
-			n.peers, c.Pid, c.Uid, c.Gid)
+		n.peerLine(&n.gates.peer, key, n.log.Warn, "vhostnet: refused a front-end that is not allowed",
+			"allowed", n.peers.String(), "pid", c.Pid, "uid", c.Uid, "gid", c.Gid)
 	}
 	if !ok {
 		uc.Close()

@@ -83,8 +83,9 @@ func (n *Net) Serve(ctx context.Context, ln *net.UnixListener) error {
 				n.BackendStats().Refused.Add(1)
 				if time.Since(reported) >= refuseQuiet {
 					reported = time.Now()
-					n.logf("vhostnet: refused a second front-end on %s: a session is running, one front-end per socket (more within %v are only counted)",
-						ln.Addr(), refuseQuiet)
+					n.log.Warn("vhostnet: refused a second front-end: a session is running and a socket serves one "+
+						"front-end (further refusals within quiet are only counted)",
+						"socket", ln.Addr().String(), "quiet", refuseQuiet)
 				}
 				uc.Close()
 				continue

@@ -76,7 +76,7 @@ func (n *Net) txLoop(w *worker) {
 	if n.txHold > 0 {
 		var err error
 		if ht, err = newHoldTimer(n.txHold); err != nil {
-			n.logf("vhost-user: TX hold without a timerfd (%v): holds last at least 1 ms", err)
+			n.log.Warn("vhostnet: TX hold without a timerfd: holds last at least 1 ms", "error", err)
 		} else {
 			defer ht.close()
 		}

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"tapgro/coalescer"
+	"tapgro/kvlog"
 	"tapgro/pcapio"
 	"tapgro/quietlog"
 	"tapgro/tapdev"
@@ -132,9 +133,10 @@ type Config struct {
 	// Stats and BackendStats may be shared with a metrics exporter; nil allocates.
 	Stats        *Stats
 	BackendStats *vhostuser.Stats
-	// Logf reports session ends and unusual events, Infof routine ones (each session's
-	// negotiated features); nil discards.
-	Logf, Infof func(format string, args ...any)
+	// Log gets session ends and unusual events as warnings, routine ones (each
+	// session's negotiated features) as info; nil: kvlog.Nop. It is the Backend's
+	// Log too.
+	Log kvlog.Logger
 	// MTU is the TAP's MTU as configured (0: not known); a guest MTU that differs
 	// (NET_SET_MTU) is logged.
 	MTU int
@@ -195,8 +197,7 @@ type Net struct {
 	pairs   []*queuePair
 	backend *vhostuser.Backend
 	stats   *Stats
-	logf    func(string, ...any)
-	infof   func(string, ...any)
+	log     kvlog.Logger
 	probed  vnethdr.Offloads
 	mtu     int
 
@@ -253,18 +254,18 @@ type Net struct {
 	gates struct{ features, tapErr, mtu, rarp, ended, peer quietlog.Gate }
 }
 
-// peerLine writes a line a front-end's doing caused, through gate g (package quietlog):
-// when key changes, or now and then, with a count of the lines left out meanwhile.
-func (n *Net) peerLine(g *quietlog.Gate, key string, logf func(string, ...any), format string, args ...any) {
+// peerLine writes to out (n.log.Warn or n.log.Info) a line a front-end's doing caused,
+// through gate g (package quietlog): when key changes, or now and then, with the count
+// of the lines left out meanwhile under "left_out".
+func (n *Net) peerLine(g *quietlog.Gate, key string, out func(msg string, kv ...any), msg string, kv ...any) {
 	ok, held := g.Pass(key)
 	if !ok {
 		return
 	}
 	if held > 0 {
-		format += " (%d more such lines left out)"
-		args = append(args, held)
+		kv = append(kv, "left_out", held)
 	}
-	logf(format, args...)
+	out(msg, kv...)
 }
 
 // queuePair is one queue pair's own state: its TAP queue and counters. Its workers are
@@ -302,7 +303,7 @@ func New(cfg Config) (*Net, error) {
 			return nil, errors.New("vhostnet: a nil TAP queue")
 		}
 	}
-	n := &Net{stats: cfg.Stats, logf: cfg.Logf, mtu: cfg.MTU, pcapOpt: cfg.Pcap,
+	n := &Net{stats: cfg.Stats, log: cfg.Log, mtu: cfg.MTU, pcapOpt: cfg.Pcap,
 		workers: map[vhostuser.Queue]*worker{}}
 	if n.stats == nil {
 		n.stats = new(Stats)
@@ -322,11 +323,8 @@ func New(cfg Config) (*Net, error) {
 		}
 	}
 	n.udpGRO.Store(cfg.UDPGRO)
-	if n.logf == nil {
-		n.logf = func(string, ...any) {}
-	}
-	if n.infof = cfg.Infof; n.infof == nil {
-		n.infof = func(string, ...any) {}
+	if n.log == nil {
+		n.log = kvlog.Nop{}
 	}
 	if len(n.stats.Queues) != len(taps) {
 		n.stats.Queues = make([]QueueStats, len(taps))
@@ -351,7 +349,7 @@ func New(cfg Config) (*Net, error) {
 		RARP:        n.sendRARP,
 		Handler:     n,
 		Stats:       cfg.BackendStats,
-		Logf:        n.logf,
+		Log:         n.log,
 		MaxMapped:   cfg.MaxMapped,
 		AnyFSMemory: cfg.AnyFSMemory,
 	})
@@ -462,8 +460,8 @@ func (n *Net) RingStopped(v vhostuser.Queue) {
 		// and, once the write returns, leaves at its next look at w.stop; the session
 		// and the next one go on without it.
 		n.stats.WorkersLeft.Add(1)
-		n.logf("vhostnet: ring %d's worker did not return within %v of the ring's stop (asleep in a write to an eventfd "+
-			"the front-end keeps blocked); left behind", v.Index(), joinLimit)
+		n.log.Warn("vhostnet: a ring's worker did not return after the ring's stop (asleep in a write to an eventfd "+
+			"the front-end keeps blocked); left behind", "ring", v.Index(), "waited", joinLimit)
 	}
 	if isRX(v.Index()) {
 		tap.SetReadDeadline(time.Time{})
@@ -502,7 +500,8 @@ func (n *Net) setAttached(q *queuePair, on bool) {
 		return
 	}
 	if err := q.tap.SetQueueEnabled(on); err != nil {
-		n.logf("vhostnet: queue pair %d: %v", q.index, err)
+		n.log.Warn("vhostnet: a queue pair's TAP queue could not be attached or detached",
+			"pair", q.index, "attach", on, "error", err)
 		return
 	}
 	q.attached = on
@@ -552,7 +551,9 @@ func (n *Net) setWaiting(q *queuePair, rx, on bool) {
 func (n *Net) SetMTU(mtu int) error {
 	n.guestMTU.Store(int64(mtu))
 	if n.mtu != 0 && mtu != n.mtu {
-		n.peerLine(&n.gates.mtu, fmt.Sprint(mtu), n.logf, "vhostnet: the guest's MTU is %d, the TAP's %d: give tapgro --mtu %d or the NIC host_mtu=%d", mtu, n.mtu, mtu, n.mtu)
+		n.peerLine(&n.gates.mtu, fmt.Sprint(mtu), n.log.Warn,
+			"vhostnet: the guest's MTU differs from the TAP's: give tapgro --mtu <guest_mtu> or the NIC host_mtu=<tap_mtu>",
+			"guest_mtu", mtu, "tap_mtu", n.mtu)
 	}
 	return nil
 }
@@ -564,7 +565,7 @@ func (n *Net) SessionEnded(err error) {
 	n.guestMTU.Store(0)
 	n.resetQueues()
 	if err != nil {
-		n.peerLine(&n.gates.ended, quietlog.Key(err.Error()), n.logf, "vhostnet: session ended: %v", err)
+		n.peerLine(&n.gates.ended, quietlog.Key(err.Error()), n.log.Warn, "vhostnet: session ended", "error", err)
 	}
 }
 

@@ -13,6 +13,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"tapgro/kvlog"
 	"tapgro/quietlog"
 	"tapgro/vhostuser/vuproto"
 	"tapgro/virtio"
@@ -56,10 +57,10 @@ type Config struct {
 	// AnyFSMemory accepts guest RAM and logs on files outside tmpfs and hugetlbfs (DAX,
 	// pmem), whose page faults may sleep (mem.go checkRegionFile).
 	AnyFSMemory bool
-	// Logf reports what a session accepted but the operator should know (guest memory
-	// that can be truncated under us, a kick fd that never goes quiet); nil discards.
-	// What ends a session is its error, returned by Serve.
-	Logf func(format string, args ...any)
+	// Log gets warnings of what a session accepted but the operator should know (guest
+	// memory that can be truncated under us, a kick fd that never goes quiet); nil:
+	// kvlog.Nop. What ends a session is its error, returned by Serve.
+	Log kvlog.Logger
 }
 
 // Backend serves vhost-user sessions, one at a time per socket.
@@ -67,21 +68,23 @@ type Backend struct {
 	cfg   Config
 	stats *Stats
 	mem   memPolicy
-	gate  quietlog.Gate // Config.Logf's lines are a front-end's doing (logf)
+	gate  quietlog.Gate // Config.Log's lines are a front-end's doing (warn)
 }
 
-// logf writes a Config.Logf line, keeping a front-end that repeats what causes it (a
-// table of unsealed memfds, a ring that keeps breaking) from flooding the log.
-func (b *Backend) logf(format string, args ...any) {
-	line := fmt.Sprintf(format, args...)
-	ok, held := b.gate.Pass(quietlog.Key(line))
+// warn writes a warning to Config.Log, keeping a front-end that repeats what causes it
+// (a table of unsealed memfds, a ring that keeps breaking) from flooding the log. The
+// gate's key is quietlog.Key of the message and its values, so the same event at
+// another index or count shares a key, as when the values were printed into the line.
+// A warning let through after others were held back counts them under "left_out".
+func (b *Backend) warn(msg string, kv ...any) {
+	ok, held := b.gate.Pass(quietlog.Key(fmt.Sprintln(append([]any{msg}, kv...)...)))
 	if !ok {
 		return
 	}
 	if held > 0 {
-		line += fmt.Sprintf(" (%d more such lines left out)", held)
+		kv = append(kv, "left_out", held)
 	}
-	b.cfg.Logf("%s", line)
+	b.cfg.Log.Warn(msg, kv...)
 }
 
 // NewBackend checks cfg.
@@ -99,8 +102,8 @@ func NewBackend(cfg Config) (*Backend, error) {
 	if cfg.Handler == nil {
 		cfg.Handler = NopHandler{}
 	}
-	if cfg.Logf == nil {
-		cfg.Logf = func(string, ...any) {}
+	if cfg.Log == nil {
+		cfg.Log = kvlog.Nop{}
 	}
 	// Dirty logging (log.go) is the core's, whatever the device: VHOST_F_LOG_ALL with
 	// PROTOCOL_F_LOG_SHMFD is what QEMU needs before it migrates a guest at all (without
@@ -186,7 +189,7 @@ func (b *Backend) ServeSpoke(uc *net.UnixConn, onSpoke func()) error {
 	for i := range s.rings {
 		s.rings[i] = newVring(i, b.cfg.Writable(i), b.stats)
 		s.rings[i].onFault = s.abort
-		s.rings[i].logf = b.logf
+		s.rings[i].warn = b.warn
 	}
 	spoke, err := s.loop()
 	s.teardown()
@@ -509,12 +512,13 @@ func (s *Session) setMemTable(m *message, p []byte) error {
 	for i := range fds {
 		fds[i] = m.takeFd(i)
 	}
-	g, warn, err := mapMemTable(&t, fds, s.b.mem, s.log.mapped())
+	g, unsealed, err := mapMemTable(&t, fds, s.b.mem, s.log.mapped())
 	if err != nil {
 		return reqErr("SET_MEM_TABLE: %v", err)
 	}
-	if warn != "" {
-		s.b.logf("vhost-user: %s", warn)
+	if unsealed != "" {
+		s.b.warn("vhost-user: guest memory memfds not sealed against shrinking (F_SEAL_SHRINK): "+
+			"a front-end that truncates them ends its session with a fault", "regions", unsealed)
 	}
 	old := s.mem
 	s.mem = g

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"tapgro/kvlog"
 	"tapgro/vhostuser/vhostusertest"
 	"tapgro/vhostuser/vuproto"
 	"tapgro/virtio"
@@ -123,7 +124,7 @@ func startSession(t testing.TB, o opts) *harness {
 	if rec == nil {
 		rec = newRecorder()
 	}
-	b, err := NewBackend(netConfig(Config{Features: o.features, NetMTU: true, Handler: rec, Stats: o.stats, Logf: o.logf,
+	b, err := NewBackend(netConfig(Config{Features: o.features, NetMTU: true, Handler: rec, Stats: o.stats, Log: kvlog.Printf(o.logf),
 		MaxMapped: o.maxMapped, AnyFSMemory: o.anyFS}, o.pairs))
 	if err != nil {
 		t.Fatal(err)

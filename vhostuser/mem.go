@@ -45,7 +45,8 @@ const DefaultMaxMapped = 32 << 40
 
 // mapMemTable maps every region of t, taking ownership of fds (closed in all cases:
 // the mapping keeps the memory alive, libvhost-user and DPDK close them the same way).
-// warn collects what is accepted but worth telling the operator (one line per table).
+// unsealed lists, as text for the log ("[0 2]"; "" for none), the regions accepted but
+// worth telling the operator of: memfds that can shrink (see below).
 // Every region's mapping (mmap_offset+size bytes, since it maps from offset 0) counts
 // toward pol.maxBytes, with extra (the dirty log already mapped).
 //
@@ -58,7 +59,7 @@ const DefaultMaxMapped = 32 << 40
 // this check; the workers recover that fault (Vring.Guard), and a memfd sealed with
 // F_SEAL_SHRINK (QEMU's memory-backend-memfd default, seal=on) cannot, so an unsealed
 // memfd is reported once.
-func mapMemTable(t *vuproto.MemTable, fds []int, pol memPolicy, extra uint64) (g *guestMem, warn string, err error) {
+func mapMemTable(t *vuproto.MemTable, fds []int, pol memPolicy, extra uint64) (g *guestMem, unsealed string, err error) {
 	defer func() {
 		for _, fd := range fds {
 			unix.Close(fd)
@@ -76,7 +77,7 @@ func mapMemTable(t *vuproto.MemTable, fds []int, pol memPolicy, extra uint64) (g
 		}
 	}
 	g = &guestMem{regions: make([]region, 0, t.N)}
-	var unsealed []int
+	var idx []int
 	for i := 0; i < t.N; i++ {
 		r := t.Regions[i]
 		sealed, err := checkRegionFile(fds[i], r, pol.anyFS)
@@ -85,7 +86,7 @@ func mapMemTable(t *vuproto.MemTable, fds []int, pol memPolicy, extra uint64) (g
 			return nil, "", fmt.Errorf("region %d: %w", i, err)
 		}
 		if !sealed {
-			unsealed = append(unsealed, i)
+			idx = append(idx, i)
 		}
 		m, err := mmapRegion(fds[i], int(r.MmapOffset+r.Size))
 		if err != nil {
@@ -94,11 +95,10 @@ func mapMemTable(t *vuproto.MemTable, fds []int, pol memPolicy, extra uint64) (g
 		}
 		g.regions = append(g.regions, region{MemRegion: r, mapping: m, mem: m[r.MmapOffset:][:r.Size]})
 	}
-	if len(unsealed) > 0 {
-		warn = fmt.Sprintf("guest memory regions %v are memfds not sealed against shrinking (F_SEAL_SHRINK): "+
-			"a front-end that truncates them ends its session with a fault", unsealed)
+	if len(idx) > 0 {
+		unsealed = fmt.Sprint(idx)
 	}
-	return g, warn, nil
+	return g, unsealed, nil
 }
 
 // checkRegion rejects regions whose ends overflow in any of the three address spaces, so

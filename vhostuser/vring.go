@@ -149,7 +149,7 @@ type Vring struct {
 	// found work. Both worker-only.
 	pollWait  time.Duration
 	idleKicks int
-	logf      func(string, ...any) // the Backend's Config.Logf
+	warn      func(msg string, kv ...any) // the Backend's gated Config.Log warnings
 
 	// Data-path state: meaningful while running, touched only under mu.
 	pending int // popped, neither pushed nor rewound
@@ -191,7 +191,7 @@ type Vring struct {
 }
 
 func newVring(index int, writable bool, stats *Stats) *Vring {
-	v := &Vring{index: index, writable: writable, stats: stats, logf: func(string, ...any) {}}
+	v := &Vring{index: index, writable: writable, stats: stats, warn: func(string, ...any) {}}
 	v.split = splitRing{lg: &v.ulog, writable: writable}
 	v.ring = &v.split
 	v.awaitKick = v.awaitKickFd

@@ -146,7 +146,7 @@ func (v *Vring) sleep(rc syscall.RawConn, poll bool) error {
 	}
 	v.failLocked(RejectKick)
 	v.unlock()
-	v.logf("vhost-user: ring %d: %d kicks in a row found no work (last wait: %v); ring stopped", v.index, kickStorm, last)
+	v.warn("vhost-user: kicks in a row found no work; ring stopped", "ring", v.index, "kicks", kickStorm, "last_wait", last)
 	return ErrBroken
 }
 
