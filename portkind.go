@@ -177,7 +177,7 @@ func (e *engineKind) serve(ctx context.Context) error {
 // summary: every frame read from the TAP was delivered, split (GSO), or counted as a
 // drop (the SIGTERM-under-load test checks the balance).
 func (e *engineKind) summary() logrus.Fields {
-	s, ps := e.eng.Snapshot(), e.ep.Stats()
+	s := e.eng.Snapshot()
 	t2p, p2t := &s.TapToPort, &s.PortToTap
 	sum := summary{
 		frames:         [2]uint64{t2p.Frames, p2t.Frames},
@@ -193,7 +193,14 @@ func (e *engineKind) summary() logrus.Fields {
 	f["tap_write_einval"] = s.Tap.WriteErrEINVAL.Load()
 	f["gso_write_fallback"] = p2t.GSOFallback
 	f["port_to_tap_malformed"] = p2t.Drops[datapath.DropMalformed]
-	f["tap_to_port_shm"], f["port_to_tap_shm"] = ps.ShmFramesOut.Load(), ps.ShmFramesIn.Load()
+	if src, ok := e.ep.(port.CounterSource); ok {
+		// The shared-memory rings' frames, as the transport counts them (sockport).
+		for _, c := range src.Counters() {
+			if c.Name == "tapgro_shm_frames_total" {
+				f[c.Labels["direction"]+"_shm"] = c.Value()
+			}
+		}
+	}
 	f["tap_to_port_gso_segmented"] = t2p.GSOSegmented
 	f["tap_to_port_port_error"] = t2p.Drops[datapath.DropPortError]
 	return f

@@ -150,7 +150,7 @@ func phConnect(t *testing.T, p *proc, sock string, n int) *sockport.StreamPort {
 	if err != nil {
 		t.Fatal(err)
 	}
-	port, err := sockport.NewVnetStreamPort(c, nil, sockport.VnetStreamAccepts, false, 5*time.Second)
+	port, err := sockport.NewVnetStreamPort(c, nil, nil, sockport.VnetStreamAccepts, false, 5*time.Second)
 	if err != nil {
 		c.Close()
 		t.Fatalf("vnet-hdr=on hello: %v", err)

@@ -104,6 +104,9 @@ type core struct {
 	ev    Events
 	opt   Options
 	stats port.Stats
+	// vnet are the vnet-hdr=on stream's own counters (hello, shared memory), for the
+	// roles that hand out streams; Counters hands them to the operator surfaces.
+	vnet sockport.VnetStats
 
 	ctx       context.Context // cancelled by Close
 	cancel    context.CancelFunc
@@ -127,6 +130,11 @@ func (c *core) Addr() string {
 }
 
 func (c *core) Stats() *port.Stats { return &c.stats }
+
+// Counters are the stream transport's own series (port.CounterSource): every socket
+// role has them, so a stream, socket or datagram port exports one set whether or not
+// vnet-hdr=on is in use (zero when not); netmap's role has its own instead.
+func (c *core) Counters() []port.Counter { return c.vnet.Counters() }
 
 // Spec is the endpoint's spec with inherited sockets resolved to the address they are
 // bound to, so the QEMU option printed at start-up names a real path or port.
@@ -199,13 +207,13 @@ func (c *core) adopt(p port.Port, b *port.Base, release func()) (port.Port, erro
 // its hello (sockport's vnetstream.go).
 func (c *core) newStream(conn net.Conn) (*sockport.StreamPort, error) {
 	if c.spec.VnetHdr {
-		return sockport.NewVnetStreamPort(conn, &c.stats, sockport.VnetStreamAccepts, !c.spec.NoShm, sockport.HelloTimeout)
+		return sockport.NewVnetStreamPort(conn, &c.stats, &c.vnet, sockport.VnetStreamAccepts, !c.spec.NoShm, sockport.HelloTimeout)
 	}
 	return sockport.NewStreamPort(conn, &c.stats)
 }
 
 func (c *core) helloFailed(he *sockport.HelloError) {
-	c.stats.HelloFailures.Add(1)
+	c.vnet.HelloFailures.Add(1)
 	if c.ev.OnHelloFail != nil {
 		c.ev.OnHelloFail(he.Peer, he)
 	}

@@ -82,7 +82,7 @@ func TestVnetEndpoint(t *testing.T) {
 		t.Fatal(err)
 	}
 	readFramesSized(t, sp, [][]byte{rec}, port.MaxFrame+sockport.VnetStreamHdrLen)
-	if n := srv.Stats().HelloFailures.Load(); n != 1 {
+	if n := srv.(*server).vnet.HelloFailures.Load(); n != 1 {
 		t.Errorf("HelloFailures = %d, want 1", n)
 	}
 	cp.Close()

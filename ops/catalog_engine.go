@@ -214,16 +214,6 @@ func (m *Metrics) addOffload() {
 	}
 	m.addGSOPassthrough("tap_to_port", snapU(func(s *datapath.Snapshot) uint64 { return s.TapToPort.GSOPassthrough }))
 	m.addGSOPassthrough("port_to_tap", snapU(func(s *datapath.Snapshot) uint64 { return s.PortToTap.GSOPassthrough }))
-	m.add("tapgro_port_hello_failures_total", "vnet-hdr=on peers that failed the hello (QEMU, a plain tapgro, another protocol version); each connection was closed.",
-		Counter, nil, u(m.port.HelloFailures.Load))
-	m.add("tapgro_shm_connects_total", "vnet-hdr=on connections over AF_UNIX that set up shared-memory rings with their peer.",
-		Counter, nil, u(m.port.ShmConnects.Load))
-	m.add("tapgro_shm_frames_total", "Frames that crossed in a shared-memory ring slot instead of the socket (tap_to_port: read into this end's ring; port_to_tap: written from the peer's).",
-		Counter, Labels{"direction": "tap_to_port"}, u(m.port.ShmFramesOut.Load))
-	m.add("tapgro_shm_frames_total", "Frames that crossed in a shared-memory ring slot instead of the socket (tap_to_port: read into this end's ring; port_to_tap: written from the peer's).",
-		Counter, Labels{"direction": "port_to_tap"}, u(m.port.ShmFramesIn.Load))
-	m.add("tapgro_shm_ring_full_total", "TAP read batches that found this end's shared-memory ring full: their frames crossed the socket instead.",
-		Counter, nil, u(m.port.ShmRingFull.Load))
 }
 
 // addPeer is the connected peer's identity, a series present only while connected.

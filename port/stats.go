@@ -2,7 +2,9 @@ package port
 
 import "sync/atomic"
 
-// Stats counts what an endpoint and the Ports it hands out did. The packet path never
+// Stats counts what an endpoint and the Ports it hands out did, as every transport
+// counts it; what only one transport has (netmap's rings, the vnet-hdr=on stream's
+// hello and shared memory) is that transport's own, a port.CounterSource. The packet path never
 // logs; the caller reads these (e.g. for /metrics). One Stats is shared by every Port of
 // an endpoint, so the totals survive reconnects. It lives here, below every transport
 // and the endpoint code, because the transports add to it and the endpoint owns it.
@@ -26,11 +28,4 @@ type Stats struct {
 	Disconnects atomic.Uint64 // ports closed
 	Rejects     atomic.Uint64 // extra clients turned away by a server endpoint
 	Retries     atomic.Uint64 // failed dial attempts or accept errors, each followed by a wait
-
-	HelloFailures atomic.Uint64 // vnet-hdr=on peers that failed the hello (wrong kind of peer or version)
-
-	ShmConnects  atomic.Uint64 // vnet-hdr=on connections that set up shared-memory rings
-	ShmFramesOut atomic.Uint64 // frames sent as a descriptor to a slot of this end's ring
-	ShmFramesIn  atomic.Uint64 // frames received as a descriptor to a slot of the peer's ring
-	ShmRingFull  atomic.Uint64 // TAP read batches that found this end's ring full (frames went inline)
 }

@@ -260,7 +260,7 @@ var (
 // recv to the port→TAP one (its reader), so neither takes a lock.
 type shmLink struct {
 	hdrLen int // the vnet header in front of every descriptor record
-	stats  *port.Stats
+	stats  *VnetStats
 	send   shmSend
 	recv   shmRecv
 }
@@ -282,8 +282,16 @@ type shmRecv struct {
 	prod uint32   // completions handed back to the peer
 }
 
+// VnetStats are the shared-memory counters this port adds to (nil: it has no rings).
+func (s *StreamPort) VnetStats() *VnetStats {
+	if s.shm == nil {
+		return nil
+	}
+	return s.shm.stats
+}
+
 // newShmLink adopts the two rings of a connection.
-func newShmLink(tx, rx *shmArea, hdrLen int, st *port.Stats) *shmLink {
+func newShmLink(tx, rx *shmArea, hdrLen int, st *VnetStats) *shmLink {
 	l := &shmLink{hdrLen: hdrLen, stats: st}
 	l.send = shmSend{
 		area:  tx,

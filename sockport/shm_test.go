@@ -146,10 +146,10 @@ func TestShmLendRoundTrip(t *testing.T) {
 		t.Fatalf("%d slots free after a copying ReadBatch, want %d", n, shmSlots)
 	}
 	a.TxDone()
-	if st := a.Stats(); st.ShmFramesOut.Load() != 4 {
+	if st := a.VnetStats(); st.ShmFramesOut.Load() != 4 {
 		t.Errorf("ShmFramesOut = %d, want 4", st.ShmFramesOut.Load())
 	}
-	if st := b.Stats(); st.ShmFramesIn.Load() != 4 {
+	if st := b.VnetStats(); st.ShmFramesIn.Load() != 4 {
 		t.Errorf("ShmFramesIn = %d, want 4", st.ShmFramesIn.Load())
 	}
 }
@@ -171,8 +171,8 @@ func TestShmRingFull(t *testing.T) {
 	if n := a.TxSlots(slots, VnetStreamHdrLen); n != 0 {
 		t.Fatalf("TxSlots on a full ring = %d", n)
 	}
-	if a.Stats().ShmRingFull.Load() != 1 {
-		t.Fatalf("ShmRingFull = %d, want 1", a.Stats().ShmRingFull.Load())
+	if a.VnetStats().ShmRingFull.Load() != 1 {
+		t.Fatalf("ShmRingFull = %d, want 1", a.VnetStats().ShmRingFull.Load())
 	}
 	// The peer hands back slot 5 twice and a slot that does not exist: one comes back.
 	r := a.shm.send.area
@@ -329,7 +329,7 @@ func TestShmAnnouncementWithoutFD(t *testing.T) {
 		msg[6] = 1
 		cb.Write(msg[:])
 	}()
-	_, err := NewVnetStreamPort(ca, nil, VnetStreamAccepts, true, time.Second)
+	_, err := NewVnetStreamPort(ca, nil, nil, VnetStreamAccepts, true, time.Second)
 	var he *HelloError
 	if !errors.As(err, &he) || !strings.Contains(err.Error(), "file descriptors") {
 		t.Fatalf("err = %v, want a HelloError about the missing descriptor", err)

@@ -192,8 +192,9 @@ func hello(c net.Conn, accepts vnethdr.Offloads, flags uint16, timeout time.Dura
 // failure c is left open for the caller to close.
 //
 // With shm set and c an AF_UNIX stream, it offers shared-memory rings (shm.go) and sets
-// them up when the peer offered them too.
-func NewVnetStreamPort(c net.Conn, st *port.Stats, accepts vnethdr.Offloads, shm bool, timeout time.Duration) (*StreamPort, error) {
+// them up when the peer offered them too. st and vs are the endpoint's counters (nil: the
+// port's own).
+func NewVnetStreamPort(c net.Conn, st *port.Stats, vs *VnetStats, accepts vnethdr.Offloads, shm bool, timeout time.Duration) (*StreamPort, error) {
 	uc, unixConn := c.(*net.UnixConn)
 	var flags uint16
 	if shm && unixConn {
@@ -219,12 +220,15 @@ func NewVnetStreamPort(c net.Conn, st *port.Stats, accepts vnethdr.Offloads, shm
 	}
 	s.accepts, s.emits = pa, accepts
 	if tx != nil {
-		s.shm = newShmLink(tx, rx, s.hdrLen, s.Stats())
+		if vs == nil {
+			vs = new(VnetStats)
+		}
+		s.shm = newShmLink(tx, rx, s.hdrLen, vs)
 		// Descriptors are shorter than any frame record (shm.go): the deframer lets
 		// them through and the reader tells the two apart (StreamPort.record).
 		s.df.lo = s.hdrLen + ShmDescLen
 		s.SetRelease(s.shm.close)
-		s.Stats().ShmConnects.Add(1)
+		vs.ShmConnects.Add(1)
 	}
 	return s, nil
 }

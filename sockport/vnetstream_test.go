@@ -39,10 +39,10 @@ func helloBoth(t testing.TB, ca, cb net.Conn, acceptsA, acceptsB vnethdr.Offload
 	}
 	ch := make(chan res, 1)
 	go func() {
-		p, err := NewVnetStreamPort(cb, nil, acceptsB, shmB, time.Second)
+		p, err := NewVnetStreamPort(cb, nil, nil, acceptsB, shmB, time.Second)
 		ch <- res{p, err}
 	}()
-	a, err := NewVnetStreamPort(ca, nil, acceptsA, shmA, time.Second)
+	a, err := NewVnetStreamPort(ca, nil, nil, acceptsA, shmA, time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -189,7 +189,7 @@ func TestVnetHelloAgainstPlainPeer(t *testing.T) {
 		t.Fatal(err)
 	}
 	start := time.Now()
-	_, err = NewVnetStreamPort(ca, nil, VnetStreamAccepts, true, 5*time.Second)
+	_, err = NewVnetStreamPort(ca, nil, nil, VnetStreamAccepts, true, 5*time.Second)
 	var he *HelloError
 	if !errors.As(err, &he) || !errors.Is(err, ErrNotVnetPeer) {
 		t.Fatalf("vnet side: err = %v, want a HelloError wrapping ErrNotVnetPeer", err)

@@ -71,10 +71,10 @@ func VnetPair(t testing.TB, shm bool) (a, b *sockport.StreamPort) {
 	errc := make(chan error, 1)
 	go func() {
 		var err error
-		b, err = sockport.NewVnetStreamPort(cb, nil, sockport.VnetStreamAccepts, shm, time.Second)
+		b, err = sockport.NewVnetStreamPort(cb, nil, nil, sockport.VnetStreamAccepts, shm, time.Second)
 		errc <- err
 	}()
-	a, err := sockport.NewVnetStreamPort(ca, nil, sockport.VnetStreamAccepts, shm, time.Second)
+	a, err := sockport.NewVnetStreamPort(ca, nil, nil, sockport.VnetStreamAccepts, shm, time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
