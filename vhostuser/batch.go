@@ -66,12 +66,12 @@ func (v *Vring) Pop(iov [][]byte) (Chain, error) {
 	if v.log != nil && v.writable {
 		pieces = &v.logPieces
 	}
-	c, r, err := v.ring.pop(iov, pieces)
-	switch {
-	case err == ErrEmpty:
-		v.dry = true
-		return Chain{}, err
-	case err != nil:
+	c, r := v.ring.pop(iov, pieces)
+	if r != popOK {
+		if r == popEmpty {
+			v.dry = true
+			return Chain{}, ErrEmpty
+		}
 		v.logPieces = v.logPieces[:from]
 		return Chain{}, v.failLocked(r)
 	}

@@ -39,9 +39,10 @@ type layout interface {
 
 	// pop takes the next available chain, every descriptor checked, into
 	// iov[:cap(iov)]; with pieces non-nil (a logged receive ring) it appends each
-	// descriptor's guest-physical range. ErrEmpty: none; ErrBroken with the Reason:
-	// the driver broke the protocol (the caller counts it and stops the ring).
-	pop(iov [][]byte, pieces *[]piece) (Chain, Reason, error)
+	// descriptor's guest-physical range. popEmpty: none; another Reason: the driver
+	// broke the protocol (the caller counts it and stops the ring). Plain results, no
+	// error values: this is the one call per chain, and what it returns is copied once.
+	pop(iov [][]byte, pieces *[]piece) (Chain, Reason)
 	// push records chain head used with n bytes written, invisible to the driver
 	// until publish; rewind hands the last n popped, unpushed chains back.
 	push(head uint16, n uint32)

@@ -104,7 +104,7 @@ func (s *splitRing) published() bool  { return s.pubIdx != s.base }
 // virtqueue_num_heads: read idx, smp_rmb, then the ring).
 func (s *splitRing) availIdx() uint16 { return uint16(load32(s.avail, 0) >> 16) }
 
-func (s *splitRing) pop(iov [][]byte, pieces *[]piece) (Chain, Reason, error) {
+func (s *splitRing) pop(iov [][]byte, pieces *[]piece) (Chain, Reason) {
 	if s.lastAvail == s.availCache {
 		idx := s.availIdx()
 		// An honest driver has at most num chains outstanding: a descriptor is
@@ -120,21 +120,21 @@ func (s *splitRing) pop(iov [][]byte, pieces *[]piece) (Chain, Reason, error) {
 		// published. pubIdx ≤ lastAvail ≤ idx, in the ring's modular order, is the
 		// whole condition (QEMU virtqueue_num_heads checks only the first half).
 		if uint16(idx-s.pubIdx) > uint16(s.num) || uint16(idx-s.lastAvail) > uint16(idx-s.pubIdx) {
-			return Chain{}, RejectAvailJump, ErrBroken
+			return Chain{}, RejectAvailJump
 		}
 		if idx == s.lastAvail {
-			return Chain{}, 0, ErrEmpty
+			return Chain{}, popEmpty
 		}
 		s.availCache = idx
 	}
 	slot := int(s.lastAvail & s.mask)
 	head := binary.LittleEndian.Uint16(s.avail[4+2*slot:])
-	c, r, ok := s.walk(head, iov, pieces)
-	if !ok {
-		return Chain{}, r, ErrBroken
+	k, total, r := s.walk(head, iov, pieces)
+	if r != popOK {
+		return Chain{}, r
 	}
 	s.lastAvail++
-	return c, 0, nil
+	return Chain{Head: head, Len: total, Iov: iov[:k:k]}, popOK
 }
 
 // walk follows a chain from head. Every index is checked before use, every address is
@@ -144,10 +144,13 @@ func (s *splitRing) pop(iov [][]byte, pieces *[]piece) (Chain, Reason, error) {
 // With pieces (dirty log, receive rings) each descriptor's guest-physical range is
 // appended, as read here once: what the device writes and what it marks are the same
 // ranges, whatever the guest does to its table meanwhile.
-func (s *splitRing) walk(head uint16, iov [][]byte, pieces *[]piece) (Chain, Reason, bool) {
+//
+// It returns the number of iov entries filled and the chain's length, or the Reason it
+// failed.
+func (s *splitRing) walk(head uint16, iov [][]byte, pieces *[]piece) (int, int, Reason) {
 	num := s.num
 	if uint32(head) >= num {
-		return Chain{}, RejectHeadRange, false
+		return 0, 0, RejectHeadRange
 	}
 	tbl := s.desc
 	tblN := num
@@ -169,39 +172,39 @@ func (s *splitRing) walk(head uint16, iov [][]byte, pieces *[]piece) (Chain, Rea
 			// the chain head. len/16 ≤ num is DPDK's bound.
 			if !s.indirectOK || indirect || count != 0 || flags&descFNext != 0 ||
 				ln == 0 || ln%descSize != 0 || ln/descSize > num {
-				return Chain{}, RejectIndirect, false
+				return 0, 0, RejectIndirect
 			}
 			if addr+uint64(ln) < addr {
-				return Chain{}, RejectLenOverflow, false
+				return 0, 0, RejectLenOverflow
 			}
 			t := s.mem.gpa(addr, uint64(ln))
 			if t == nil {
-				return Chain{}, RejectAddress, false
+				return 0, 0, RejectAddress
 			}
 			tbl, tblN, i, indirect = t, ln/descSize, 0, true
 			continue
 		}
 		count++
 		if count > tblN {
-			return Chain{}, RejectLoop, false
+			return 0, 0, RejectLoop
 		}
 		if ln == 0 {
-			return Chain{}, RejectZeroLen, false
+			return 0, 0, RejectZeroLen
 		}
 		if (flags&descFWrite != 0) != s.writable {
-			return Chain{}, RejectDirection, false
+			return 0, 0, RejectDirection
 		}
 		if addr+uint64(ln) < addr {
-			return Chain{}, RejectLenOverflow, false
+			return 0, 0, RejectLenOverflow
 		}
 		total += uint64(ln)
 		if total > math.MaxUint32 {
-			return Chain{}, RejectLenOverflow, false
+			return 0, 0, RejectLenOverflow
 		}
 		var r Reason
 		var ok bool
 		if k, r, ok = s.mem.gpaIov(addr, uint64(ln), iov, k); !ok {
-			return Chain{}, r, false
+			return 0, 0, r
 		}
 		if pieces != nil {
 			*pieces = append(*pieces, piece{addr, uint64(ln)})
@@ -210,14 +213,14 @@ func (s *splitRing) walk(head uint16, iov [][]byte, pieces *[]piece) (Chain, Rea
 			break
 		}
 		if uint32(next) >= tblN {
-			return Chain{}, RejectNextRange, false
+			return 0, 0, RejectNextRange
 		}
 		i = uint32(next)
 	}
 	if total < uint64(s.hdrLen) {
-		return Chain{}, RejectShortChain, false
+		return 0, 0, RejectShortChain
 	}
-	return Chain{Head: head, Len: int(total), Iov: iov[:k:k]}, 0, true
+	return k, int(total), popOK
 }
 
 // push writes the used entry {head, n} in the slot after the last published one.

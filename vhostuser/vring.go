@@ -40,6 +40,10 @@ const (
 	RejectFault                     // guest memory faulted (its file shrank): the session ends (fault.go)
 	RejectKick                      // the kick fd kept signalling with no work (Vring.sleep)
 	NumReasons
+
+	// popOK and popEmpty are a layout's pop results that are not violations.
+	popOK    = NumReasons
+	popEmpty = NumReasons + 1
 )
 
 var reasonNames = [NumReasons]string{"head_range", "next_range", "loop", "zero_len", "direction",
