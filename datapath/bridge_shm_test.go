@@ -82,7 +82,7 @@ func TestShmBridgeEndToEnd(t *testing.T) {
 			if len(out) != len(in) {
 				t.Fatalf("far TAP got %d frames, want %d", len(out), len(in))
 			}
-			sent, got := near.Stats().ShmFramesOut.Load(), far.Stats().ShmFramesIn.Load()
+			sent, got := near.VnetStats().ShmFramesOut.Load(), far.VnetStats().ShmFramesIn.Load()
 			if sent == 0 || sent != got {
 				t.Fatalf("frames by descriptor: %d sent, %d received", sent, got)
 			}
@@ -91,7 +91,7 @@ func TestShmBridgeEndToEnd(t *testing.T) {
 			if stall && sent >= 600 {
 				t.Fatalf("all %d large frames went by descriptor: the stall did not exhaust the ring", sent)
 			}
-			t.Logf("%d of 600 large frames by descriptor, ring empty %d times", sent, near.Stats().ShmRingFull.Load())
+			t.Logf("%d of 600 large frames by descriptor, ring empty %d times", sent, near.VnetStats().ShmRingFull.Load())
 			far.Close()
 			if err := <-doneB; !errors.Is(err, port.ErrClosed) {
 				t.Fatalf("runPortToTap: %v", err)

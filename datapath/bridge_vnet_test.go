@@ -89,7 +89,7 @@ func testTapToVnetPortPassesGSO(t *testing.T, shm bool) {
 		t.Fatalf("passthrough %d segmented %d, want 1 and 0", b.t2p.GSOPassthrough.Load(), b.t2p.GSOSegmented.Load())
 	}
 	// With shared memory the 64 KB frame went by descriptor, the rest inline.
-	if got, want := near.Stats().ShmFramesOut.Load(), map[bool]uint64{false: 0, true: 1}[shm]; got != want {
+	if got, want := near.VnetStats().ShmFramesOut.Load(), map[bool]uint64{false: 0, true: 1}[shm]; got != want {
 		t.Fatalf("ShmFrames = %d, want %d", got, want)
 	}
 
@@ -374,7 +374,7 @@ func benchVnetEndToEnd(b *testing.B, shm bool) {
 	<-doneA
 	far.Close()
 	<-doneB
-	if got := far.Stats().ShmFramesIn.Load(); (got > 0) != shm {
+	if got := far.VnetStats().ShmFramesIn.Load(); (got > 0) != shm {
 		b.Fatalf("%d frames crossed in shared memory (shm %v)", got, shm)
 	}
 }

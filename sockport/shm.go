@@ -282,13 +282,8 @@ type shmRecv struct {
 	prod uint32   // completions handed back to the peer
 }
 
-// VnetStats are the shared-memory counters this port adds to (nil: it has no rings).
-func (s *StreamPort) VnetStats() *VnetStats {
-	if s.shm == nil {
-		return nil
-	}
-	return s.shm.stats
-}
+// VnetStats are the vnet-hdr=on counters this port adds to (nil: a QEMU-framed stream).
+func (s *StreamPort) VnetStats() *VnetStats { return s.vnet }
 
 // newShmLink adopts the two rings of a connection.
 func newShmLink(tx, rx *shmArea, hdrLen int, st *VnetStats) *shmLink {

@@ -88,7 +88,8 @@ type StreamPort struct {
 
 	// Shared-memory rings (shm.go): nil unless both ends of a vnet-hdr=on stream over
 	// AF_UNIX agreed on them.
-	shm *shmLink
+	shm  *shmLink
+	vnet *VnetStats // vnet-hdr=on only: its own counters (VnetStats)
 }
 
 var (

@@ -219,10 +219,11 @@ func NewVnetStreamPort(c net.Conn, st *port.Stats, vs *VnetStats, accepts vnethd
 		return nil, err
 	}
 	s.accepts, s.emits = pa, accepts
+	if vs == nil {
+		vs = new(VnetStats)
+	}
+	s.vnet = vs
 	if tx != nil {
-		if vs == nil {
-			vs = new(VnetStats)
-		}
 		s.shm = newShmLink(tx, rx, s.hdrLen, vs)
 		// Descriptors are shorter than any frame record (shm.go): the deframer lets
 		// them through and the reader tells the two apart (StreamPort.record).
