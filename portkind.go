@@ -233,7 +233,11 @@ func openVhost(o *options, log *logrus.Logger) (k portKind, err error) {
 		return nil, err
 	}
 	offload := o.offload
-	v.vn, err = vhostnet.New(vhostnet.Config{TAPs: v.taps, MTU: o.mtu, Pcap: o.pcap, PcapPath: o.pcapPort,
+	queues := make([]vhostnet.TAP, len(v.taps))
+	for i, q := range v.taps {
+		queues[i] = q
+	}
+	v.vn, err = vhostnet.New(vhostnet.Config{TAPs: queues, MTU: o.mtu, Pcap: o.pcap, PcapPath: o.pcapPort,
 		Log: engineLogger{log},
 		// GRO toward the TAP (UDP too with --udp-gro) and RSC toward the guest
 		// (vhostnet/gro.go, rsc.go), with the stream path's switches; --offload caps the

@@ -33,7 +33,7 @@ func BenchmarkTX(b *testing.B) {
 		}
 		size := c.size
 		b.Run(name, func(b *testing.B) {
-			e := newEnv(b, vhostusertest.Options{})
+			e := newKernelEnv(b, vhostusertest.Options{}, Config{})
 			if c.log {
 				e.s.StartLog()
 			}
@@ -67,7 +67,7 @@ func BenchmarkRX(b *testing.B) {
 }
 
 func benchRX(b *testing.B, log bool) {
-	e := newEnv(b, vhostusertest.Options{})
+	e := newKernelEnv(b, vhostusertest.Options{}, Config{})
 	if log {
 		e.s.StartLog()
 	}
@@ -119,7 +119,7 @@ func benchRX(b *testing.B, log bool) {
 func BenchmarkTXGRO(b *testing.B) {
 	for _, partial := range []bool{false, true} {
 		b.Run(map[bool]string{false: "csum", true: "needs_csum"}[partial], func(b *testing.B) {
-			e := newEnvCfg(b, vhostusertest.Options{}, Config{GRO: true})
+			e := newKernelEnv(b, vhostusertest.Options{}, Config{GRO: true})
 			unix.Close(e.ps)
 			e.ps = -1
 			tx := e.s.TX(0)
@@ -150,7 +150,7 @@ func BenchmarkTXGRO(b *testing.B) {
 // PostRX slice, once per round): the datapath allocates nothing in steady state.
 func BenchmarkRXRSC(b *testing.B) {
 	off := vnethdr.Choice{}
-	e := newEnvCfg(b, vhostusertest.Options{}, Config{GRO: true, Offload: &off})
+	e := newKernelEnv(b, vhostusertest.Options{}, Config{GRO: true, Offload: &off})
 	frames := make([][]byte, benchBatch)
 	for i := range frames {
 		frames[i] = rxTCP(e, 41000, uint32(i*mss), tcpACK, uint16(i), streamBytes(0, i*mss, mss))
@@ -228,7 +228,7 @@ func BenchmarkRXUSO(b *testing.B) {
 		{"cut-by-kernel", noUSO, Config{Offload: &vnethdr.Choice{Set: vnethdr.OffloadCSUM | vnethdr.OffloadTSO4 | vnethdr.OffloadTSO6}}},
 	} {
 		b.Run(bc.name, func(b *testing.B) {
-			e := newEnvCfg(b, vhostusertest.Options{AckMask: bc.mask}, bc.cfg)
+			e := newKernelEnv(b, vhostusertest.Options{AckMask: bc.mask}, bc.cfg)
 			if e.n.probed&vnethdr.OffloadUSO != vnethdr.OffloadUSO {
 				b.Skip("the TAP refuses TUN_F_USO4/6 (kernel before 6.2)")
 			}

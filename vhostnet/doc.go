@@ -5,6 +5,11 @@
 //
 // # Wiring
 //
+// The TAP is what tap.go's TAP interface says of one queue: *tapdev.Device, or
+// tapdev/taptest's in-memory TAP, on which the tests run without root (only those that
+// need the kernel's own TAP behaviour, such as its segmentation or several queues, put
+// a real one in a namespace).
+//
 // New(Config{TAP}) probes the TAP's read offloads and builds a vhostuser.Backend whose
 // Handler is the Net; Serve(ctx, listener) serves one QEMU at a time (QEMU is the
 // client: -chardev socket,path=P,reconnect=1 -netdev vhost-user,chardev=…) and closes,

@@ -27,7 +27,7 @@ import (
 // headers), and the race runs over 100,000 frames.
 func TestTXHeadersFromOurCopy(t *testing.T) {
 	const frames = 100_000
-	e := newEnv(t, vhostusertest.Options{AckMask: 1 << virtio.NetHostTSO6, Num: 256, TXSlot: 8192})
+	e := newKernelEnv(t, vhostusertest.Options{AckMask: 1 << virtio.NetHostTSO6, Num: 256, TXSlot: 8192}, Config{})
 	ps := e.vnetSocket()
 	f, h := tso4(e.mac, gMAC, 3000) // three segments of 1448
 	hl := e.s.HdrLen()

@@ -18,6 +18,7 @@ import (
 	"tapgro/integration/netnstest"
 	"tapgro/kvlog"
 	"tapgro/tapdev"
+	"tapgro/tapdev/taptest"
 	"tapgro/vhostuser"
 	"tapgro/vhostuser/vhostusertest"
 	"tapgro/virtio"
@@ -36,18 +37,33 @@ var (
 	gMAC    = net.HardwareAddr{0x02, 0, 0, 0, 0, 0x02}
 )
 
-// env is one TAP in a fresh namespace, a Net on it, a packet socket bound to the TAP
-// and a front-end double session.
+// env is a Net on one TAP queue and a front-end double session. By default the TAP is
+// tapdev/taptest's in-memory one: no root, no namespace, frames the test injects and
+// reads back whole. newKernelEnv puts a real TAP in a fresh namespace instead, with a
+// packet socket bound to it, for what only the kernel does: its stack's traffic,
+// TUNSETOFFLOAD's effect on what it hands over, segmentation of what it is handed,
+// several queues.
 type env struct {
-	t   testing.TB
-	ns  *netnstest.NS
-	tap *tapdev.Device
-	mac net.HardwareAddr
-	n   *Net
-	s   *vhostusertest.Session
-	ps  int // AF_PACKET, ETH_P_ALL, bound to the TAP
-	ifx int
+	t    testing.TB
+	ns   *netnstest.NS // kernel mode only
+	tap  envTAP
+	fake *taptest.TAP // in-memory mode: the same TAP, its test side
+	seen int          // in-memory mode: the packets recvTAP has looked at
+	mac  net.HardwareAddr
+	n    *Net
+	s    *vhostusertest.Session
+	ps   int // kernel mode: AF_PACKET, ETH_P_ALL, bound to the TAP
+	ifx  int
 }
+
+// envTAP is what the tests read of either TAP besides the Net's contract.
+type envTAP interface {
+	TAP
+	Offloads() vnethdr.Offloads
+	Close() error
+}
+
+var _ envTAP = (*taptest.TAP)(nil)
 
 func newEnv(t testing.TB, o vhostusertest.Options) *env {
 	t.Helper()
@@ -57,24 +73,41 @@ func newEnv(t testing.TB, o vhostusertest.Options) *env {
 // newEnvCfg is newEnv with Net configured by cfg (its TAP and Log filled in).
 func newEnvCfg(t testing.TB, o vhostusertest.Options, cfg Config) *env {
 	t.Helper()
+	tap := taptest.New(true)
+	mac, _, _ := tap.LinkInfo()
+	e := &env{t: t, tap: tap, fake: tap, mac: mac, ps: -1}
+	t.Cleanup(func() { tap.Close() })
+	return e.start(o, cfg)
+}
+
+// newKernelEnv is newEnvCfg on a real TAP (it needs root).
+func newKernelEnv(t testing.TB, o vhostusertest.Options, cfg Config) *env {
+	t.Helper()
 	ns := netnstest.New(t, "vhostnet")
 	ns.MustRun(t, "sysctl", "-qw", "net.ipv6.conf.all.disable_ipv6=1", "net.ipv6.conf.default.disable_ipv6=1")
-	e := &env{t: t, ns: ns}
+	e := &env{t: t, ns: ns, ps: -1}
+	var dev *tapdev.Device
 	if err := ns.Do(func() (err error) {
-		e.tap, err = tapdev.Open(tapdev.Config{Name: tapName})
+		dev, err = tapdev.Open(tapdev.Config{Name: tapName})
 		return err
 	}); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { e.tap.Close() })
+	e.tap = dev
+	t.Cleanup(func() { dev.Close() })
 	e.attach(tapName)
-	cfg.TAP, cfg.Log = e.tap, kvlog.Printf(t.Logf)
+	return e.start(o, cfg)
+}
+
+func (e *env) start(o vhostusertest.Options, cfg Config) *env {
+	e.t.Helper()
+	cfg.TAP, cfg.Log = e.tap, kvlog.Printf(e.t.Logf)
 	n, err := New(cfg)
 	if err != nil {
-		t.Fatal(err)
+		e.t.Fatal(err)
 	}
 	e.n = n
-	e.s = vhostusertest.Start(t, n.ServeConn, o) // its cleanup ends the session first
+	e.s = vhostusertest.Start(e.t, n.ServeConn, o) // its cleanup ends the session first
 	return e
 }
 
@@ -99,31 +132,50 @@ func testFrame(dst, src net.HardwareAddr, n int, seq uint32, seed uint64) []byte
 }
 
 // recvTAP returns the next frame the TAP received from the guest (not the kernel's own
-// output), of our ethertype or IPv4 to farIP.
+// output), of our ethertype or IPv4 to farIP, without its vnet header.
 func (e *env) recvTAP(buf []byte) ([]byte, error) {
 	for {
-		n, from, err := unix.Recvfrom(e.ps, buf, 0)
-		if err == unix.EINTR {
-			continue // the runtime's preemption signals interrupt a blocking recvfrom
+		var f []byte
+		if e.fake != nil {
+			p := e.fake.NextWritten(e.seen, 5*time.Second)
+			if p == nil {
+				return nil, unix.EAGAIN // as the packet socket's SO_RCVTIMEO
+			}
+			e.seen++
+			f = buf[:copy(buf, p[min(e.fake.VnetHdrLen(), len(p)):])]
+		} else {
+			n, from, err := unix.Recvfrom(e.ps, buf, 0)
+			if err == unix.EINTR {
+				continue // the runtime's preemption signals interrupt a blocking recvfrom
+			}
+			if err != nil {
+				return nil, err
+			}
+			if ll, ok := from.(*unix.SockaddrLinklayer); ok && ll.Pkttype == unix.PACKET_OUTGOING {
+				continue
+			}
+			f = buf[:n]
 		}
-		if err != nil {
-			return nil, err
-		}
-		if ll, ok := from.(*unix.SockaddrLinklayer); ok && ll.Pkttype == unix.PACKET_OUTGOING {
-			continue
-		}
-		f := buf[:n]
-		if n >= 14 && binary.BigEndian.Uint16(f[12:]) == etherTest {
+		if len(f) >= 14 && binary.BigEndian.Uint16(f[12:]) == etherTest {
 			return f, nil
 		}
-		if n >= 34 && binary.BigEndian.Uint16(f[12:]) == 0x0800 && netip.AddrFrom4([4]byte(f[30:34])) == farIP {
+		if len(f) >= 34 && binary.BigEndian.Uint16(f[12:]) == 0x0800 && netip.AddrFrom4([4]byte(f[30:34])) == farIP {
 			return f, nil
 		}
 	}
 }
 
-// injectTAP transmits frame through the TAP (kernel → TAP → Net's RX).
+// injectTAP hands frame to the TAP's reader, Net's RX, as the kernel would: with a
+// zero vnet header in front (nothing to offload; what a packet socket's frame gets).
 func (e *env) injectTAP(frame []byte) error {
+	if e.fake != nil {
+		p := make([]byte, e.fake.VnetHdrLen()+len(frame))
+		copy(p[e.fake.VnetHdrLen():], frame)
+		if !e.fake.Inject(p) {
+			return net.ErrClosed
+		}
+		return nil
+	}
 	for {
 		// The socket is bound to the TAP, so a plain write sends there (net/packet/af_packet.c
 		// packet_snd takes the bound ifindex when no address is given), and allocates
@@ -220,7 +272,7 @@ func (e *env) stats() map[string]uint64 {
 func (e *env) attach(name string) {
 	t := e.t
 	t.Helper()
-	if err := e.tap.ConfigureLink(tapdev.LinkConfig{MTU: tapdev.MaxMTU, TxQueueLen: 1000,
+	if err := e.tap.(*tapdev.Device).ConfigureLink(tapdev.LinkConfig{MTU: tapdev.MaxMTU, TxQueueLen: 1000,
 		Addrs: []netip.Prefix{tapPfx}, Up: true}); err != nil {
 		t.Fatal(err)
 	}

@@ -71,7 +71,7 @@ func runMatrixCase(t *testing.T, tc grotest.Case, in [][]byte) {
 	// Timer mode with a long interval: a case longer than one TX batch (txBudget) is
 	// still coalesced as one run, as the engine sees it in TestMatrix; the batch that
 	// empties the ring flushes everything (gro.go endBatch).
-	e := newEnvCfg(t, vhostusertest.Options{}, Config{GRO: true, MaxFlows: tc.Engine.MaxFlows, TimerFlush: true, RSCInterval: time.Second})
+	e := newKernelEnv(t, vhostusertest.Options{}, Config{GRO: true, MaxFlows: tc.Engine.MaxFlows, TimerFlush: true, RSCInterval: time.Second})
 	ps := e.vnetSocket()
 	hl := e.s.HdrLen()
 	tx := e.s.TX(0)

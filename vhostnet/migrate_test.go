@@ -88,7 +88,16 @@ type logCase struct {
 	name    string
 	o       vhostusertest.Options
 	cfg     Config
+	kernel  bool // the traffic needs the kernel's TAP (newKernelEnv)
 	traffic func(t *testing.T, e *env)
+}
+
+// env is the case's test environment.
+func (c logCase) env(t *testing.T) *env {
+	if c.kernel {
+		return newKernelEnv(t, c.o, c.cfg)
+	}
+	return newEnvCfg(t, c.o, c.cfg)
 }
 
 func logCases() []logCase {
@@ -159,7 +168,7 @@ func logCases() []logCase {
 				t.Fatalf("nothing coalesced (stats %v)", e.stats())
 			}
 		}},
-		{name: "uso-cut", o: vhostusertest.Options{AckMask: 1<<virtio.NetGuestUSO4 | 1<<virtio.NetGuestUSO6}, traffic: func(t *testing.T, e *env) {
+		{name: "uso-cut", o: vhostusertest.Options{AckMask: 1<<virtio.NetGuestUSO4 | 1<<virtio.NetGuestUSO6}, kernel: true, traffic: func(t *testing.T, e *env) {
 			requireUSO(t, e)
 			payload := usoPayload(usoSegs * usoSize)
 			e.udpGSOSend(payload, usoSize)
@@ -172,7 +181,7 @@ func logCases() []logCase {
 func TestDirtyLog(t *testing.T) {
 	for _, tc := range logCases() {
 		t.Run(tc.name, func(t *testing.T) {
-			e := newEnvCfg(t, tc.o, tc.cfg)
+			e := tc.env(t)
 			marked, changed := runLogged(t, e, tc.traffic)
 			if !slices.Equal(marked, changed) {
 				t.Errorf("pages marked %v\npages changed %v\nmarked, unchanged: %v\nchanged, unmarked: %v",
@@ -231,7 +240,7 @@ func minus(a, b []uint64) []uint64 {
 // TestSendRARP: QEMU's SEND_RARP after a migration puts QEMU's announcement from the
 // guest's MAC into the TAP.
 func TestSendRARP(t *testing.T) {
-	e := newEnv(t, vhostusertest.Options{})
+	e := newKernelEnv(t, vhostusertest.Options{}, Config{})
 	mac := [6]byte{0x52, 0x54, 0, 0x12, 0x34, 0x56}
 	payload := binary.LittleEndian.AppendUint64(nil, 0)
 	copy(payload, mac[:])

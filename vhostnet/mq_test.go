@@ -43,7 +43,11 @@ func newMQEnv(t *testing.T, pairs int) *env {
 	})
 	e.tap = qs[0]
 	e.attach(mqTap)
-	n, err := New(Config{TAPs: qs, Log: kvlog.Printf(t.Logf)})
+	queues := make([]TAP, len(qs))
+	for i, q := range qs {
+		queues[i] = q
+	}
+	n, err := New(Config{TAPs: queues, Log: kvlog.Printf(t.Logf)})
 	if err != nil {
 		t.Fatal(err)
 	}

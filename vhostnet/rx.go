@@ -25,7 +25,7 @@ const (
 
 // rxState is one RX worker's own memory.
 type rxState struct {
-	tap *tapdev.Device
+	tap TAP
 	q   *queuePair
 	// iov is the reservation's segments, which also go to readv, which takes MaxIov-1 of
 	// them (Readv keeps one for its truncation sink). A chain set needing more breaks

@@ -44,8 +44,8 @@ type txState struct {
 	lin  []byte // our copy of the frame's first bytes (tx) and, rarely, all of it
 	nPop int
 
-	tap   *tapdev.Device // the pair's TAP queue
-	q     *QueueStats    // the pair's counters
+	tap   TAP         // the pair's TAP queue
+	q     *QueueStats // the pair's counters
 	pair  *queuePair
 	gro   *txGRO      // nil: GRO never on for this worker (gro.go)
 	groOn bool        // this batch runs gro (groBatch)

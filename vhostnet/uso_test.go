@@ -205,7 +205,7 @@ func TestUSOToGuest(t *testing.T) {
 	}
 	for _, tc := range cut {
 		t.Run(tc.name, func(t *testing.T) {
-			e := newEnvCfg(t, tc.o, tc.cfg)
+			e := newKernelEnv(t, tc.o, tc.cfg)
 			requireUSO(t, e)
 			if got := e.tap.Offloads(); got&vnethdr.OffloadUSO != vnethdr.OffloadUSO {
 				t.Fatalf("TAP offloads %s: USO must be on for a guest that takes partial checksums", got)
@@ -227,7 +227,7 @@ func TestUSOToGuest(t *testing.T) {
 	}
 
 	t.Run("acked", func(t *testing.T) {
-		e := newEnv(t, vhostusertest.Options{})
+		e := newKernelEnv(t, vhostusertest.Options{}, Config{})
 		requireUSO(t, e)
 		e.udpGSOSend(payload, usoSize)
 		fr := e.recvGuestUDP(len(payload), 4096, 0)
@@ -248,7 +248,7 @@ func TestUSOToGuest(t *testing.T) {
 	})
 
 	t.Run("capped-off", func(t *testing.T) {
-		e := newEnvCfg(t, vhostusertest.Options{AckMask: 1<<virtio.NetGuestUSO4 | 1<<virtio.NetGuestUSO6},
+		e := newKernelEnv(t, vhostusertest.Options{AckMask: 1<<virtio.NetGuestUSO4 | 1<<virtio.NetGuestUSO6},
 			Config{Offload: &vnethdr.Choice{Set: vnethdr.OffloadCSUM | vnethdr.OffloadTSO4 | vnethdr.OffloadTSO6}})
 		requireUSO(t, e)
 		if got := e.tap.Offloads(); got&vnethdr.OffloadUSO != 0 {
@@ -269,7 +269,7 @@ func TestUSOToGuest(t *testing.T) {
 // whole (the packet socket sees it at full length, byte for byte), and the host's stack
 // takes it: a socket on the host's address receives every datagram intact.
 func TestUSOToTAP(t *testing.T) {
-	e := newEnv(t, vhostusertest.Options{})
+	e := newKernelEnv(t, vhostusertest.Options{}, Config{})
 	requireUSO(t, e)
 	if !e.s.Has(virtio.NetHostUSO) {
 		t.Fatalf("the double did not ack HOST_USO (acked %s)", virtio.String(e.s.Acked))
@@ -324,7 +324,7 @@ func TestUSOToTAP(t *testing.T) {
 // one kick reach the TAP as fewer, larger UDP GSO packets carrying the same bytes;
 // switched off at run time (SetUDPGRO), they cross one by one.
 func TestUDPGROToTAP(t *testing.T) {
-	e := newEnvCfg(t, vhostusertest.Options{}, Config{GRO: true, UDPGRO: true})
+	e := newKernelEnv(t, vhostusertest.Options{}, Config{GRO: true, UDPGRO: true})
 	requireUSO(t, e)
 	if !e.n.UDPGROActive() {
 		t.Fatal("UDP GRO inactive with GRO on and a TAP that takes USO")
@@ -374,7 +374,7 @@ func TestUDPGROToTAP(t *testing.T) {
 // TestSetOffloads: `tapgro ctl offload` on a vhost-user port changes TUNSETOFFLOAD under
 // a running session, and auto gives back what the guest acked.
 func TestSetOffloads(t *testing.T) {
-	e := newEnv(t, vhostusertest.Options{})
+	e := newKernelEnv(t, vhostusertest.Options{}, Config{})
 	full := e.tap.Offloads()
 	if got := e.n.SetOffloads(vnethdr.Choice{Set: vnethdr.OffloadCSUM | vnethdr.OffloadTSO4}); got != vnethdr.OffloadCSUM|vnethdr.OffloadTSO4 {
 		t.Fatalf("SetOffloads(csum,tso4) = %s", got)

@@ -13,7 +13,6 @@ import (
 	"tapgro/kvlog"
 	"tapgro/pcapio"
 	"tapgro/quietlog"
-	"tapgro/tapdev"
 	"tapgro/vhostuser"
 	"tapgro/vnethdr"
 )
@@ -126,10 +125,10 @@ type QueueStats struct {
 type Config struct {
 	// TAP is an open TAP; Net switches its header length and read offloads per session.
 	// One queue pair is offered.
-	TAP *tapdev.Device
+	TAP TAP
 	// TAPs, instead of TAP, are the queues of one multiqueue TAP (tapdev.OpenQueues),
 	// one per queue pair offered: pair i's rings move frames through TAPs[i].
-	TAPs []*tapdev.Device
+	TAPs []TAP
 	// Stats and BackendStats may be shared with a metrics exporter; nil allocates.
 	Stats        *Stats
 	BackendStats *vhostuser.Stats
@@ -273,7 +272,7 @@ func (n *Net) peerLine(g *quietlog.Gate, key string, out func(msg string, kv ...
 // shared Stats) is the Net's.
 type queuePair struct {
 	index    int
-	tap      *tapdev.Device
+	tap      TAP
 	stats    *QueueStats
 	attached bool // the TAP queue is attached (under Net.qmu)
 	// tx is the pair's TX ring while it runs, for the RX worker's Poke (poll window);
@@ -291,7 +290,7 @@ func New(cfg Config) (*Net, error) {
 	case cfg.TAP != nil && len(taps) > 0:
 		return nil, errors.New("vhostnet: give TAP or TAPs, not both")
 	case cfg.TAP != nil:
-		taps = []*tapdev.Device{cfg.TAP}
+		taps = []TAP{cfg.TAP}
 	case len(taps) == 0:
 		return nil, errors.New("vhostnet: a TAP is required")
 	case len(taps) > 128:

@@ -13,6 +13,7 @@ import (
 	"net/netip"
 	"os"
 	"sync"
+	"time"
 
 	"tapgro/tapdev"
 	"tapgro/vnethdr"
@@ -42,13 +43,24 @@ type TAP struct {
 	mask  vnethdr.Offloads
 	sets  int
 	nrefd int
+
+	// The vectored side (vectored.go): the reader's packet WaitReadable took off the
+	// queue (reader-only), the read deadline and its wake-up, the header length and the
+	// queue's attachment.
+	peek     []byte
+	rdl      time.Time
+	rkick    chan struct{}
+	wrote    chan struct{}
+	hdrLen   int
+	detached bool
 }
 
 // New returns a TAP whose kernel offers every offload; keep says whether written packets
 // are kept for Written (a benchmark only counts them).
 func New(keep bool) *TAP {
 	all := vnethdr.OffloadCSUM | vnethdr.OffloadTSO4 | vnethdr.OffloadTSO6 | vnethdr.OffloadTSOECN | vnethdr.OffloadUSO
-	return &TAP{Probed: all, Accept: all, in: make(chan []byte, 1024), closed: make(chan struct{}), keep: keep}
+	return &TAP{Probed: all, Accept: all, in: make(chan []byte, 1024), closed: make(chan struct{}), keep: keep,
+		rkick: make(chan struct{}, 1), wrote: make(chan struct{}, 1), hdrLen: vnethdr.LenMrgRxbuf}
 }
 
 // Inject queues one packet (vnet header + frame) for ReadBatch. It blocks while the
@@ -68,11 +80,16 @@ func (t *TAP) Queued() int { return len(t.in) }
 
 // ReadBatch implements the TAP read side: at least one packet, then whatever is queued.
 func (t *TAP) ReadBatch(bufs [][]byte, sizes []int, offset int) (int, error) {
-	select {
-	case p := <-t.in:
+	if p := t.peek; p != nil {
+		t.peek = nil
 		sizes[0] = copy(bufs[0][offset:], p)
-	case <-t.closed:
-		return 0, os.ErrClosed
+	} else {
+		select {
+		case p := <-t.in:
+			sizes[0] = copy(bufs[0][offset:], p)
+		case <-t.closed:
+			return 0, os.ErrClosed
+		}
 	}
 	n := 1
 	for n < len(bufs) {
@@ -102,6 +119,10 @@ func (t *TAP) Write(pkt []byte) (int, error) {
 	t.count++
 	if t.keep {
 		t.out = append(t.out, bytes.Clone(pkt))
+		select {
+		case t.wrote <- struct{}{}:
+		default:
+		}
 	}
 	return len(pkt), nil
 }
