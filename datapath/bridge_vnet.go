@@ -103,13 +103,3 @@ func (w *tapWriter) refused(pkt []byte) bool {
 	}
 	return !w.b.tapWriteOK(&w.hdr, len(pkt)-hl)
 }
-
-// offloadOf names the offloads a GSO header uses (TSO4, TSO6 or USO, with TSO_ECN for
-// the ECN bit), 0 for a header without GSO or of a type no offload admits.
-func offloadOf(h *vnethdr.Hdr) vnethdr.Offloads {
-	need, ok := h.Needs()
-	if !ok || !h.IsGSO() {
-		return 0
-	}
-	return need &^ vnethdr.OffloadCSUM
-}

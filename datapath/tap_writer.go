@@ -6,6 +6,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"tapgro/gsowrite"
 	"tapgro/tapdev"
 	"tapgro/vnethdr"
 )
@@ -30,14 +31,11 @@ type tapWriter struct {
 	// frames reach write() whole and may be of a kind the TAP does not take.
 	hdrPort bool
 
-	// fallback buffers are allocated on first use: only a kernel that refuses GSO, or a
-	// GSO kind from a vnet-hdr port the TAP does not take, needs them.
-	slab          []byte
-	fallback      [][]byte
-	fallbackViews [][]byte
-	fallbackSize  []int
-
-	probe []byte // the probe frame written when the kernel refuses a GSO write
+	// The EINVAL fallback (package gsowrite): probe frames and segments, allocated on
+	// first use.
+	prober   gsowrite.Prober
+	splitter gsowrite.Splitter
+	emitSeg  func(seg []byte) // w.writeSegment, made once
 }
 
 // tapWrite is what frames written to the TAP may carry: what the kernel accepts on
@@ -123,21 +121,14 @@ func (w *tapWriter) isGSO(pkt []byte) bool {
 }
 
 // refusedGSO handles a GSO packet the kernel refused with EINVAL (w.hdr holds its
-// header, set by isGSO). The packet is re-sent as plain segments. Whether the offload is
-// turned off for good — and GRO with it for TCP, since a kernel with a GSO bug rejects
-// every valid frame of that kind (Tailscale met one in Linux 6.6.44) — is decided by
-// evidence about the kernel, not about the packet:
-//
-//   - the packet must pass vnethdr.ValidatePeer, the kernel's own write-side rules
-//     (drivers/net/tun.c tun_get_user, include/linux/virtio_net.h
-//     virtio_net_hdr_to_skb). Everything that gets here was either built by the GRO
-//     engine or admitted by that same check in addWithHeaders, so this only re-states
-//     the condition; a packet failing it is dropped as malformed and proves nothing;
-//   - and a probe frame tapgro builds itself, of the same GSO kind (gso_type with its ECN
-//     bit, IP version), must be refused with EINVAL too. If the kernel takes the probe it
-//     objected to that one packet, not to the offload: nothing is turned off, so a
-//     peer's crafted header can cost at most its own packet. A probe that fails in
-//     another way (EIO: the link went down) says nothing either way and kills nothing.
+// header, set by isGSO), by package gsowrite's policy: re-sent as plain segments, and
+// the offload turned off for good — GRO with it for TCP, since a kernel with a GSO bug
+// rejects every valid frame of that kind — only if a probe frame of the same kind is
+// refused too. The packet must pass vnethdr.ValidatePeer, the kernel's own write-side
+// rules (drivers/net/tun.c tun_get_user, include/linux/virtio_net.h
+// virtio_net_hdr_to_skb); everything that gets here was either built by the GRO engine
+// or admitted by that same check in addWithHeaders, so this only re-states the
+// condition, and a packet failing it is dropped as malformed and proves nothing.
 func (w *tapWriter) refusedGSO(pkt []byte, cause error) {
 	b := w.b
 	st := &b.p2t
@@ -147,27 +138,16 @@ func (w *tapWriter) refusedGSO(pkt []byte, cause error) {
 		return
 	}
 	st.GSOFallback.Add(1)
-	if w.probeRefused(pkt[hl:]) {
-		w.kill(offloadOf(&w.hdr), cause)
+	if w.prober.KindRefused(w.tapWrite, hl, pkt[hl:], &w.hdr) {
+		w.kill(gsowrite.Offload(&w.hdr), cause)
 	}
 	w.split(pkt)
 }
 
-// probeRefused writes a probe frame of the kind of frame (its header in w.hdr) to the
-// TAP and reports whether the kernel refused it with EINVAL. It allocates only the first
-// time.
-func (w *tapWriter) probeRefused(frame []byte) bool {
-	hl := w.b.cfg.vnetHdrLen
-	if w.probe == nil {
-		w.probe = make([]byte, 0, probeFrameCap(hl))
-	}
-	ipv6 := false
-	if l, err := vnethdr.ParseLayout(frame); err == nil {
-		ipv6 = l.IPv6
-	}
-	w.probe = appendProbeFrame(w.probe[:0], hl, w.hdr.GSOType, ipv6)
-	_, err := w.b.tap.Write(w.probe)
-	return errors.Is(err, unix.EINVAL)
+// tapWrite is the TAP's write, as gsowrite's Prober calls it.
+func (w *tapWriter) tapWrite(pkt []byte) error {
+	_, err := w.b.tap.Write(pkt)
+	return err
 }
 
 // kill turns the offloads off for good (sticky until restart): frames of that kind
@@ -193,47 +173,27 @@ func (w *tapWriter) kill(off vnethdr.Offloads, cause error) {
 // split writes the GSO packet pkt (its header decoded into w.hdr) to the TAP as plain
 // segments.
 func (w *tapWriter) split(pkt []byte) {
+	hl := w.b.cfg.vnetHdrLen
+	if w.emitSeg == nil {
+		w.emitSeg = w.writeSegment
+	}
+	if w.splitter.Split(pkt[hl:], &w.hdr, hl, w.emitSeg) != nil {
+		w.b.p2t.Drops[DropMalformed].Add(1)
+	}
+}
+
+// writeSegment writes one segment of a split packet.
+func (w *tapWriter) writeSegment(out []byte) {
 	b := w.b
 	st := &b.p2t
 	hl := b.cfg.vnetHdrLen
-	frame := pkt[hl:]
-	pl, err := vnethdr.Plan(frame, &w.hdr)
-	if err != nil {
-		st.Drops[DropMalformed].Add(1)
+	if _, err := b.tap.Write(out); err != nil {
+		st.Drops[DropTapError].Add(1)
 		return
 	}
-	// One slab, carved into nseg segments of hl + headers + gso_size; it grows to the
-	// largest frame seen and is then reused, so only the first fallback allocates.
-	segCap, nseg := hl+pl.SegCap, pl.Segments
-	if w.fallbackSize == nil {
-		// vnethdr.Plan admits no more segments, and ValidatePeer no more than it.
-		w.fallback = make([][]byte, vnethdr.MaxSegments)
-		w.fallbackViews = make([][]byte, vnethdr.MaxSegments)
-		w.fallbackSize = make([]int, vnethdr.MaxSegments)
+	if c := b.capture.tap.Writer(); c != nil {
+		c.WriteFrame(time.Now(), out[hl:])
 	}
-	if need := segCap * nseg; len(w.slab) < need {
-		w.slab = make([]byte, need)
-	}
-	for i := 0; i < nseg; i++ {
-		w.fallback[i] = w.slab[i*segCap : (i+1)*segCap]
-		w.fallbackViews[i] = w.fallback[i][hl:]
-	}
-	n, err := vnethdr.Split(frame, &w.hdr, w.fallbackViews[:nseg], w.fallbackSize[:nseg])
-	if err != nil {
-		st.Drops[DropMalformed].Add(1)
-		return
-	}
-	for i := 0; i < n; i++ {
-		out := w.fallback[i][:hl+w.fallbackSize[i]]
-		vnethdr.Zero(out, hl)
-		if _, err := b.tap.Write(out); err != nil {
-			st.Drops[DropTapError].Add(1)
-			continue
-		}
-		if c := b.capture.tap.Writer(); c != nil {
-			c.WriteFrame(time.Now(), out[hl:])
-		}
-		st.Frames.Add(1)
-		st.Bytes.Add(uint64(w.fallbackSize[i]))
-	}
+	st.Frames.Add(1)
+	st.Bytes.Add(uint64(len(out) - hl))
 }
