@@ -125,5 +125,6 @@ func (f *fakeVhost) OffloadChoice() vnethdr.Choice               { return vnethd
 func (f *fakeVhost) SetOffloads(vnethdr.Choice) vnethdr.Offloads { return 0 }
 func (f *fakeVhost) SetGRO(bool) bool                            { return false }
 func (f *fakeVhost) GROActive() bool                             { return false }
+func (f *fakeVhost) TapKilled() vnethdr.Offloads                 { return 0 }
 func (f *fakeVhost) SetUDPGRO(bool) bool                         { return false }
 func (f *fakeVhost) UDPGROActive() bool                          { return false }

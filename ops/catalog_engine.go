@@ -30,8 +30,7 @@ func (m *Metrics) addDatapath() {
 	m.addGSOSegmented(snapU(func(s *datapath.Snapshot) uint64 { return s.TapToPort.GSOSegmented }))
 	m.add("tapgro_csum_completed_total", "Partial checksums from the TAP completed in software.", Counter, nil,
 		snapU(func(s *datapath.Snapshot) uint64 { return s.TapToPort.CsumCompleted }))
-	m.add("tapgro_gro_gso_write_fallback_total", "GSO writes the kernel refused (EINVAL) and that were re-sent segmented.", Counter, nil,
-		snapU(func(s *datapath.Snapshot) uint64 { return s.PortToTap.GSOFallback }))
+	m.addGSOWriteFallback(snapU(func(s *datapath.Snapshot) uint64 { return s.PortToTap.GSOFallback }))
 	m.addConnected(func(src *Source) float64 { s := src.Snap; return b2f(s.Connected) })
 	for _, side := range []struct {
 		name string

@@ -29,6 +29,7 @@ func (f *fakeVhost) OffloadChoice() vnethdr.Choice               { return vnethd
 func (f *fakeVhost) SetOffloads(vnethdr.Choice) vnethdr.Offloads { return 0 }
 func (f *fakeVhost) SetGRO(bool) bool                            { return false }
 func (f *fakeVhost) GROActive() bool                             { return false }
+func (f *fakeVhost) TapKilled() vnethdr.Offloads                 { return 0 }
 func (f *fakeVhost) SetUDPGRO(bool) bool                         { return false }
 func (f *fakeVhost) UDPGROActive() bool                          { return false }
 
@@ -64,7 +65,7 @@ var sharedFamilies = []string{
 	"tapgro_port_connected", "tapgro_port_connects_total", "tapgro_port_disconnects_total", "tapgro_port_rejects_total",
 	"tapgro_pcap_frames_total", "tapgro_pcap_dropped_total", "tapgro_offload_enabled", "tapgro_offload_killed",
 	"tapgro_gro_segments_total", "tapgro_gro_packets_total", "tapgro_gro_coalesced_total", "tapgro_gro_gso_packets_total",
-	"tapgro_gro_reason_total", "tapgro_rx_stalls_total", "tapgro_stalled", "tapgro_build_info", "tapgro_start_time_seconds", "tapgro_gomaxprocs",
+	"tapgro_gro_reason_total", "tapgro_gro_gso_write_fallback_total", "tapgro_rx_stalls_total", "tapgro_stalled", "tapgro_build_info", "tapgro_start_time_seconds", "tapgro_gomaxprocs",
 }
 
 // TestOneCatalogue: a tapgro on vhost-user and one on a stream port export the shared

@@ -26,6 +26,7 @@ type VhostNet interface {
 	SetOffloads(c vnethdr.Choice) vnethdr.Offloads
 	SetGRO(on bool) bool
 	GROActive() bool
+	TapKilled() vnethdr.Offloads
 	SetUDPGRO(on bool) bool
 	UDPGROActive() bool
 }
@@ -94,6 +95,7 @@ func (v *vhostDP) problems() map[string]uint64 {
 		m["ring/"+r.String()] = bs.Rejected[r].Load()
 	}
 	m["log/beyond"] = bs.LogBeyond.Load()
+	m["port_to_tap/gso_write_fallback"] = st.GSOFallback.Load()
 	return m
 }
 
@@ -121,8 +123,8 @@ func (v *vhostDP) catalogue(m *Metrics) {
 	c := vn.Capture().Stats()
 	m.addPcap("port", u(c.Frames.Load), u(c.Dropped.Load))
 	// side=tap: what TUNSETOFFLOAD set; side=port: what the guest acked it can receive
-	// (while a session has acked). vhost-user kills no offload: the TAP's write path
-	// takes what the guest sends, validated.
+	// (while a session has acked); killed: the GSO kinds the kernel refuses on write
+	// (package gsowrite), which are cut before the write.
 	m.addOffloadState(func(*Source) vnethdr.Offloads { return vn.State().TapOffloads },
 		func(*Source) vnethdr.Offloads {
 			if s := vn.State(); s.AckedValid {
@@ -130,7 +132,8 @@ func (v *vhostDP) catalogue(m *Metrics) {
 			}
 			return 0
 		},
-		func(*Source) vnethdr.Offloads { return 0 })
+		func(*Source) vnethdr.Offloads { return vn.TapKilled() })
+	m.addGSOWriteFallback(u(st.GSOFallback.Load))
 	// Per queue pair: the TAP steers each flow to one queue (drivers/net/tun.c
 	// tun_automq_select_queue), so these show how the flows spread over the pairs.
 	for i := range st.Queues {
@@ -158,6 +161,7 @@ func (v *vhostDP) catalogue(m *Metrics) {
 	m.addRXStalls(u(st.RXStalls.Load))
 	m.add("tapgro_vhost_tx_holds_total", "vhost-user: times a TX worker that moved bulk held (--tx-hold) with kicks off instead of waiting for the next kick.", Counter, nil, u(st.TXHolds.Load))
 	m.add("tapgro_vhost_tx_blocked_total", "vhost-user: times guest → TAP waited for the TAP to take a frame.", Counter, nil, u(st.TXBlocked.Load))
+	m.add("tapgro_vhost_tx_split_total", "vhost-user: guest GSO frames of a kind the kernel refuses on write (its probe refused too), cut into plain segments before the write.", Counter, nil, u(st.TXSplit.Load))
 	m.add("tapgro_vhost_tx_linearized_total", "vhost-user: guest frames of more segments than one writev takes, copied.", Counter, nil, u(st.Linearized.Load))
 	m.add("tapgro_vhost_kicks_total", "vhost-user: kick eventfd reads (the guest posted work).", Counter, nil, u(bs.Kicks.Load))
 	m.add("tapgro_vhost_poll_hits_total", "vhost-user: times a TX worker's poll window (--vhost-poll) saw the guest post chains, taken with no kick.", Counter, nil, u(bs.PollHits.Load))

@@ -31,6 +31,12 @@ func (m *Metrics) addGSOSegmented(v func(*Source) float64) {
 	m.add("tapgro_gso_segmented_total", "GSO frames from the TAP split in software for the port.", Counter, nil, v)
 }
 
+// addGSOWriteFallback: GSO writes the TAP refused with EINVAL and sent again as plain
+// segments (package gsowrite's policy, on every port kind).
+func (m *Metrics) addGSOWriteFallback(v func(*Source) float64) {
+	m.add("tapgro_gro_gso_write_fallback_total", "GSO writes the kernel refused (EINVAL) and that were re-sent segmented.", Counter, nil, v)
+}
+
 // addRXStalls: times TAP → peer met a peer that could take no more (the engine: the
 // port's socket or ring full; vhost-user: the guest posted no receive buffers).
 func (m *Metrics) addRXStalls(v func(*Source) float64) {

@@ -91,7 +91,11 @@
 // length 0; End publishes them with one used->idx store and at most one call. If the
 // TAP's send buffer is full (rare: tun's sndbuf is INT_MAX by default) the chain is
 // rewound, the batch ended and the worker waits for the TAP outside any batch, so the
-// control plane never waits on the kernel. A started but disabled ring has its chains
+// control plane never waits on the kernel. A GSO frame the TAP refuses with EINVAL goes
+// by package gsowrite's policy, the one every tapgro datapath follows (fallback.go): it
+// is sent as plain segments cut from tapgro's copy, and its kind is cut before every
+// later write — GRO stopped too, for TCP — only if tapgro's own probe of the kind is
+// refused as well. A started but disabled ring has its chains
 // completed and discarded (vhost-user.rst "Ring states").
 //
 // Under bulk the worker holds rather than waits (--tx-hold, 150 µs by default; tx.go):

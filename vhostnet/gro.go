@@ -6,6 +6,8 @@ import (
 	"errors"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"tapgro/coalescer"
 	"tapgro/tapdev"
 	"tapgro/vhostuser"
@@ -33,6 +35,7 @@ import (
 // txGRO is one TX worker's engine and the buffers its output is written from.
 type txGRO struct {
 	n   *Net
+	st  *txState   // the worker's: the EINVAL fallback's probe and splitter
 	q   *queuePair // the worker's pair: its TAP queue and counters
 	c   *coalescer.Coalescer
 	buf []byte   // [12 headroom][frame]: a merge candidate's copy for Add
@@ -52,8 +55,8 @@ const groHdrLen = vnethdr.LenMrgRxbuf
 
 // newTXGRO builds a TX worker's engine: at the worker's start with GRO on, else at the
 // first batch after SetGRO turned it on (the one allocation a switch costs).
-func (n *Net) newTXGRO(q *queuePair) *txGRO {
-	g := &txGRO{n: n, q: q, buf: make([]byte, groHdrLen+MaxFrame), iov: make([][]byte, 2),
+func (n *Net) newTXGRO(st *txState) *txGRO {
+	g := &txGRO{n: n, st: st, q: st.pair, buf: make([]byte, groHdrLen+MaxFrame), iov: make([][]byte, 2),
 		timer: n.timerFlush, interval: n.rscInterval.Nanoseconds(), udp: n.UDPGROActive()}
 	g.c = coalescer.New(g.config(), g.emit)
 	return g
@@ -77,9 +80,9 @@ func (g *txGRO) config() coalescer.Config {
 // runs the engine. Turned off, the engine first writes what it holds, before any frame
 // of the batch, so a flow's frames stay in order; it is kept for a later switch on.
 func (n *Net) groBatch(st *txState) bool {
-	on := n.groOn.Load()
+	on := n.GROActive()
 	if on && st.gro == nil {
-		st.gro = n.newTXGRO(st.pair)
+		st.gro = n.newTXGRO(st)
 	}
 	if st.gro == nil {
 		return false
@@ -141,7 +144,12 @@ func (g *txGRO) emit(pkt []byte) {
 	g.iov[0], g.iov[1] = g.hdr[:tapHL], pkt[groHdrLen:]
 	_, err := g.q.tap.TryWritev(g.iov)
 	g.iov[1] = nil
-	if err != nil {
+	switch {
+	case err == nil:
+	case errors.Is(err, unix.EINVAL) && h.IsGSO():
+		// A kernel that refuses TCP GSO writes (fallback.go): sent as segments.
+		n.refused(g.st, pkt[groHdrLen:], &h, err, false)
+	default:
 		n.stats.Drops[DropTXTAP].Add(1)
 		if errors.Is(err, tapdev.ErrWouldBlock) {
 			n.stats.TXBlocked.Add(1)

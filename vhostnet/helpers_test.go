@@ -70,10 +70,14 @@ func newEnv(t testing.TB, o vhostusertest.Options) *env {
 	return newEnvCfg(t, o, Config{})
 }
 
-// newEnvCfg is newEnv with Net configured by cfg (its TAP and Log filled in).
-func newEnvCfg(t testing.TB, o vhostusertest.Options, cfg Config) *env {
+// newEnvCfg is newEnv with Net configured by cfg (its TAP and Log filled in); setup, if
+// given, configures the in-memory TAP before anything uses it.
+func newEnvCfg(t testing.TB, o vhostusertest.Options, cfg Config, setup ...func(*taptest.TAP)) *env {
 	t.Helper()
 	tap := taptest.New(true)
+	for _, f := range setup {
+		f(tap)
+	}
 	mac, _, _ := tap.LinkInfo()
 	e := &env{t: t, tap: tap, fake: tap, mac: mac, ps: -1}
 	t.Cleanup(func() { tap.Close() })

@@ -232,8 +232,9 @@ func (n *Net) SetGRO(on bool) bool {
 	return on
 }
 
-// GROActive reports whether coalescing is on (--gro, SetGRO).
-func (n *Net) GROActive() bool { return n.groOn.Load() }
+// GROActive reports whether coalescing toward the TAP runs: on (--gro, SetGRO), and
+// not stopped because the kernel refuses TCP GSO writes (fallback.go).
+func (n *Net) GROActive() bool { return n.groOn.Load() && !n.groKilled.Load() }
 
 // SetUDPGRO switches UDP coalescing toward the TAP (--udp-gro, `tapgro ctl udp-gro`);
 // the TX workers take it up at their next batch. It returns whether UDP is coalesced

@@ -7,6 +7,9 @@ import (
 	"runtime/debug"
 	"time"
 
+	"golang.org/x/sys/unix"
+
+	"tapgro/gsowrite"
 	"tapgro/tapdev"
 	"tapgro/vhostuser"
 	"tapgro/vnethdr"
@@ -44,12 +47,19 @@ type txState struct {
 	lin  []byte // our copy of the frame's first bytes (tx) and, rarely, all of it
 	nPop int
 
-	tap   TAP         // the pair's TAP queue
-	q     *QueueStats // the pair's counters
-	pair  *queuePair
-	gro   *txGRO      // nil: GRO never on for this worker (gro.go)
-	groOn bool        // this batch runs gro (groBatch)
-	gh    vnethdr.Hdr // the header handed to the engine (kept off the stack)
+	tap  TAP         // the pair's TAP queue
+	q    *QueueStats // the pair's counters
+	pair *queuePair
+
+	// The EINVAL fallback (fallback.go), allocated on first use.
+	prober    gsowrite.Prober
+	splitter  gsowrite.Splitter
+	emitSeg   func(seg []byte) // st.writeSegment, made once
+	segFailed bool
+	one       [1][]byte   // tapWrite's iovec
+	gro       *txGRO      // nil: GRO never on for this worker (gro.go)
+	groOn     bool        // this batch runs gro (groBatch)
+	gh        vnethdr.Hdr // the header handed to the engine (kept off the stack)
 
 	faulted bool // guest memory faulted: the worker is ending (vhostuser.Vring.Guard)
 }
@@ -67,8 +77,9 @@ func (n *Net) txLoop(w *worker) {
 		lin:  make([]byte, MaxFrame),
 		pair: w.q,
 	}
-	if n.groOn.Load() {
-		st.gro = n.newTXGRO(w.q)
+	st.emitSeg = st.writeSegment
+	if n.GROActive() {
+		st.gro = n.newTXGRO(st)
 	}
 	defer st.finish()
 	defer v.Guard(&st.faulted)
@@ -228,6 +239,12 @@ func (n *Net) tx(st *txState, c vhostuser.Chain, ringHL int) error {
 			return nil
 		}
 	}
+	if n.killedKind(&h) {
+		// A kind the kernel refuses on write (fallback.go): cut it first.
+		n.stats.TXSplit.Add(1)
+		n.splitToTAP(st, n.linearize(st, c, ringHL, frameLen, copied), &h, true)
+		return nil
+	}
 	h.NumBuffers = 0 // the TAP skips it (drivers/net/tun.c tun_vnet_hdr_get); the driver sets 0
 	h.Encode(st.hdr[:], tapHL)
 	out := append(st.out[:0], st.hdr[:tapHL], st.lin[:copied])
@@ -261,6 +278,9 @@ func (n *Net) tx(st *txState, c vhostuser.Chain, ringHL int) error {
 	case err == nil:
 	case errors.Is(err, tapdev.ErrWouldBlock):
 		return err
+	case errors.Is(err, unix.EINVAL) && h.IsGSO():
+		n.refusedGSO(st, c, ringHL, frameLen, copied, &h, err)
+		return nil
 	default:
 		n.stats.Drops[DropTXTAP].Add(1)
 		return nil

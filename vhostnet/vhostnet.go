@@ -87,6 +87,10 @@ type Stats struct {
 	TXHolds atomic.Uint64
 	// Linearized counts TX frames of more segments than one writev takes, copied.
 	Linearized atomic.Uint64
+	// GSOFallback counts guest GSO frames the TAP refused with EINVAL, sent again as
+	// plain segments; TXSplit those of a kind the kernel refuses (its probe was refused
+	// too), cut before the write (fallback.go).
+	GSOFallback, TXSplit atomic.Uint64
 	// WorkersLeft counts ring workers not joined at a ring's stop because they stayed
 	// asleep in a write to an eventfd the front-end kept blocked (RingStopped).
 	WorkersLeft atomic.Uint64
@@ -200,7 +204,11 @@ type Net struct {
 	probed  vnethdr.Offloads
 	mtu     int
 
-	groOn       atomic.Bool // coalescing (--gro, SetGRO): TX workers take it up per batch, RX through rscMode
+	groOn atomic.Bool // coalescing (--gro, SetGRO): TX workers take it up per batch, RX through rscMode
+	// tapKilled are the GSO kinds the kernel refuses on write (vnethdr.Offloads), and
+	// groKilled says TCP's went with them (fallback.go): both sticky.
+	tapKilled   atomic.Uint32
+	groKilled   atomic.Bool
 	timerFlush  bool
 	rscInterval time.Duration
 	maxFlows    int
