@@ -384,7 +384,6 @@ func checkVhostUser(o *options) error {
 		set  bool
 		name string
 	}{
-		{o.pcapTap != "", "--pcap-tap: capture has one side on this path, --pcap-port (each frame as the guest sent or received it; the TAP sees the same frames)"},
 		{o.multiQueue, "--multi-queue: give vhost-user queue pairs with --netdev vhost-user,...,queues=N (N > 1 opens the TAP with IFF_MULTI_QUEUE, one queue per pair)"},
 	} {
 		if f.set {

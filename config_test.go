@@ -278,7 +278,6 @@ func TestParseFlagsVhostUser(t *testing.T) {
 		args []string
 		why  string
 	}{
-		{[]string{"--pcap-tap", "/tmp/x.pcap"}, "capture has one side on this path, --pcap-port"},
 		{[]string{"--multi-queue"}, "queues=N"},
 	} {
 		_, err := parseFlags(append([]string{"--tap", "tap0", nd}, bad.args...), io.Discard)
@@ -286,7 +285,7 @@ func TestParseFlagsVhostUser(t *testing.T) {
 			t.Errorf("%v: err = %v, want %q", bad.args, err, bad.why)
 		}
 	}
-	for _, good := range [][]string{{"--pcap-port", "/tmp/x.pcap"}, {"--ctl-socket", "/tmp/x.ctl"},
+	for _, good := range [][]string{{"--pcap-port", "/tmp/x.pcap"}, {"--pcap-tap", "/tmp/t.pcap"}, {"--ctl-socket", "/tmp/x.ctl"},
 		{"--gro", "off"}, {"--offload", "off"}, {"--gro-flush", "batch", "--rsc-interval", "1ms", "--gro-flows", "8"}} {
 		if _, err := parseFlags(append([]string{"--tap", "tap0", nd}, good...), io.Discard); err != nil {
 			t.Errorf("%v: %v", good, err)

@@ -126,5 +126,7 @@ func (f *fakeVhost) SetOffloads(vnethdr.Choice) vnethdr.Offloads { return 0 }
 func (f *fakeVhost) SetGRO(bool) bool                            { return false }
 func (f *fakeVhost) GROActive() bool                             { return false }
 func (f *fakeVhost) TapKilled() vnethdr.Offloads                 { return 0 }
+func (f *fakeVhost) TapCapture() *pcapio.Point                   { return &f.cap }
+func (f *fakeVhost) SetTapCapture(string) error                  { return nil }
 func (f *fakeVhost) SetUDPGRO(bool) bool                         { return false }
 func (f *fakeVhost) UDPGROActive() bool                          { return false }

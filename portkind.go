@@ -237,7 +237,7 @@ func openVhost(o *options, log *logrus.Logger) (k portKind, err error) {
 	for i, q := range v.taps {
 		queues[i] = q
 	}
-	v.vn, err = vhostnet.New(vhostnet.Config{TAPs: queues, MTU: o.mtu, Pcap: o.pcap, PcapPath: o.pcapPort,
+	v.vn, err = vhostnet.New(vhostnet.Config{TAPs: queues, MTU: o.mtu, Pcap: o.pcap, PcapPath: o.pcapPort, PcapTapPath: o.pcapTap,
 		Log: engineLogger{log},
 		// GRO toward the TAP (UDP too with --udp-gro) and RSC toward the guest
 		// (vhostnet/gro.go, rsc.go), with the stream path's switches; --offload caps the
@@ -340,8 +340,10 @@ func (v *vhostKind) summary() logrus.Fields {
 	if v.o.gro {
 		sum.gro = &st.GRO
 	}
-	if c := v.vn.Capture().Stats(); v.o.pcapPort != "" || c.Frames.Load() != 0 {
-		sum.pcap = map[string][2]uint64{"port": {c.Frames.Load(), c.Dropped.Load()}}
+	c, ct := v.vn.Capture().Stats(), v.vn.TapCapture().Stats()
+	if v.o.pcapPort != "" || v.o.pcapTap != "" || c.Frames.Load()+ct.Frames.Load() != 0 {
+		sum.pcap = map[string][2]uint64{"port": {c.Frames.Load(), c.Dropped.Load()},
+			"tap": {ct.Frames.Load(), ct.Dropped.Load()}}
 	}
 	extra := logrus.Fields{}
 	for r := vhostnet.Drop(0); r < vhostnet.NumDrops; r++ {

@@ -55,6 +55,7 @@ func (st *Status) lines() [][2]string {
 			{"rx stalls", fmt.Sprintf("%d (the guest had no receive buffers)", v.RXStalls)},
 			{"rings rejected", fmt.Sprint(v.Rejected)},
 			{"migration log", fmt.Sprintf("%s, %d pages marked, %d RARP sent", onoff.String(v.Logging), v.LogPages, v.RARPs)},
+			{"pcap tap", st.PcapTap},
 			{"pcap port", st.PcapPort},
 		}
 		if v.QueuePairs > 1 {

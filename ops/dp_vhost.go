@@ -1,7 +1,6 @@
 package ops
 
 import (
-	"errors"
 	"fmt"
 	"strconv"
 
@@ -22,6 +21,8 @@ type VhostNet interface {
 	State() vhostnet.State
 	Capture() *pcapio.Point
 	SetCapture(path string) error
+	TapCapture() *pcapio.Point
+	SetTapCapture(path string) error
 	OffloadChoice() vnethdr.Choice
 	SetOffloads(c vnethdr.Choice) vnethdr.Offloads
 	SetGRO(on bool) bool
@@ -49,18 +50,10 @@ func VhostDatapath(vn VhostNet, tap, listen string) Datapath {
 
 func (v *vhostDP) names() (string, string) { return v.tap, v.listen }
 
-// refuse: vhost-user switches the TAP's offloads (a cap on what the guest acked, as
-// --offload), coalescing (GRO toward the TAP, RSC toward the guest), UDP coalescing
-// toward the TAP, and capture of the port side. A capture of the TAP side would show the
-// port side's frames again.
-func (v *vhostDP) refuse(need ctlCaps) error {
-	if need&capPcapTap != 0 {
-		return errNoPcapTap
-	}
-	return nil
-}
-
-var errNoPcapTap = errors.New("vhost-user: capture has one side, port= (each frame as the guest sent or received it; the TAP sees the same frames)")
+// refuse: vhost-user has every switch: the TAP's offloads (a cap on what the guest
+// acked, as --offload), coalescing (GRO toward the TAP, RSC toward the guest), UDP
+// coalescing toward the TAP, and capture of both sides.
+func (v *vhostDP) refuse(ctlCaps) error { return nil }
 
 func (v *vhostDP) offloads() (vnethdr.Choice, vnethdr.Offloads) {
 	return v.vn.OffloadChoice(), v.vn.State().TapProbed
@@ -76,8 +69,8 @@ func (v *vhostDP) setGRO(on bool) (bool, error)    { return v.vn.SetGRO(on), nil
 func (v *vhostDP) setUDPGRO(on bool) (bool, error) { return v.vn.SetUDPGRO(on), nil }
 
 func (v *vhostDP) setCapture(side datapath.CaptureSide, path string) error {
-	if side != datapath.CapturePort {
-		return errNoPcapTap
+	if side == datapath.CaptureTap {
+		return v.vn.SetTapCapture(path)
 	}
 	return v.vn.SetCapture(path)
 }
@@ -120,8 +113,9 @@ func (v *vhostDP) catalogue(m *Metrics) {
 	}
 	m.addConnected(func(*Source) float64 { return b2f(vn.State().Connected) })
 	m.addConnections(u(bs.Sessions.Load), u(bs.Ended.Load), u(bs.Refused.Load))
-	c := vn.Capture().Stats()
+	c, ct := vn.Capture().Stats(), vn.TapCapture().Stats()
 	m.addPcap("port", u(c.Frames.Load), u(c.Dropped.Load))
+	m.addPcap("tap", u(ct.Frames.Load), u(ct.Dropped.Load))
 	// side=tap: what TUNSETOFFLOAD set; side=port: what the guest acked it can receive
 	// (while a session has acked); killed: the GSO kinds the kernel refuses on write
 	// (package gsowrite), which are cut before the write.
@@ -260,7 +254,7 @@ func (v *vhostDP) status() *Status {
 		GRO: v.vn.GROActive(), GROActive: v.vn.GROActive(),
 		UDPGRO: v.vn.UDPGROActive(), UDPGROActive: v.vn.UDPGROActive(),
 		TapProbed: vs.TapProbed.String(), TapOffloads: vst.TapOffloads,
-		PcapTap: "off", PcapPort: v.vn.Capture().Describe(),
+		PcapTap: v.vn.TapCapture().Describe(), PcapPort: v.vn.Capture().Describe(),
 		Counters: Counters{
 			PortToTap:    DirCounters{Reads: tx + txDrop, Frames: tx, Bytes: st.TXBytes.Load(), Dropped: txDrop},
 			TapToPort:    DirCounters{Reads: rx + rxDrop, Frames: rx, Bytes: st.RXBytes.Load(), Dropped: rxDrop},

@@ -82,6 +82,10 @@ func (st *txState) tapWrite(pkt []byte) error {
 func (st *txState) writeSegment(seg []byte) {
 	if err := st.tapWrite(seg); err != nil {
 		st.segFailed = true
+		return
+	}
+	if cw := st.tapCap.Writer(); cw != nil {
+		cw.WriteFrame(time.Now(), seg[st.tap.VnetHdrLen():])
 	}
 }
 

@@ -146,6 +146,9 @@ func (g *txGRO) emit(pkt []byte) {
 	g.iov[1] = nil
 	switch {
 	case err == nil:
+		if cw := n.tapCap.Writer(); cw != nil {
+			cw.WriteFrame(time.Now(), pkt[groHdrLen:])
+		}
 	case errors.Is(err, unix.EINVAL) && h.IsGSO():
 		// A kernel that refuses TCP GSO writes (fallback.go): sent as segments.
 		n.refused(g.st, pkt[groHdrLen:], &h, err, false)

@@ -134,6 +134,9 @@ func (r *rxRSC) batch(ringHL int) int {
 		if k < ringHL+14 {
 			continue // tun never hands a frame shorter than its header and Ethernet's
 		}
+		if cw := n.tapCap.Writer(); cw != nil {
+			cw.WriteFrame(time.Now(), r.rd[0][ringHL:k])
+		}
 		h := &r.h // kept off the stack: Add takes a pointer
 		*h = vnethdr.Hdr{}
 		h.Decode(r.rd[0], ringHL)

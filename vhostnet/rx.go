@@ -164,6 +164,9 @@ func (n *Net) rxFrames(v vhostuser.Queue, st *rxState, ringHL int) int {
 			if err != nil {
 				return n.rxReadFailed(err)
 			}
+			if cw := n.tapCap.Writer(); cw != nil {
+				cw.WriteFrame(time.Now(), st.bounce[ringHL:k])
+			}
 			st.held = k
 			continue
 		}
@@ -180,6 +183,9 @@ func (n *Net) rxFrames(v vhostuser.Queue, st *rxState, ringHL int) int {
 				return state
 			}
 			continue
+		}
+		if cw := n.tapCap.Writer(); cw != nil {
+			cw.WriteFrameV(time.Now(), segs, ringHL, k-ringHL) // as the TAP handed it
 		}
 		if state := n.rxDeliver(v, st, segs, k, ringHL); state != rxGo {
 			return state

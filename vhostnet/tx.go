@@ -10,6 +10,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"tapgro/gsowrite"
+	"tapgro/pcapio"
 	"tapgro/tapdev"
 	"tapgro/vhostuser"
 	"tapgro/vnethdr"
@@ -47,9 +48,10 @@ type txState struct {
 	lin  []byte // our copy of the frame's first bytes (tx) and, rarely, all of it
 	nPop int
 
-	tap  TAP         // the pair's TAP queue
-	q    *QueueStats // the pair's counters
-	pair *queuePair
+	tap    TAP           // the pair's TAP queue
+	tapCap *pcapio.Point // the Net's TAP-side capture (fallback.go's segments)
+	q      *QueueStats   // the pair's counters
+	pair   *queuePair
 
 	// The EINVAL fallback (fallback.go), allocated on first use.
 	prober    gsowrite.Prober
@@ -77,7 +79,7 @@ func (n *Net) txLoop(w *worker) {
 		lin:  make([]byte, MaxFrame),
 		pair: w.q,
 	}
-	st.emitSeg = st.writeSegment
+	st.emitSeg, st.tapCap = st.writeSegment, &n.tapCap
 	if n.GROActive() {
 		st.gro = n.newTXGRO(st)
 	}
@@ -267,9 +269,13 @@ func (n *Net) tx(st *txState, c vhostuser.Chain, ringHL int) error {
 	st.out = out
 	_, err := st.tap.TryWritev(out)
 	if err == nil {
+		// What the TAP took, headers from our copy: the guest may rewrite the payload
+		// after the writev, so under a hostile guest only that can differ. Both sides
+		// saw the same frame.
 		if cw := n.capture.Writer(); cw != nil {
-			// What the TAP took, headers from our copy: the guest may rewrite the
-			// payload after the writev, so under a hostile guest only that can differ.
+			cw.WriteFrameV(time.Now(), out[1:], 0, frameLen)
+		}
+		if cw := n.tapCap.Writer(); cw != nil {
 			cw.WriteFrameV(time.Now(), out[1:], 0, frameLen)
 		}
 	}

@@ -146,6 +146,8 @@ type Config struct {
 	// Pcap is the capture writers' options; PcapPath a capture to start with ("": off).
 	Pcap     pcapio.Options
 	PcapPath string
+	// PcapTapPath is a capture of the TAP's side to start with ("": off).
+	PcapTapPath string
 
 	// GRO coalesces MTU-sized TCP segments the guest sends into GSO packets for the TAP
 	// (gro.go) and, for a guest that acked GUEST_TSO4/6 while the TAP hands MTU frames,
@@ -220,8 +222,11 @@ type Net struct {
 	txHold       time.Duration // TX workers' hold under bulk (Config.TXHold)
 
 	// capture records every frame that crosses, as the guest sent or received it
-	// (--pcap-port, `tapgro ctl pcap port=…`).
+	// (--pcap-port, `tapgro ctl pcap port=…`); tapCap as the TAP took or handed it
+	// (--pcap-tap, `tapgro ctl pcap tap=…`): they differ where GRO merged, RSC
+	// coalesced, a frame was cut for the guest or split for the kernel.
 	capture pcapio.Point
+	tapCap  pcapio.Point
 	pcapOpt pcapio.Options
 	// acked is the last SET_FEATURES, for status (tapOffl the TAP offloads it set).
 	acked    atomic.Uint64
@@ -366,6 +371,12 @@ func New(cfg Config) (*Net, error) {
 	n.backend = b
 	if cfg.PcapPath != "" {
 		if err := n.SetCapture(cfg.PcapPath); err != nil {
+			return nil, err
+		}
+	}
+	if cfg.PcapTapPath != "" {
+		if err := n.SetTapCapture(cfg.PcapTapPath); err != nil {
+			n.CloseCapture()
 			return nil, err
 		}
 	}
@@ -581,14 +592,24 @@ func (n *Net) SessionEnded(err error) {
 // frames whole and the virtio-net header left out (pcapio).
 func (n *Net) SetCapture(path string) error { return n.capture.Set(path, n.pcapOpt) }
 
-// ReopenCapture rotates the live capture file (SIGHUP).
-func (n *Net) ReopenCapture() error { return n.capture.Reopen() }
+// SetTapCapture is SetCapture for the TAP's side: each frame as the TAP took or handed
+// it.
+func (n *Net) SetTapCapture(path string) error { return n.tapCap.Set(path, n.pcapOpt) }
 
-// CloseCapture stops capture, flushing the file.
-func (n *Net) CloseCapture() error { return n.capture.Set("", n.pcapOpt) }
+// ReopenCapture rotates the live capture files (SIGHUP).
+func (n *Net) ReopenCapture() error {
+	return errors.Join(n.capture.Reopen(), n.tapCap.Reopen())
+}
 
-// Capture is the capture point (its state and counters).
-func (n *Net) Capture() *pcapio.Point { return &n.capture }
+// CloseCapture stops capture on both sides, flushing the files.
+func (n *Net) CloseCapture() error {
+	return errors.Join(n.capture.Set("", n.pcapOpt), n.tapCap.Set("", n.pcapOpt))
+}
+
+// Capture is the port side's capture point (its state and counters), TapCapture the
+// TAP side's.
+func (n *Net) Capture() *pcapio.Point    { return &n.capture }
+func (n *Net) TapCapture() *pcapio.Point { return &n.tapCap }
 
 // State is what the operator surfaces show of the device: whether a front-end is
 // connected, the features its guest acked (valid: SET_FEATURES came in this session),
