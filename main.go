@@ -170,12 +170,12 @@ func run(ctx context.Context, o *options, log *logrus.Logger) error {
 		return err
 	}
 	defer k.close()
+	dp := k.datapath()
 	if o.scaleProcs {
-		go procscale.Run(ctx, procscale.Default(runtime.NumCPU()), bothWays(k.delivered), func(from, to int, l procscale.Load) {
+		go procscale.Run(ctx, procscale.Default(runtime.NumCPU()), bothWays(ops.Delivered(dp)), func(from, to int, l procscale.Load) {
 			log.WithFields(logrus.Fields{"from": from, "to": to, "cpus_used": fmt.Sprintf("%.2f", l.CPU), "both_ways": l.Parallel}).Debug("GOMAXPROCS rescaled")
 		})
 	}
-	dp := k.datapath()
 	h := ops.NewHealthMonitor(dp, o.healthStall)
 	go h.Run(ctx)
 	if o.metricsAddr != "" {
@@ -216,6 +216,11 @@ func run(ctx context.Context, o *options, log *logrus.Logger) error {
 	ctlSrv.SetSandbox(confined.String())
 	go ops.ReportProblems(ctx, ops.ProblemInterval, ops.Problems(dp), engineLogger{log})
 	fields, msg := k.ready()
+	for key, v := range ops.ReadyFields(dp) {
+		if _, ok := fields[key]; !ok {
+			fields[key] = v
+		}
+	}
 	fields["version"] = version
 	for k, v := range confined.Fields() {
 		fields[k] = v
@@ -237,7 +242,7 @@ func run(ctx context.Context, o *options, log *logrus.Logger) error {
 	}
 	log.WithFields(fields).Info(msg)
 	err = k.serve(ctx)
-	log.WithFields(k.summary()).Info("tapgro exiting")
+	log.WithFields(ops.Summary(dp)).Info("tapgro exiting")
 	return err
 }
 
@@ -275,11 +280,4 @@ func traceDecisions(log *logrus.Logger) func(coalescer.Reason, int) {
 		logged++
 		log.WithFields(logrus.Fields{"decision": r.String(), "frame_len": frameLen}).Trace("gro")
 	}
-}
-
-func b2i(b bool) int {
-	if b {
-		return 1
-	}
-	return 0
 }

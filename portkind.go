@@ -8,16 +8,13 @@ import (
 
 	"github.com/sirupsen/logrus"
 
-	"tapgro/coalescer"
 	"tapgro/datapath"
 	"tapgro/netdev"
-	"tapgro/onoff"
 	"tapgro/ops"
 	"tapgro/port"
 	"tapgro/tapdev"
 	"tapgro/vhostnet"
 	"tapgro/vhostuser"
-	"tapgro/virtio"
 )
 
 // A portKind is the datapath behind one --netdev kind, as run wires it: the engine
@@ -26,43 +23,13 @@ import (
 // socket); run then hands its operator surfaces to ops, serves it and logs its summary,
 // the same way for every kind. A new port kind is one more implementation here.
 type portKind interface {
-	// ready is the start-up line's fields and message.
+	// ready is the start-up line's message and the fields only the root knows (the
+	// flags, QEMU's); the datapath's own come from ops.ReadyFields.
 	ready() (logrus.Fields, string)
 	// datapath is what the operator surfaces (metrics, health, ctl) read and steer.
 	datapath() ops.Datapath
-	// delivered is the bytes each direction has delivered (procscale's load).
-	delivered() (tapToPort, portToTap uint64)
 	serve(ctx context.Context) error
-	// summary is the exit line's counters, taken after serve returned.
-	summary() logrus.Fields
 	close()
-}
-
-// summary is what the exit line gives for every port kind, under the names the engine's
-// summary has always used: per direction (tap_to_port, port_to_tap) the frames, bytes,
-// GSO frames passed whole and drops, the GRO engine's counters toward the TAP, and the
-// captures. Each kind adds its own.
-type summary struct {
-	frames, bytes, gsoPassthrough, dropped [2]uint64 // [tap_to_port, port_to_tap]
-	gro                                    *coalescer.Stats
-	pcap                                   map[string][2]uint64 // side → frames, dropped
-}
-
-func (s *summary) fields() logrus.Fields {
-	f := logrus.Fields{}
-	for i, dir := range []string{"tap_to_port", "port_to_tap"} {
-		f[dir+"_frames"], f[dir+"_bytes"] = s.frames[i], s.bytes[i]
-		f[dir+"_gso_passthrough"], f[dir+"_dropped"] = s.gsoPassthrough[i], s.dropped[i]
-	}
-	f["dropped"] = s.dropped[0] + s.dropped[1]
-	if g := s.gro; g != nil {
-		f["gro_segments"], f["gro_packets"] = g.Segments.Load(), g.Packets.Load()
-		f["gro_gso_packets"], f["gro_coalesced"] = g.GSOOut.Load(), g.Coalesced.Load()
-	}
-	for side, c := range s.pcap {
-		f["pcap_"+side+"_frames"], f["pcap_"+side+"_dropped"] = c[0], c[1]
-	}
-	return f
 }
 
 // engineKind is a socket or netmap port: TAP → engine → endpoint.
@@ -135,11 +102,6 @@ func (e *engineKind) close() {
 	}
 }
 
-func (e *engineKind) delivered() (uint64, uint64) {
-	s := e.eng.Snapshot()
-	return s.TapToPort.Bytes, s.PortToTap.Bytes
-}
-
 func (e *engineKind) datapath() ops.Datapath {
 	var own []port.Counter
 	if s, ok := e.ep.(port.CounterSource); ok {
@@ -149,18 +111,9 @@ func (e *engineKind) datapath() ops.Datapath {
 }
 
 func (e *engineKind) ready() (logrus.Fields, string) {
-	snap := e.eng.Snapshot()
 	q := resolveQEMU(e.o)
-	return logrus.Fields{
-		"tap":          e.tap.Name(),
-		"vnet_hdr_len": e.o.vnetHdrLen,
-		"tap_offloads": snap.Negotiation.TapOffloads.String(),
-		"probed":       snap.TapProbed.String(),
-		"gro":          onoff.String(e.o.gro && !snap.GROKilled),
-		"netdev":       e.spec.String(),
-		"listen":       e.ep.Addr(),
-		"qemu":         q.String(),
-	}, "tapgro ready; " + qemuHint(e.spec, q)
+	return logrus.Fields{"vnet_hdr_len": e.o.vnetHdrLen, "netdev": e.spec.String(), "qemu": q.String()},
+		"tapgro ready; " + qemuHint(e.spec, q)
 }
 
 func (e *engineKind) serve(ctx context.Context) error {
@@ -172,38 +125,6 @@ func (e *engineKind) serve(ctx context.Context) error {
 		err = nil
 	}
 	return err
-}
-
-// summary: every frame read from the TAP was delivered, split (GSO), or counted as a
-// drop (the SIGTERM-under-load test checks the balance).
-func (e *engineKind) summary() logrus.Fields {
-	s := e.eng.Snapshot()
-	t2p, p2t := &s.TapToPort, &s.PortToTap
-	sum := summary{
-		frames:         [2]uint64{t2p.Frames, p2t.Frames},
-		bytes:          [2]uint64{t2p.Bytes, p2t.Bytes},
-		gsoPassthrough: [2]uint64{t2p.GSOPassthrough, p2t.GSOPassthrough},
-		dropped:        [2]uint64{s.Dropped(t2p), s.Dropped(p2t)},
-		gro:            s.GRO,
-		pcap: map[string][2]uint64{"tap": {s.CaptureTap.Frames, s.CaptureTap.Dropped},
-			"port": {s.CapturePort.Frames, s.CapturePort.Dropped}},
-	}
-	f := sum.fields()
-	f["tap_to_port_reads"], f["port_to_tap_reads"] = t2p.Reads, p2t.Reads
-	f["tap_write_einval"] = s.Tap.WriteErrEINVAL.Load()
-	f["gso_write_fallback"] = p2t.GSOFallback
-	f["port_to_tap_malformed"] = p2t.Drops[datapath.DropMalformed]
-	if src, ok := e.ep.(port.CounterSource); ok {
-		// The shared-memory rings' frames, as the transport counts them (sockport).
-		for _, c := range src.Counters() {
-			if c.Name == "tapgro_shm_frames_total" {
-				f[c.Labels["direction"]+"_shm"] = c.Value()
-			}
-		}
-	}
-	f["tap_to_port_gso_segmented"] = t2p.GSOSegmented
-	f["tap_to_port_port_error"] = t2p.Drops[datapath.DropPortError]
-	return f
 }
 
 // vhostKind is a vhost-user port: TAP → vhostnet (straight to and from guest memory;
@@ -301,23 +222,14 @@ func (v *vhostKind) close() {
 	}
 }
 
-func (v *vhostKind) delivered() (uint64, uint64) {
-	st := v.vn.Stats()
-	return st.RXBytes.Load(), st.TXBytes.Load()
-}
-
 func (v *vhostKind) datapath() ops.Datapath {
 	return ops.VhostDatapath(v.vn, v.taps[0].Name(), v.addr)
 }
 
 func (v *vhostKind) ready() (logrus.Fields, string) {
 	q := resolveQEMU(v.o)
-	f := logrus.Fields{"tap": v.taps[0].Name(), "netdev": v.spec.String(), v.role: v.addr,
-		"offered": virtio.String(v.vn.State().Offered), "qemu": q.String()}
-	if v.spec.QueuePairs() > 1 {
-		f["queue_pairs"] = v.spec.QueuePairs()
-	}
-	return f, "tapgro ready (vhost-user); " + vhostUserHint(v.spec, q)
+	return logrus.Fields{"netdev": v.spec.String(), v.role: v.addr, "qemu": q.String()},
+		"tapgro ready (vhost-user); " + vhostUserHint(v.spec, q)
 }
 
 func (v *vhostKind) serve(ctx context.Context) error {
@@ -326,53 +238,6 @@ func (v *vhostKind) serve(ctx context.Context) error {
 		err = nil
 	}
 	return err
-}
-
-// summary: port_to_tap is guest → TAP (vhostnet TX); drops also by reason, as
-// direction_reason.
-func (v *vhostKind) summary() logrus.Fields {
-	st, bs := v.vn.Stats(), v.vn.BackendStats()
-	sum := summary{
-		frames:         [2]uint64{st.RXFrames.Load(), st.TXFrames.Load()},
-		bytes:          [2]uint64{st.RXBytes.Load(), st.TXBytes.Load()},
-		gsoPassthrough: [2]uint64{st.RXGSO.Load(), st.TXGSO.Load()},
-	}
-	if v.o.gro {
-		sum.gro = &st.GRO
-	}
-	c, ct := v.vn.Capture().Stats(), v.vn.TapCapture().Stats()
-	if v.o.pcapPort != "" || v.o.pcapTap != "" || c.Frames.Load()+ct.Frames.Load() != 0 {
-		sum.pcap = map[string][2]uint64{"port": {c.Frames.Load(), c.Dropped.Load()},
-			"tap": {ct.Frames.Load(), ct.Dropped.Load()}}
-	}
-	extra := logrus.Fields{}
-	for r := vhostnet.Drop(0); r < vhostnet.NumDrops; r++ {
-		n := st.Drops[r].Load()
-		sum.dropped[b2i(!r.IsRX())] += n
-		if n != 0 {
-			extra[r.Dir()+"_"+r.String()] = n
-		}
-	}
-	f := sum.fields()
-	for k, x := range extra {
-		f[k] = x
-	}
-	f["rx_stalls"], f["sessions"] = st.RXStalls.Load(), bs.Sessions.Load()
-	f["kicks"], f["calls"] = bs.Kicks.Load(), bs.Calls.Load()
-	if len(st.Queues) > 1 {
-		for i := range st.Queues {
-			q := &st.Queues[i]
-			f[fmt.Sprintf("queue%d_port_to_tap_frames", i)] = q.TXFrames.Load()
-			f[fmt.Sprintf("queue%d_tap_to_port_frames", i)] = q.RXFrames.Load()
-		}
-	}
-	if v.o.gro {
-		// RSC toward the guest, beside the gro_* toward the TAP.
-		r := &st.RSC
-		f["rsc_segments"], f["rsc_packets"] = r.Segments.Load(), r.Packets.Load()
-		f["rsc_gso_packets"], f["rsc_coalesced"] = r.GSOOut.Load(), r.Coalesced.Load()
-	}
-	return f
 }
 
 // openTAP opens n queues of --tap and configures its link, or adopts the queues a

@@ -27,6 +27,11 @@ type Datapath interface {
 	// work appends to into one watch per direction (per queue pair, where the kind has
 	// several): whether work is waiting, and the counter that moves when it gets done.
 	work(into []watch) []watch
+	// ready is the kind's part of the start-up line, summary its exit line's counters,
+	// delivered the bytes each direction delivered (lines.go).
+	ready() map[string]any
+	summary() map[string]any
+	delivered() (tapToPort, portToTap uint64)
 	// problems is every per-packet problem counter, keyed "direction/reason", for the
 	// periodic problem report (ReportProblems).
 	problems() map[string]uint64
