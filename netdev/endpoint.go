@@ -243,15 +243,3 @@ func (g gate) acquire(ctx, done context.Context) error {
 }
 
 func (g gate) release() { g <- struct{}{} }
-
-// sleepCtx waits for d or until ctx ends; it reports whether the full wait elapsed.
-func sleepCtx(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-ctx.Done():
-		return false
-	}
-}

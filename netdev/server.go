@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"tapgro/port"
+	"tapgro/redial"
 	"tapgro/sockport"
 )
 
@@ -111,7 +112,7 @@ func (s *server) acceptLoop() {
 			if s.ev.OnRetry != nil {
 				s.ev.OnRetry(s.Addr(), err, wait)
 			}
-			if !sleepCtx(s.ctx, wait) {
+			if !redial.Sleep(s.ctx, wait) {
 				return
 			}
 			wait = min(2*wait, acceptWaitMax)

@@ -42,7 +42,7 @@ func (r *Policy) Pause(ctx context.Context, up time.Time, onRetry func(err error
 	if onRetry != nil {
 		onRetry(fmt.Errorf("the server closed the connection after %v", lived.Round(time.Millisecond)), r.quickWait)
 	}
-	return sleepCtx(ctx, r.quickWait)
+	return Sleep(ctx, r.quickWait)
 }
 
 // Dial calls try until it returns nil, with the backoff above between failures. An
@@ -66,7 +66,7 @@ func (r *Policy) Dial(ctx context.Context, try func(ctx context.Context) error, 
 		if onRetry != nil {
 			onRetry(err, wait)
 		}
-		if !sleepCtx(ctx, wait) {
+		if !Sleep(ctx, wait) {
 			return ctx.Err()
 		}
 		wait = min(2*wait, dialWaitMax)
@@ -85,8 +85,9 @@ const (
 	quickConnection = time.Second
 )
 
-// sleepCtx waits for d or until ctx ends; it reports whether the full wait elapsed.
-func sleepCtx(ctx context.Context, d time.Duration) bool {
+// Sleep waits for d or until ctx ends; it reports whether the full wait elapsed. The
+// backoff's waits are these, and so are netdev's between accept errors.
+func Sleep(ctx context.Context, d time.Duration) bool {
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {
