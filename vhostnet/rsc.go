@@ -119,7 +119,7 @@ func (r *rxRSC) batch(ringHL int) int {
 		r.rd[0] = r.buf[groHdrLen-ringHL:]
 		k, err := r.q.tap.TryReadv(r.rd)
 		if err != nil {
-			if errors.Is(err, tapdev.ErrWouldBlock) {
+			if errors.Is(err, tapdev.ErrWouldBlock) || noRead(err) {
 				state = rxIdle
 				break
 			}

@@ -4,6 +4,7 @@ package vhostnet
 
 import (
 	"errors"
+	"os"
 	"runtime/debug"
 	"time"
 
@@ -194,10 +195,17 @@ func (n *Net) rxFrames(v vhostuser.Queue, st *rxState, ringHL int) int {
 	return rxGo
 }
 
+// noRead reports a TAP read that failed before reading anything, so no frame was lost:
+// the past read deadline RingStopping and RingStopped set to wake the worker (the
+// poller answers it before it reads), or the TAP closed at shutdown.
+func noRead(err error) bool {
+	return errors.Is(err, os.ErrDeadlineExceeded) || errors.Is(err, os.ErrClosed)
+}
+
 // rxReadFailed counts a TAP read that brought no frame and says what to do next.
 func (n *Net) rxReadFailed(err error) int {
 	switch {
-	case errors.Is(err, tapdev.ErrWouldBlock):
+	case errors.Is(err, tapdev.ErrWouldBlock), noRead(err):
 		return rxIdle
 	case errors.Is(err, tapdev.ErrTruncated):
 		n.stats.Drops[DropRXTruncated].Add(1)
