@@ -28,8 +28,11 @@ import (
 // options is everything the command line can say. Zero values are never used: parseFlags
 // fills every field, so the datapath never guesses.
 type options struct {
-	tap         string
-	tapFDs      []int // --tap-fd: queues a manager opened (tapdev.Adopt)
+	tap    string
+	tapFDs []int // --tap-fd: queues a manager opened (tapdev.Adopt)
+	// vhostFD is --fd: the vhost-user socket a manager passed, listening or connected
+	// (-1: none). --socket-path is --netdev vhost-user,path= and leaves no trace here.
+	vhostFD     int
 	netdev      netdev.Spec
 	addrs       []netip.Prefix
 	mtu         int
@@ -202,7 +205,10 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.BoolVar(&o.anyFSMemory, "vhost-any-fs-memory", false, "vhost-user: accept guest memory on files outside tmpfs and hugetlbfs (DAX, pmem); on a FUSE or network filesystem a page fault may never finish and stop tapgro")
 	fs.StringVar(&userName, "user", "", "after opening the TAP, the port and the metrics listener, drop privileges to this user (name or uid)")
 	fs.StringVar(&groupName, "group", "", "with --user: the group to drop to (name or gid; default the user's primary group)")
-	var sandboxMode, tapFDs string
+	var sandboxMode, tapFDs, socketPath string
+	fs.StringVar(&socketPath, "socket-path", "", "vhost-user: listen on this UNIX socket `PATH`, the same as --netdev vhost-user,path=PATH (QEMU's back-end program convention)")
+	fs.Bool("print-capabilities", false, "print the vhost-user back-end's capabilities as JSON, {\"type\": \"net\"}, and exit without doing anything else (QEMU's back-end program convention)")
+	fs.IntVar(&o.vhostFD, "fd", -1, "vhost-user: serve the socket passed as descriptor `N` (QEMU's back-end program convention): a listening one (each front-end that connects is served, one at a time) or a connected one (its session, then tapgro exits)")
 	fs.StringVar(&sandboxMode, "sandbox", "on", "after set-up, confine tapgro: no capabilities, an empty root in its own mount namespace, Landlock, a seccomp allow-list (on); the same but unlisted system calls are logged by the kernel instead of stopping tapgro (log: for debugging); or nothing (off)")
 	fs.StringVar(&tapFDs, "tap-fd", "", "use these open TAP queues (comma-separated fds, one per queue pair; opened with IFF_TAP|IFF_NO_PI|IFF_VNET_HDR, link configured by whoever opened them) instead of opening --tap, as QEMU's -netdev tap,fd=")
 	fs.StringVar(&o.logFile, "log-file", "", "append the log to this file instead of stderr; SIGHUP reopens it (for logrotate)")
@@ -267,10 +273,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 		return nil, err
 	}
 	o.ctlSocket, o.ctlSocketDefault = ctlSock, ctlDefault
-	if netdevArg == "" {
-		return nil, errors.New("--netdev is required")
-	}
-	spec, err := netdev.ParseSpec(netdevArg)
+	spec, err := vhostConvention(netdevArg, socketPath, o.vhostFD)
 	if err != nil {
 		return nil, err
 	}
@@ -531,4 +534,32 @@ func parseTapFDs(v string) ([]int, error) {
 		out = append(out, n)
 	}
 	return out, nil
+}
+
+// vhostConvention reads the port from --netdev, or from QEMU's back-end program
+// conventions for vhost-user (docs/interop/vhost-user.rst "Backend program
+// conventions"): --socket-path=PATH, or --fd=N, a socket a manager passed, which
+// openVhost looks at. They name the same thing as --netdev, so only one may be given.
+func vhostConvention(netdevArg, socketPath string, fd int) (netdev.Spec, error) {
+	given := 0
+	for _, set := range []bool{netdevArg != "", socketPath != "", fd >= 0} {
+		if set {
+			given++
+		}
+	}
+	switch {
+	case given == 0:
+		return netdev.Spec{}, errors.New("--netdev is required (for vhost-user, --socket-path or --fd will do)")
+	case given > 1:
+		return netdev.Spec{}, errors.New("--netdev, --socket-path and --fd each name the port: give one of them")
+	case socketPath != "":
+		return netdev.ParseSpec("vhost-user,path=" + socketPath)
+	case fd >= 0:
+		if fd <= 2 {
+			return netdev.Spec{}, fmt.Errorf("--fd %d: want a descriptor above stdio", fd)
+		}
+		return netdev.Spec{Backend: netdev.BackendVhostUser, Role: netdev.RoleServer,
+			Local: netdev.Addr{Type: netdev.AddrFD, FD: fd}}, nil
+	}
+	return netdev.ParseSpec(netdevArg)
 }

@@ -367,3 +367,30 @@ func TestBothWays(t *testing.T) {
 		}
 	}
 }
+
+// TestVhostConventions: QEMU's back-end program conventions name the port as --netdev
+// does: --socket-path=PATH is vhost-user,path=PATH, --fd=N a passed socket; only one of
+// the three, and never stdio.
+func TestVhostConventions(t *testing.T) {
+	o, err := parseFlags([]string{"--tap", "tap0", "--socket-path", "/tmp/x.sock", "--ctl-socket", ""}, io.Discard)
+	if err != nil || o.netdev.Backend != netdev.BackendVhostUser || o.netdev.Local.Path != "/tmp/x.sock" {
+		t.Fatalf("--socket-path: %+v, %v", o, err)
+	}
+	o, err = parseFlags([]string{"--tap", "tap0", "--fd", "3", "--ctl-socket", ""}, io.Discard)
+	if err != nil || o.netdev.Local.Type != netdev.AddrFD || o.netdev.Local.FD != 3 || o.netdev.String() != "vhost-user,fd=3" {
+		t.Fatalf("--fd 3: %+v, %v", o, err)
+	}
+	if p := sandboxPlan(o); len(p.RemoveDirs) != 0 {
+		t.Errorf("--fd: the sandbox keeps %v to remove sockets from; tapgro bound none", p.RemoveDirs)
+	}
+	for _, bad := range [][]string{
+		{"--socket-path", "/tmp/x.sock", "--netdev", "vhost-user,path=/tmp/y.sock"},
+		{"--socket-path", "/tmp/x.sock", "--fd", "3"},
+		{"--fd", "1"},
+		{},
+	} {
+		if _, err := parseFlags(append([]string{"--tap", "tap0"}, bad...), io.Discard); err == nil {
+			t.Errorf("%v accepted", bad)
+		}
+	}
+}

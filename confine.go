@@ -21,7 +21,7 @@ func sandboxPlan(o *options) sandbox.Plan {
 		if sp.Role != netdev.RoleServer {
 			p.Needs |= sandbox.NeedDial
 			p.DialDirs = append(p.DialDirs, filepath.Dir(sp.Remote.Path))
-		} else {
+		} else if sp.Local.Type != netdev.AddrFD {
 			p.RemoveDirs = append(p.RemoveDirs, filepath.Dir(sp.Local.Path))
 		}
 	case netdev.BackendNetmap:

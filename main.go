@@ -38,6 +38,24 @@ import (
 	"tapgro/sandbox"
 )
 
+// printCapabilities answers --print-capabilities, QEMU's back-end program convention
+// (docs/interop/vhost-user.rst "Backend program conventions"): the capabilities as JSON
+// on stdout (VHostUserBackendCapabilities in docs/interop/vhost-user.json; a net
+// back-end has no features to list), every other argument ignored and nothing else
+// done. It reports whether it was asked.
+func printCapabilities(args []string, stdout io.Writer) bool {
+	for _, a := range args {
+		if a == "--" {
+			return false
+		}
+		if a == "--print-capabilities" || a == "-print-capabilities" {
+			fmt.Fprintln(stdout, `{"type": "net"}`)
+			return true
+		}
+	}
+	return false
+}
+
 // version is set at build time with -ldflags "-X main.version=...".
 var version = "dev"
 
@@ -58,6 +76,9 @@ func realMain(args []string, stdout, stderr io.Writer) int {
 		case "__sink", "__source":
 			return demo.Helper(args, stdout, stderr)
 		}
+	}
+	if printCapabilities(args, stdout) {
+		return 0
 	}
 	o, err := parseFlags(args, stderr)
 	if err != nil {

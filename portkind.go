@@ -4,9 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
+	"os"
 	"time"
 
 	"github.com/sirupsen/logrus"
+	"golang.org/x/sys/unix"
 
 	"tapgro/datapath"
 	"tapgro/netdev"
@@ -185,6 +188,9 @@ func openVhost(o *options, log *logrus.Logger) (k portKind, err error) {
 		return v.vn.ServeClient(ctx, spec.Remote.Path, func(err error, wait time.Duration) { onRetry(spec.Remote.String(), err, wait) })
 	}
 	v.addr, v.role = spec.Remote.String(), "connect"
+	if spec.Local.Type == netdev.AddrFD {
+		return v, v.serveFD(spec.Local.FD)
+	}
 	if spec.Role == netdev.RoleServer {
 		// The same rules as every other socket path: 0600 (or --socket-mode), owner, stale
 		// sockets replaced, unsafe directories refused.
@@ -213,6 +219,51 @@ func openVhost(o *options, log *logrus.Logger) (k portKind, err error) {
 	return v, nil
 }
 
+// serveFD serves the socket a manager passed with --fd: listening, like the one tapgro
+// binds itself; connected, its one session (vhostnet.ServeInherited), after which
+// tapgro exits, as a back-end program should when its front-end goes away.
+func (v *vhostKind) serveFD(fd int) error {
+	typ, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_TYPE)
+	if err != nil {
+		return fmt.Errorf("--fd %d: not a socket: %w", fd, err)
+	}
+	if dom, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_DOMAIN); err != nil || dom != unix.AF_UNIX || typ != unix.SOCK_STREAM {
+		return fmt.Errorf("--fd %d: want an AF_UNIX stream socket (domain %d, type %d)", fd, dom, typ)
+	}
+	listening, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_ACCEPTCONN)
+	if err != nil {
+		return fmt.Errorf("--fd %d: %w", fd, err)
+	}
+	f := os.NewFile(uintptr(fd), fmt.Sprintf("vhost-user-fd-%d", fd))
+	defer f.Close() // net.File* duplicate it
+	if listening == 1 {
+		l, err := net.FileListener(f)
+		if err != nil {
+			return fmt.Errorf("--fd %d: %w", fd, err)
+		}
+		ln := l.(*net.UnixListener)
+		v.closers = append(v.closers, func() { ln.Close() })
+		v.serveFn = func(ctx context.Context) error { return v.vn.Serve(ctx, ln) }
+		v.addr, v.role = ln.Addr().String(), "listen"
+		return nil
+	}
+	c, err := net.FileConn(f)
+	if err != nil {
+		return fmt.Errorf("--fd %d: %w", fd, err)
+	}
+	uc := c.(*net.UnixConn)
+	v.closers = append(v.closers, func() { uc.Close() })
+	v.serveFn = func(ctx context.Context) error {
+		err := v.vn.ServeInherited(ctx, uc)
+		if err == nil {
+			v.log.Info("the vhost-user connection handed over with --fd has ended; exiting")
+		}
+		return err
+	}
+	v.addr, v.role = fmt.Sprintf("fd:%d", fd), "connected"
+	return nil
+}
+
 func (v *vhostKind) close() {
 	for i := len(v.closers) - 1; i >= 0; i-- {
 		v.closers[i]()
@@ -228,8 +279,12 @@ func (v *vhostKind) datapath() ops.Datapath {
 
 func (v *vhostKind) ready() (logrus.Fields, string) {
 	q := resolveQEMU(v.o)
-	return logrus.Fields{"netdev": v.spec.String(), v.role: v.addr, "qemu": q.String()},
-		"tapgro ready (vhost-user); " + vhostUserHint(v.spec, q)
+	f := logrus.Fields{"netdev": v.spec.String(), v.role: v.addr, "qemu": q.String()}
+	if v.spec.Local.Type == netdev.AddrFD {
+		// The manager that passed the socket has told its QEMU where it is.
+		return f, "tapgro ready (vhost-user, on the socket passed as --fd)"
+	}
+	return f, "tapgro ready (vhost-user); " + vhostUserHint(v.spec, q)
 }
 
 func (v *vhostKind) serve(ctx context.Context) error {

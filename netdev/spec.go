@@ -588,9 +588,12 @@ func (s Spec) String() string {
 	case BackendVhostUser:
 		// server=on is the default and left out, so the spec users wrote most often
 		// prints as they wrote it.
-		if s.Role == RoleClient {
+		switch {
+		case s.Role == RoleClient:
 			b.WriteString(",path=" + esc(s.Remote.Path) + ",server=off")
-		} else {
+		case s.Local.Type == AddrFD:
+			b.WriteString(",fd=" + strconv.Itoa(s.Local.FD)) // --fd; not a --netdev form
+		default:
 			b.WriteString(",path=" + esc(s.Local.Path))
 		}
 		if s.Queues > 1 {

@@ -166,6 +166,24 @@ func (n *Net) session(ctx context.Context, uc *net.UnixConn, spoke func()) {
 	n.active.Store(nil)
 }
 
+// ServeInherited runs the one session of a connection a manager handed over already
+// connected (QEMU's back-end program convention --fd=FDNUM, vhost-user.rst "Backend
+// program conventions"): the peer is checked as Serve checks it, and when the session
+// ends, or ctx does, so does ServeInherited. It returns ctx.Err() if ctx ended it, else
+// nil: a connection that cannot be re-established is over when its session is.
+func (n *Net) ServeInherited(ctx context.Context, uc *net.UnixConn) error {
+	n.serveMu.Lock()
+	defer n.serveMu.Unlock()
+	stop := context.AfterFunc(ctx, n.shutdownActive)
+	defer stop()
+	if !n.admit(uc, "inherited") {
+		return nil
+	}
+	n.session(ctx, uc, nil)
+	uc.Close()
+	return ctx.Err()
+}
+
 // ServeConn runs one session on uc (a front-end that connected some other way).
 func (n *Net) ServeConn(uc *net.UnixConn) error {
 	n.active.Store(&activeConn{uc})

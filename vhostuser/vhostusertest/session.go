@@ -94,6 +94,15 @@ func Dial(tb TB, path string, o Options) *Session {
 	return run(tb, fd, done, o)
 }
 
+// Over runs Start's sequence on fd, one end of a connection whose back-end is served
+// elsewhere (another process, handed the other end): Session takes fd over.
+func Over(tb TB, fd int, o Options) *Session {
+	tb.Helper()
+	done := make(chan error, 1)
+	done <- nil
+	return run(tb, fd, done, o)
+}
+
 func run(tb TB, fd int, done chan error, o Options) *Session {
 	if o.Pairs == 0 {
 		o.Pairs = 1
