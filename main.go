@@ -1,16 +1,18 @@
-// Command tapgro bridges a Linux TAP device opened with IFF_VNET_HDR and a QEMU guest,
-// doing in userspace what the kernel's GRO and virtio-net's RSC do: on QEMU's socket
-// netdevs (-netdev stream, socket, dgram) and netmap it coalesces the guest's MTU-sized
-// TCP and UDP segments into 64 KB GSO packets before they reach the host stack and
-// segments the host's TSO packets for a guest that cannot take them; as a vhost-user-net
-// back-end it moves frames between the guest's rings and the TAP with the guest's
-// virtio-net header passed straight through, coalescing where the two ends differ.
-// Between two tapgro, a stream with vnet-hdr=on (tapgro's own extension) carries GSO
-// frames whole, through shared-memory rings over an AF_UNIX socket unless shm=off.
+// Command tapgro connects a Linux TAP device opened with IFF_VNET_HDR to a QEMU guest.
+// First of all it is a vhost-user-net back-end: it moves frames between the guest's
+// rings and the TAP with the guest's virtio-net header passed straight through, and
+// follows QEMU's back-end program conventions (--socket-path, --fd,
+// --print-capabilities). On QEMU's socket netdevs (-netdev stream, socket, dgram) and
+// netmap, and on vhost-user where the two ends differ, it does in userspace what the
+// kernel's GRO and virtio-net's RSC do: it coalesces MTU-sized TCP and UDP segments into
+// 64 KB GSO packets before they reach the host stack, and segments the host's TSO
+// packets for a guest that cannot take them. Between two tapgro, a stream with
+// vnet-hdr=on (tapgro's own extension) carries GSO frames whole, through shared-memory
+// rings over an AF_UNIX socket unless shm=off.
 //
-// The root package is the process: flags and environment, logging, privilege drop and
-// signals, the control socket's client, metrics and health, and run(), which opens the
-// port kind's datapath (portkind.go: TAP → engine (package datapath) → endpoint
+// The root package is the process: flags and environment, logging, the sandbox's
+// stages and signals, the control socket's client, metrics and health, and run(), which
+// opens the port kind's datapath (portkind.go: TAP → engine (package datapath) → endpoint
 // (package netdev) for socket and netmap ports, TAP → vhostnet for vhost-user) and puts
 // the same operator surfaces (package ops) over either. It is the only package that
 // imports logrus or Prometheus.
