@@ -162,6 +162,10 @@ Environment (a flag on the command line wins over its variable):
 Flags:
 `
 
+// captureFlags, when set, is handed the flag set before it parses anything: the man page
+// (manpage.go) is written from the flags' own definitions, so it cannot drift from them.
+var captureFlags func(*flag.FlagSet)
+
 // parseFlags turns argv into options. It never exits: errors go back to the caller, which
 // prints them once, so tests can drive it with their own argument lists.
 func parseFlags(args []string, stderr io.Writer) (*options, error) {
@@ -233,6 +237,9 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.DurationVar(&o.callInterval, "call-interval", 500*time.Microsecond, "vhost-user: under load, at most one call (interrupt) to the guest's receive queue per this interval (0: one per batch)")
 	fs.StringVar(&rxThreshold, "rx-flush-threshold", "auto", "after the port was full: free send-buffer room that flushes at once, in bytes (e.g. 256K) or percent of the buffer (e.g. 50%); auto: room for everything queued, at most 50%")
 	fs.StringVar(&rxBatch, "rx-batch", "on", "batch frames to the port (on), or write every frame on its own (off: the baseline for measurements); vhost-user: off publishes and signals every frame")
+	if captureFlags != nil {
+		captureFlags(fs)
+	}
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}

@@ -77,6 +77,12 @@ func realMain(args []string, stdout, stderr io.Writer) int {
 			return 0
 		case "__sink", "__source":
 			return demo.Helper(args, stdout, stderr)
+		case "__manpage":
+			if err := writeManPage(stdout); err != nil {
+				fmt.Fprintln(stderr, "tapgro:", err)
+				return 1
+			}
+			return 0
 		}
 	}
 	if printCapabilities(args, stdout) {
