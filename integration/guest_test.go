@@ -95,6 +95,9 @@ func startGuest(t testing.TB, o guestOpts) *guest {
 			dev += ",host_mtu=" + strconv.Itoa(o.HostMTU)
 		}
 		dev += o.DevOpts
+		if !strings.Contains(dev, "vectors=") {
+			dev += f.devOpts()
+		}
 		args = append(args, "-netdev", o.Netdev+",id=n0", "-device", dev)
 	}
 	return launchQEMU(t, o.NS, f, o.Name, fmt.Sprintf("%s, netdev %q", f.Name, o.Netdev), args)

@@ -127,9 +127,32 @@ func startTapgroBin(t testing.TB, bin string, ns *netnstest.NS, name string, arg
 		p.kill()
 		if t.Failed() {
 			t.Logf("--- log of %s ---\n%s", name, p.out.String())
+			if sum := goroutineSummary(p.out.String()); sum != "" {
+				// Last, so that a log cut in the middle (CI prints the ends) keeps it.
+				t.Logf("--- %s's goroutines at the failure, innermost tapgro frame ---\n%s", name, sum)
+			}
 		}
 	})
 	return p
+}
+
+// goroutineSummary is one line per goroutine of the runtime's stack dump in log: its
+// state and the innermost frame in tapgro's own code (the runtime's frames say only
+// that it waits).
+func goroutineSummary(log string) string {
+	var b strings.Builder
+	for _, g := range strings.Split(log, "\ngoroutine ")[1:] {
+		lines := strings.Split(g, "\n")
+		head, frame := lines[0], "(no tapgro frame)"
+		for _, l := range lines[1:] {
+			if strings.HasPrefix(l, "tapgro/") || strings.HasPrefix(l, "main.") {
+				frame = l
+				break
+			}
+		}
+		fmt.Fprintf(&b, "goroutine %s %s\n", head, frame)
+	}
+	return b.String()
 }
 
 // dumpStacks asks a still running tapgro for its goroutines' stacks (the Go runtime's
@@ -332,4 +355,12 @@ func ethtoolOffloads(t testing.TB, ns *netnstest.NS, dev string) string {
 		return "none"
 	}
 	return strings.Join(names, ",")
+}
+
+func TestGoroutineSummary(t *testing.T) {
+	dump := "level=info msg=x\nSIGQUIT: quit\n\ngoroutine 1 gp=0x1 m=nil [select, 4 minutes]:\nruntime.gopark(0x0)\n\t/usr/local/go/src/runtime/proc.go:460\ntapgro/sockport.(*StreamPort).Read(0xc0)\n\t/w/sockport/stream.go:10\nmain.main()\n\ngoroutine 7 gp=0x2 m=nil [running]:\nruntime.futex()\n"
+	want := "goroutine 1 gp=0x1 m=nil [select, 4 minutes]: tapgro/sockport.(*StreamPort).Read(0xc0)\ngoroutine 7 gp=0x2 m=nil [running]: (no tapgro frame)\n"
+	if got := goroutineSummary(dump); got != want {
+		t.Errorf("goroutineSummary:\n%s\nwant\n%s", got, want)
+	}
 }
