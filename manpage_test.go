@@ -20,6 +20,23 @@ func TestManPage(t *testing.T) {
 	if !strings.HasPrefix(page, ".TH TAPGRO 8") {
 		t.Fatalf("not a man page: %.60q", page)
 	}
+	checkManPageFlags(t, page)
+	for i, line := range strings.Split(page, "\n") {
+		if strings.HasPrefix(line, ".") {
+			req := strings.Fields(line)[0]
+			switch req {
+			case ".TH", ".SH", ".TP", ".B", ".br", ".BR":
+			default:
+				t.Errorf("line %d: %q starts with a roff request tapgro does not use", i+1, line)
+			}
+		}
+	}
+}
+
+// checkManPageFlags checks that page (roff) has every flag parseFlags defines, each
+// under its own name, and every environment variable envFlags reads.
+func checkManPageFlags(t *testing.T, page string) {
+	t.Helper()
 	var fs *flag.FlagSet
 	captureFlags = func(f *flag.FlagSet) { fs = f }
 	parseFlags(nil, io.Discard)
@@ -37,16 +54,6 @@ func TestManPage(t *testing.T) {
 	for _, e := range envFlags {
 		if !strings.Contains(page, ".B "+e.env+"\n") {
 			t.Errorf("the man page lacks %s", e.env)
-		}
-	}
-	for i, line := range strings.Split(page, "\n") {
-		if strings.HasPrefix(line, ".") {
-			req := strings.Fields(line)[0]
-			switch req {
-			case ".TH", ".SH", ".TP", ".B", ".br", ".BR":
-			default:
-				t.Errorf("line %d: %q starts with a roff request tapgro does not use", i+1, line)
-			}
 		}
 	}
 }
