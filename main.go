@@ -34,6 +34,7 @@ import (
 
 	"tapgro/coalescer"
 	"tapgro/demo"
+	"tapgro/demo/vhostrelay"
 	"tapgro/netdev"
 	"tapgro/ops"
 	"tapgro/procscale"
@@ -77,6 +78,9 @@ func realMain(args []string, stdout, stderr io.Writer) int {
 			return 0
 		case "__sink", "__source":
 			return demo.Helper(args, stdout, stderr)
+		case "__vhostrelay":
+			// The demo's guest on the vhost-user port (package demo/vhostrelay).
+			return vhostrelay.Main(args[1:])
 		case "__manpage":
 			if err := writeManPage(stdout); err != nil {
 				fmt.Fprintln(stderr, "tapgro:", err)

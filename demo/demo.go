@@ -1,16 +1,28 @@
-// Package demo is `tapgro demo`: two tapgro processes, each in a network namespace of
-// its own with a TAP, joined by the stream port over a UNIX socket, and a TCP
-// throughput run each way through them (iperf3 where it is installed, else the
-// built-in sender and receiver, Helper). It needs root and the ip command, nothing
-// else; it cleans up the namespaces and processes it made by their own names and PIDs.
-// It is a traffic harness, not part of the daemon: package main only dispatches to it.
+// Package demo is `tapgro demo`: tapgro's two kinds of port, each between two network
+// namespaces, with a TCP throughput run each way (iperf3 where it is installed, else the
+// built-in sender and receiver, Helper), ending in one short table.
+//
+//	vhost-user (the back-end a VM host runs):
+//	netns A: 198.18.0.1 ─ TAP ─ tapgro ══ vhost-user ══ built-in guest ─ TAP ─ 198.18.0.2 :netns B
+//	                                     (rings in the guest's memfd)  (demo/vhostrelay)
+//
+//	stream (QEMU's -netdev stream, where tapgro does GRO):
+//	netns A: 198.18.0.1 ─ TAP ─ tapgro ══ stream ══ tapgro ─ TAP ─ 198.18.0.2 :netns B
+//	       (TSO on: 64 KB GSO    (segments to   (unix    (coalesces MTU
+//	        frames)               MTU frames)    socket)  frames to 64 KB)
+//
+// The built-in guest is a vhost-user front-end and virtio driver with a TAP where a guest
+// kernel would be (tapgro __vhostrelay); the stream link carries exactly what a QEMU guest
+// behind -netdev stream would see: plain, MTU-sized, fully checksummed frames. It needs
+// root and the ip command, nothing else, and removes the namespaces and processes it made
+// by their own names and PIDs. It is a traffic harness, not part of the daemon: package
+// main only dispatches to it.
 package demo
 
 import (
 	"bufio"
 	"bytes"
 	"context"
-	"encoding/binary"
 	"errors"
 	"flag"
 	"fmt"
@@ -18,39 +30,38 @@ import (
 	"net"
 	"os"
 	"os/exec"
-	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
 	"sync"
 	"syscall"
 	"time"
 
-	"github.com/vishvananda/netns"
-
 	"tapgro/iperfns"
-	"tapgro/vnethdr"
 )
 
-// Run is `tapgro demo`: the main job on an embedded default, no QEMU needed.
-//
-//	netns A                                   netns B
-//	198.18.0.1 ─ TAP ─ tapgro ══ stream ══ tapgro ─ TAP ─ 198.18.0.2
-//	(TSO on: 64 KB   (segments to     (unix    (coalesces MTU
-//	 GSO frames)      MTU frames)     socket)   frames to 64 KB)
-//
-// The link between the two tapgro processes carries exactly what a QEMU guest behind
-// -netdev stream would see: plain, MTU-sized, fully checksummed frames.
+// Run is `tapgro demo [--port vhost-user|stream|all] [--seconds N] [--mtu N] [--gro on|off] [-v]`.
 func Run(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("tapgro demo", flag.ContinueOnError)
 	fs.SetOutput(stderr)
+	port := fs.String("port", "all", "which port to run: vhost-user, stream or all")
 	secs := fs.Int("seconds", 5, "length of each throughput run")
 	mtu := fs.Int("mtu", 1500, "MTU of both TAPs (the 'guest' MTU)")
-	gro := fs.String("gro", "on", "--gro for the receiving tapgro")
+	gro := fs.String("gro", "on", "--gro of every tapgro")
+	verbose := fs.Bool("v", false, "also print each process's raw counters")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
 		}
+		return 2
+	}
+	var kinds []portKind
+	switch *port {
+	case "all":
+		kinds = []portKind{vhostUser, stream}
+	case string(vhostUser), string(stream):
+		kinds = []portKind{portKind(*port)}
+	default:
+		fmt.Fprintf(stderr, "tapgro demo: --port %q: want vhost-user, stream or all\n", *port)
 		return 2
 	}
 	// Tools first, before anything is created: a missing program must be named as
@@ -67,17 +78,30 @@ func Run(args []string, stdout, stderr io.Writer) int {
 	for _, n := range notes {
 		fmt.Fprintln(stdout, "note:", n)
 	}
-	d := &demo{stdout: stdout, stderr: stderr, tag: strconv.Itoa(os.Getpid()), tools: tools}
-	defer d.cleanup()
-	if err := d.run(*secs, *mtu, *gro); err != nil {
-		fmt.Fprintf(stderr, "tapgro demo: failed at step %q: %v\n", d.step, err)
-		// The tapgro logs usually say why (TAP not created, socket not connected, a
-		// datapath error), so show their ends rather than only the symptom.
-		for _, p := range d.procs {
-			fmt.Fprintf(stderr, "--- %s (%s), last lines of its log ---\n%s", p.name, p.state(), tailLines(p.log.String(), demoLogTail))
-		}
+	self, err := os.Executable()
+	if err != nil {
+		fmt.Fprintln(stderr, "tapgro demo:", err)
 		return 1
 	}
+	d := &demo{stdout: stdout, stderr: stderr, tag: strconv.Itoa(os.Getpid()), tools: tools, self: self,
+		secs: *secs, mtu: *mtu, gro: *gro, verbose: *verbose}
+	var rows []row
+	for _, k := range kinds {
+		r, err := d.runPort(k)
+		d.teardown()
+		if err != nil {
+			fmt.Fprintf(stderr, "tapgro demo: %s: failed at step %q: %v\n", k, d.step, err)
+			// The tapgro logs usually say why (TAP not created, socket not connected, a
+			// datapath error), so show their ends rather than only the symptom.
+			for _, p := range d.procs {
+				fmt.Fprintf(stderr, "--- %s (%s), last lines of its log ---\n%s", p.name, p.state(), tailLines(p.log.String(), demoLogTail))
+			}
+			return 1
+		}
+		rows = append(rows, r...)
+	}
+	fmt.Fprintln(stdout)
+	printTable(stdout, rows)
 	return 0
 }
 
@@ -117,10 +141,18 @@ type demo struct {
 	stdout, stderr io.Writer
 	tag            string
 	tools          demoTools
-	step           string // what run is doing, for the failure message
-	namespaces     []string
-	procs          []*demoProc
-	sock           string
+	self           string // the tapgro binary, for the processes the demo starts
+	secs, mtu      int
+	gro            string
+	verbose        bool
+
+	// The port being run; teardown resets it.
+	kind       portKind
+	step       string // what runPort is doing, for the failure message
+	namespaces []string
+	procs      []*demoProc
+	ctls       []string // the tapgro processes' control sockets
+	sock       string
 }
 
 type demoProc struct {
@@ -163,68 +195,15 @@ func (b *syncBuffer) String() string {
 	return b.buf.String()
 }
 
-func (d *demo) ns(side string) string { return "tapgro-demo-" + d.tag + "-" + side }
-
-func (d *demo) run(secs, mtu int, gro string) error {
-	d.step = "find the tapgro binary"
-	self, err := os.Executable()
-	if err != nil {
-		return err
-	}
-	d.step = "create the network namespaces"
-	for _, side := range []string{"a", "b"} {
-		if out, err := exec.Command("ip", "netns", "add", d.ns(side)).CombinedOutput(); err != nil {
-			return fmt.Errorf("ip netns add %s: %v: %s", d.ns(side), err, out)
-		}
-		d.namespaces = append(d.namespaces, d.ns(side))
-		exec.Command("ip", "-n", d.ns(side), "link", "set", "lo", "up").Run()
-	}
-	d.sock = filepath.Join(os.TempDir(), "tapgro-demo-"+d.tag+".sock")
-	common := []string{"--tap", "tgdemo0", "--mtu", strconv.Itoa(mtu), "--log-level", "info"}
-	// Both TAPs are named tgdemo0 (one per namespace), so each tapgro gets its own control
-	// socket instead of both wanting the default /run/tapgro/tgdemo0.ctl.
-	ctl := func(side string) string { return filepath.Join(os.TempDir(), "tapgro-demo-"+d.tag+"-"+side+".ctl") }
-	a := append([]string{"--addr", "198.18.0.1/24", "--addr", "fd00:198:18::1/64", "--ctl-socket", ctl("a"),
-		"--netdev", "stream,server=on,addr.type=unix,addr.path=" + d.sock}, common...)
-	b := append([]string{"--addr", "198.18.0.2/24", "--addr", "fd00:198:18::2/64", "--gro", gro, "--ctl-socket", ctl("b"),
-		"--netdev", "stream,server=off,addr.type=unix,addr.path=" + d.sock}, common...)
-	d.step = "start the two tapgro processes"
-	if err := d.start("tapgro A", d.ns("a"), self, a...); err != nil {
-		return err
-	}
-	if err := d.start("tapgro B", d.ns("b"), self, b...); err != nil {
-		return err
-	}
-	fmt.Fprintf(d.stdout, "two namespaces (%s, %s), a tapgro on a TAP in each, joined by a QEMU-protocol stream socket (%s); MTU %d, receiving GRO %s\n",
-		d.ns("a"), d.ns("b"), d.sock, mtu, gro)
-	d.step = "ping across the bridge"
-	how, err := d.waitPing(20 * time.Second)
-	if err != nil {
-		return err
-	}
-	fmt.Fprintf(d.stdout, "ping 198.18.0.1 -> 198.18.0.2 and fd00:198:18::1 -> ::2: ok (%s)\n", how)
-
-	for _, dir := range []struct {
-		name    string
-		reverse bool
-	}{{"A -> B (B's tapgro coalesces)", false}, {"B -> A (A's tapgro coalesces)", true}} {
-		d.step = "TCP " + dir.name
-		gbps, tool, err := d.throughput(self, secs, dir.reverse)
-		if err != nil {
-			return err
-		}
-		fmt.Fprintf(d.stdout, "TCP %-30s %6.2f Gbit/s  (%s, %d s)\n", dir.name, gbps, tool, secs)
-	}
-	d.step = "stop the tapgro processes"
-	d.stopAll()
-	for _, p := range d.procs {
-		fmt.Fprintf(d.stdout, "%s counters: %s\n", p.name, summaryLine(p.log.String()))
-	}
-	return nil
+// ns is the name of namespace side ("a" or "b") of the port being run.
+func (d *demo) ns(side string) string {
+	return "tapgro-demo-" + d.tag + "-" + d.kind.short() + "-" + side
 }
 
-func (d *demo) start(name, ns, self string, args ...string) error {
-	cmd := exec.Command("ip", append([]string{"netns", "exec", ns, self}, args...)...)
+// start runs the tapgro binary with args in namespace ns, its output kept for the
+// failure message and -v.
+func (d *demo) start(name, ns string, args ...string) error {
+	cmd := exec.Command("ip", append([]string{"netns", "exec", ns, d.self}, args...)...)
 	buf := &syncBuffer{}
 	cmd.Stdout = buf
 	cmd.Stderr = buf
@@ -312,119 +291,6 @@ func (d *demo) waitPing(limit time.Duration) (string, error) {
 	}
 }
 
-// demoEcho is the built-in ICMP echo the demo uses when ping is not installed: a raw
-// ICMP socket opened inside namespace A, so one request and its reply take the same
-// path through both tapgro processes as the system ping's would. It is a raw socket
-// (not an unprivileged ICMP datagram one) because the demo runs as root and a fresh
-// namespace's net.ipv4.ping_group_range allows no group.
-type demoEcho struct {
-	c   net.PacketConn
-	v6  bool
-	dst net.IP
-	id  uint16
-	seq uint16
-}
-
-// newDemoEcho opens the raw ICMP (or ICMPv6) socket for dst inside the named namespace.
-// The socket stays bound to that namespace after the thread switches back.
-func newDemoEcho(nsName string, dst net.IP) (*demoEcho, error) {
-	network := "ip4:icmp"
-	v6 := dst.To4() == nil
-	if v6 {
-		network = "ip6:ipv6-icmp"
-	}
-	type result struct {
-		c   net.PacketConn
-		err error
-	}
-	res := make(chan result, 1)
-	go func() {
-		runtime.LockOSThread()
-		orig, err := netns.Get()
-		if err != nil {
-			runtime.UnlockOSThread()
-			res <- result{nil, err}
-			return
-		}
-		defer orig.Close()
-		target, err := netns.GetFromName(nsName)
-		if err != nil {
-			runtime.UnlockOSThread()
-			res <- result{nil, fmt.Errorf("open namespace %s: %w", nsName, err)}
-			return
-		}
-		defer target.Close()
-		if err := netns.Set(target); err != nil {
-			runtime.UnlockOSThread()
-			res <- result{nil, fmt.Errorf("enter namespace %s: %w", nsName, err)}
-			return
-		}
-		c, err := net.ListenPacket(network, "")
-		if serr := netns.Set(orig); serr != nil {
-			// The thread stays locked, so the runtime ends it with this goroutine
-			// rather than running other code in the wrong namespace.
-			if c != nil {
-				c.Close()
-			}
-			res <- result{nil, fmt.Errorf("leave namespace %s: %w", nsName, serr)}
-			return
-		}
-		runtime.UnlockOSThread()
-		res <- result{c, err}
-	}()
-	r := <-res
-	if r.err != nil {
-		return nil, r.err
-	}
-	return &demoEcho{c: r.c, v6: v6, dst: dst, id: uint16(os.Getpid())}, nil
-}
-
-func (e *demoEcho) close() { e.c.Close() }
-
-// ping sends one echo request and waits up to timeout for its reply.
-func (e *demoEcho) ping(timeout time.Duration) (time.Duration, error) {
-	e.seq++
-	reqType, replyType := byte(8), byte(0) // ICMP echo request / reply
-	if e.v6 {
-		reqType, replyType = 128, 129
-	}
-	msg := make([]byte, 8, 8+16)
-	msg[0] = reqType
-	binary.BigEndian.PutUint16(msg[4:], e.id)
-	binary.BigEndian.PutUint16(msg[6:], e.seq)
-	msg = append(msg, "tapgro demo echo"...)
-	if !e.v6 {
-		// Linux fills in the ICMPv6 checksum of a raw socket itself (it needs the
-		// pseudo-header), but not ICMPv4's.
-		binary.BigEndian.PutUint16(msg[2:], vnethdr.Checksum(msg, 0))
-	}
-	start := time.Now()
-	if err := e.c.SetReadDeadline(start.Add(timeout)); err != nil {
-		return 0, err
-	}
-	if _, err := e.c.WriteTo(msg, &net.IPAddr{IP: e.dst}); err != nil {
-		return 0, err
-	}
-	buf := make([]byte, 1500)
-	for {
-		// The socket sees every ICMP message of the namespace (neighbour discovery,
-		// other echoes); only our reply counts. Go strips the IPv4 header.
-		n, from, err := e.c.ReadFrom(buf)
-		if err != nil {
-			if errors.Is(err, os.ErrDeadlineExceeded) {
-				return 0, fmt.Errorf("no echo reply from %s within %v", e.dst, timeout)
-			}
-			return 0, err
-		}
-		if n >= 8 && buf[0] == replyType && buf[1] == 0 &&
-			binary.BigEndian.Uint16(buf[4:]) == e.id && binary.BigEndian.Uint16(buf[6:]) == e.seq {
-			if a, ok := from.(*net.IPAddr); ok && a.IP.Equal(e.dst) {
-				return time.Since(start), nil
-			}
-		}
-	}
-}
-
 // tailLines returns the last n lines of s, each ending in a newline, or "(empty)".
 func tailLines(s string, n int) string {
 	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
@@ -443,7 +309,8 @@ func indent(s, prefix string) string {
 
 // throughput runs one TCP transfer from A to B (or B to A) with iperf3 when it is
 // installed, else with tapgro's own sender and receiver.
-func (d *demo) throughput(self string, secs int, reverse bool) (float64, string, error) {
+func (d *demo) throughput(reverse bool) (float64, string, error) {
+	self, secs := d.self, d.secs
 	if d.tools.iperf3 {
 		args := []string{"-t", strconv.Itoa(secs)}
 		if reverse {
@@ -504,25 +371,36 @@ func (d *demo) stopAll() {
 	}
 }
 
-func (d *demo) cleanup() {
+// teardown stops the port's processes and removes its namespaces and sockets. The
+// processes stay listed for a failure message.
+func (d *demo) teardown() {
 	d.stopAll()
 	for _, ns := range d.namespaces {
 		exec.Command("ip", "netns", "del", ns).Run()
 	}
-	if d.sock != "" {
-		os.Remove(d.sock)
+	d.namespaces = nil
+	for _, p := range append([]string{d.sock}, d.ctls...) {
+		if p != "" {
+			os.Remove(p)
+		}
 	}
+	d.sock, d.ctls = "", nil
 }
 
-// summaryLine pulls the counters out of tapgro's "tapgro exiting" log line.
+// summaryLine pulls the counters out of tapgro's "tapgro exiting" log line, or out of
+// the built-in guest's last report.
 func summaryLine(log string) string {
 	sc := bufio.NewScanner(strings.NewReader(log))
 	for sc.Scan() {
-		if l := sc.Text(); strings.Contains(l, "tapgro exiting") {
+		l := sc.Text()
+		if strings.Contains(l, "tapgro exiting") {
 			if i := strings.Index(l, "gro_"); i >= 0 {
 				return l[i:]
 			}
 			return l
+		}
+		if s, ok := strings.CutPrefix(l, "vhostrelay: to TAP: "); ok {
+			return "to TAP: " + s
 		}
 	}
 	return "(no summary line; log follows)\n" + log

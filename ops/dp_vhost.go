@@ -259,6 +259,10 @@ func (v *vhostDP) status() *Status {
 			PortToTap:    DirCounters{Reads: tx + txDrop, Frames: tx, Bytes: st.TXBytes.Load(), Dropped: txDrop},
 			TapToPort:    DirCounters{Reads: rx + rxDrop, Frames: rx, Bytes: st.RXBytes.Load(), Dropped: rxDrop},
 			GSOSegmented: st.GSOSegmented.Load(),
+			// The GRO toward the TAP counts as the engine's does (the exit line and
+			// /metrics have the same two numbers).
+			GROSegments: st.GRO.Segments.Load(), GROPackets: st.GRO.Packets.Load(),
+			GSOWriteFallback: st.GSOFallback.Load(),
 		},
 		Vhost: vst,
 	}

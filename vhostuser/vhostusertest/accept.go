@@ -4,7 +4,6 @@ package vhostusertest
 
 import (
 	"net"
-	"testing"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -13,7 +12,7 @@ import (
 // Accept waits up to 20 s for a back-end that dials the front-end (QEMU as the socket
 // server, -chardev socket,path=…,server=on) to connect to ln, and runs Start's sequence
 // on that connection. Close then reports nil.
-func Accept(tb testing.TB, ln *net.UnixListener, o Options) *Session {
+func Accept(tb TB, ln *net.UnixListener, o Options) *Session {
 	tb.Helper()
 	ln.SetDeadline(time.Now().Add(20 * time.Second))
 	c, err := ln.AcceptUnix()
