@@ -54,9 +54,14 @@ func (c *Coalescer) merge(i int32, buf []byte, in *vnethdr.Hdr, tag int32) {
 			c.materialize(a)
 		}
 		dst := a.buf[vl+a.end:]
-		if trusted(in) {
+		switch {
+		case c.sp.on:
+			// AddSplit: the payload past the private prefix goes from where it lies
+			// straight to the aggregate.
+			s = c.sp.readInto(dst, frame, p.payOff, p.end, !trusted(in))
+		case trusted(in):
 			copy(dst, src)
-		} else {
+		default:
 			s = sumCopy(dst, src)
 		}
 	}
@@ -65,7 +70,11 @@ func (c *Coalescer) merge(i int32, buf []byte, in *vnethdr.Hdr, tag int32) {
 		if vnethdr.Fold(vnethdr.Sum(frame[p.l4Off:p.payOff], seed)) != 0xffff {
 			// A corrupted segment must not be merged: NEEDS_CSUM on the output would
 			// have the kernel stamp a fresh, valid checksum over it (issue 3). What was
-			// copied past a.end is ignored.
+			// copied past a.end is ignored (AddSplit passes it through from there: it
+			// holds frame byte x at a.end-payOff+x).
+			if c.sp.on {
+				c.flatten(frame, a.buf[vl+a.end-p.payOff:])
+			}
 			c.emitAgg(i)
 			c.note(ReasonBadChecksum, len(frame))
 			c.pass(buf, in)
@@ -183,6 +192,21 @@ func (c *Coalescer) startAgg(buf []byte, in *vnethdr.Hdr, now int64, tag int32) 
 			seed := pseudo + uint64(p.end-p.l4Off) + uint64(vnethdr.Fold(vnethdr.Sum(frame[p.payOff:p.end], 0)))
 			if vnethdr.Fold(vnethdr.Sum(frame[p.l4Off:p.payOff], seed)) != 0xffff {
 				c.note(ReasonBadChecksum, len(frame))
+				c.pass(buf, in)
+				return
+			}
+		}
+	} else if c.sp.on {
+		// AddSplit: the frame lands at the same offsets as the flat copy below, the
+		// bytes past the private prefix read from where they lie, once.
+		copy(a.buf[vl:], frame[:p.payOff])
+		s := c.sp.readInto(a.buf[vl+p.payOff:], frame, p.payOff, p.end, !trusted(in))
+		c.sp.readInto(a.buf[vl+p.end:], frame, p.end, len(frame), false) // padding, for a lone head
+		if !trusted(in) {
+			seed := pseudo + uint64(p.end-p.l4Off) + uint64(s)
+			if vnethdr.Fold(vnethdr.Sum(frame[p.l4Off:p.payOff], seed)) != 0xffff {
+				c.note(ReasonBadChecksum, len(frame))
+				c.flatten(frame, a.buf[vl:])
 				c.pass(buf, in)
 				return
 			}

@@ -88,7 +88,8 @@ type Coalescer struct {
 	oldest   int32   // start-order list of held aggregates, -1 if none
 	youngest int32
 	held     int
-	p        pkt // scratch for the frame being added
+	p        pkt      // scratch for the frame being added
+	sp       splitSrc // the frame being added, when it came through AddSplit
 	stats    *Stats
 }
 
@@ -381,6 +382,16 @@ func (c *Coalescer) add(buf []byte, in *vnethdr.Hdr, now int64, tag int32) {
 	default:
 		r = c.parse(frame, p)
 	}
+	if c.sp.on && !c.off && (p.need > c.sp.valid || r == ReasonStarted && p.payOff > c.sp.valid) {
+		// AddSplit: the decision read past the private prefix. Gather the frame and
+		// decide again, on bytes the peer can no longer change.
+		c.flatten(frame, nil)
+		if in != nil && in.IsGSO() {
+			c.parse(frame, p)
+		} else {
+			r = c.parse(frame, p)
+		}
+	}
 	if r != ReasonStarted {
 		c.bypass(buf, in, r)
 		return
@@ -428,6 +439,7 @@ func (c *Coalescer) pass(buf []byte, in *vnethdr.Hdr) {
 	if len(buf) < vl {
 		return
 	}
+	c.flatten(buf[vl:], nil) // AddSplit: nothing of rest was read on the way here
 	if in != nil && (in.IsGSO() || in.Flags&vnethdr.FlagNeedsCsum != 0) {
 		h := *in
 		h.NumBuffers = 0

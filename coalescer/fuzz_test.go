@@ -1,6 +1,7 @@
 package coalescer
 
 import (
+	"bytes"
 	"encoding/binary"
 	"testing"
 
@@ -140,7 +141,22 @@ func runFuzzBody(t *testing.T, data []byte) {
 				in = &vnethdr.Hdr{Flags: vnethdr.FlagNeedsCsum, GSOType: vnethdr.GSOTCPv4, GSOSize: 100, HdrLen: 0xffff}
 			}
 			now += 10
-			c.Add(buf, in, now)
+			if ctl&16 != 0 {
+				// AddSplit: a private prefix of n/(1+k) bytes, the rest in pieces of
+				// k+1 bytes, k from the control byte's top bits.
+				k := int(ctl >> 5)
+				valid := n / (1 + k)
+				var pieces [][]byte
+				for off := valid; off < n; off += k + 1 {
+					pieces = append(pieces, bytes.Clone(frame[off:min(n, off+k+1)]))
+				}
+				for i := vl + valid; i < len(buf); i++ {
+					buf[i] = 0xdb
+				}
+				c.AddSplit(buf, valid, pieces, in, now)
+			} else {
+				c.Add(buf, in, now)
+			}
 			if ctl&1 != 0 {
 				c.Flush()
 			}

@@ -2,6 +2,7 @@ package coalescer
 
 import (
 	"bytes"
+	"math/rand/v2"
 	"testing"
 
 	"tapgro/coalescer/grotest"
@@ -105,6 +106,9 @@ func newHarnessRing(t testing.TB, cfg Config, ring int) *harness {
 		}
 		h.ring, h.used = ringBufs[:ring], make([]int, ring)
 	}
+	if poison == nil {
+		poison = bytes.Repeat([]byte{0xdb}, ringBufLen)
+	}
 	h.c = New(cfg, h.record)
 	if ring > 0 {
 		var pkt []byte
@@ -136,10 +140,19 @@ func (h *harness) record(pkt []byte) {
 	h.out = append(h.out, o)
 }
 
+// harnessSplit, when non-nil, makes the harness feed frames through AddSplit (TestSplit
+// runs the table tests that way): each frame's private prefix is cut at a point drawn
+// from it, the rest split into pieces of drawn sizes, odd ones included.
+var harnessSplit *rand.Rand
+
 // add offers frame (copied into a buffer with headroom) with arrival header in.
 func (h *harness) add(frame []byte, in *vnethdr.Hdr) {
 	if h.ring != nil {
 		h.addRef(frame, in)
+		return
+	}
+	if harnessSplit != nil {
+		h.addSplit(frame, in, harnessSplit)
 		return
 	}
 	buf := make([]byte, h.vl+len(frame))
@@ -178,4 +191,37 @@ func (h *harness) pinned() bool {
 		}
 	}
 	return false
+}
+
+// splitCuts are private-prefix lengths worth trying: inside and at the end of each
+// header, a TCP option, the payload.
+var splitCuts = []int{0, 1, 13, 14, 17, 18, 33, 34, 41, 53, 54, 58, 65, 66, 74, 86, 94, 100, 512}
+
+// addSplit is add through AddSplit: the buffer past the prefix holds poison, each piece
+// of rest is a copy of its own, poisoned once AddSplit returns, so output built from
+// anything but one read of rest during the call fails the comparison with the input.
+func (h *harness) addSplit(frame []byte, in *vnethdr.Hdr, rng *rand.Rand) {
+	valid := splitCuts[rng.IntN(len(splitCuts))]
+	if rng.IntN(4) == 0 && len(frame) > 0 {
+		valid = rng.IntN(len(frame))
+	}
+	valid = min(valid, len(frame))
+	buf := make([]byte, h.vl+len(frame))
+	for i := range buf {
+		buf[i] = 0xdb
+	}
+	for i := range h.vl {
+		buf[i] = 0xee
+	}
+	copy(buf[h.vl:], frame[:valid])
+	var rest [][]byte
+	for off := valid; off < len(frame); {
+		n := min(len(frame)-off, 1+rng.IntN([]int{3, 64, 1500, 9000}[rng.IntN(4)]))
+		rest = append(rest, bytes.Clone(frame[off:off+n]))
+		off += n
+	}
+	h.c.AddSplit(buf, valid, rest, in, h.now)
+	for _, r := range rest {
+		copy(r, poison[:len(r)])
+	}
 }

@@ -277,3 +277,24 @@ func TestByReference(t *testing.T) {
 		})
 	}
 }
+
+// TestSplit runs the table and property tests again with every frame added through
+// AddSplit, its private prefix and its pieces drawn per frame (three seeds): output and
+// counters must be exactly those of Add.
+func TestSplit(t *testing.T) {
+	defer func() { harnessSplit = nil }()
+	for seed := range uint64(3) {
+		harnessSplit = rand.New(rand.NewPCG(seed, 7))
+		t.Run(fmt.Sprintf("seed%d", seed), func(t *testing.T) {
+			t.Run("Matrix", TestMatrix)
+			t.Run("GSOHeaderExact", TestGSOHeaderExact)
+			t.Run("WindowAndFlags", TestWindowAndFlags)
+			t.Run("FixedID", TestFixedID)
+			t.Run("SizeCapPayload", TestSizeCapPayload)
+			t.Run("GSOInput", TestGSOInput)
+			t.Run("TrustedChecksums", TestTrustedChecksums)
+			t.Run("Trace", TestTrace)
+			t.Run("PropertyResegmentation", TestPropertyResegmentation)
+		})
+	}
+}

@@ -22,25 +22,29 @@ import (
 // tun_get_user always accepts on write (drivers/net/tun.c → virtio_net_hdr_to_skb takes
 // VIRTIO_NET_HDR_GSO_TCPV4/6 and _ECN whatever TUNSETOFFLOAD says).
 //
-// Only the segments the engine may merge are copied. tx has gathered the frame's first
-// validatePrefix bytes (or all of it) into private memory, st.lin, once (the guest may
-// rewrite its own at any time, and parse must never see bytes change under it), and
-// Coalescer.Classify decides from that copy: a merge candidate is copied whole into txGRO.buf and handed to Add, which
-// copies it into its aggregate; anything else — the guest's GSO frames, ACKs, non-TCP —
-// has had its flow's held aggregate emitted first and is then written from guest memory
-// as before, so a flow's frames never overtake each other. A prefix too short for the
-// headers (IPv6 extension headers past 512 bytes) counts as a candidate: Add then
-// decides on the full copy.
+// Only the segments the engine may merge are copied, and their payload once. tx has
+// gathered the frame's first validatePrefix bytes (or all of it) into private memory,
+// st.lin, once (the guest may rewrite its own at any time, and parse must never see
+// bytes change under it), and Coalescer.Classify decides from that copy. A merge
+// candidate goes to Coalescer.AddSplit as that prefix plus the rest where it lies in
+// guest memory: the engine decides on the prefix and copies the rest straight into the
+// aggregate, checksummed in the same read, as the stream path's lent frames go in (a
+// frame it does not keep it gathers first). Anything else — the guest's GSO frames,
+// ACKs, non-TCP — has had its flow's held aggregate emitted first and is then written
+// from guest memory as before, so a flow's frames never overtake each other. A prefix
+// too short for the headers (IPv6 extension headers past 512 bytes) counts as a
+// candidate: the engine gathers the frame and decides on the full copy.
 
 // txGRO is one TX worker's engine and the buffers its output is written from.
 type txGRO struct {
-	n   *Net
-	st  *txState   // the worker's: the EINVAL fallback's probe and splitter
-	q   *queuePair // the worker's pair: its TAP queue and counters
-	c   *coalescer.Coalescer
-	buf []byte   // [12 headroom][frame]: a merge candidate's copy for Add
-	iov [][]byte // emit's writev: our header for the TAP's length, then the packet
-	hdr [vnethdr.LenMrgRxbuf]byte
+	n    *Net
+	st   *txState   // the worker's: the EINVAL fallback's probe and splitter
+	q    *queuePair // the worker's pair: its TAP queue and counters
+	c    *coalescer.Coalescer
+	buf  []byte   // [12 headroom][frame]: a merge candidate's private prefix (all of it for Add)
+	rest [][]byte // the rest of a merge candidate, in guest memory (AddSplit)
+	iov  [][]byte // emit's writev: our header for the TAP's length, then the packet
+	hdr  [vnethdr.LenMrgRxbuf]byte
 
 	timer    bool  // --gro-flush timer: aggregates may outlive a batch, by interval at most
 	interval int64 // ns
@@ -56,7 +60,7 @@ const groHdrLen = vnethdr.LenMrgRxbuf
 // newTXGRO builds a TX worker's engine: at the worker's start with GRO on, else at the
 // first batch after SetGRO turned it on (the one allocation a switch costs).
 func (n *Net) newTXGRO(st *txState) *txGRO {
-	g := &txGRO{n: n, st: st, q: st.pair, buf: make([]byte, groHdrLen+MaxFrame), iov: make([][]byte, 2),
+	g := &txGRO{n: n, st: st, q: st.pair, buf: make([]byte, groHdrLen+MaxFrame), iov: make([][]byte, 2), rest: make([][]byte, 0, 16),
 		timer: n.timerFlush, interval: n.rscInterval.Nanoseconds(), udp: n.UDPGROActive()}
 	g.c = coalescer.New(g.config(), g.emit)
 	return g
@@ -114,13 +118,23 @@ func (g *txGRO) offer(st *txState, c vhostuser.Chain, ringHL, frameLen, k int, h
 	if !g.c.Classify(st.lin[:frameLen], k, h) {
 		return false
 	}
-	f := g.buf[groHdrLen : groHdrLen+frameLen]
-	copy(f, st.lin[:k])
-	vhostuser.CopyFrom(f[k:], c.Iov, ringHL+k)
-	if cw := g.n.capture.Writer(); cw != nil {
-		cw.WriteFrame(time.Now(), f) // as the guest sent it, before the engine rewrites headers
+	buf := g.buf[:groHdrLen+frameLen]
+	copy(buf[groHdrLen:], st.lin[:k])
+	if cw := g.n.capture.Writer(); cw != nil || k == frameLen {
+		// Whole here already, or wanted whole by the capture: as the guest sent it,
+		// before the engine rewrites headers.
+		vhostuser.CopyFrom(buf[groHdrLen+k:], c.Iov, ringHL+k)
+		if cw != nil {
+			cw.WriteFrame(time.Now(), buf[groHdrLen:])
+		}
+		g.c.Add(buf, h, time.Now().UnixNano())
+	} else {
+		// The rest of the frame goes from guest memory straight into its aggregate,
+		// read once (coalescer.AddSplit).
+		g.rest = vhostuser.AppendFrom(g.rest[:0], c.Iov, ringHL+k)
+		g.c.AddSplit(buf, k, g.rest, h, time.Now().UnixNano())
+		clear(g.rest) // no view of guest memory outlives the frame
 	}
-	g.c.Add(g.buf[:groHdrLen+frameLen], h, time.Now().UnixNano())
 	g.n.stats.TXFrames.Add(1)
 	g.n.stats.TXBytes.Add(uint64(frameLen))
 	g.q.stats.TXFrames.Add(1)

@@ -23,6 +23,20 @@ func CopyFrom(dst []byte, iov [][]byte, skip int) int {
 	return n
 }
 
+// AppendFrom appends to dst the views of iov's bytes from skip on (the concatenation's
+// tail, where it lies, not copied) and returns it.
+func AppendFrom(dst, iov [][]byte, skip int) [][]byte {
+	for _, s := range iov {
+		if skip >= len(s) {
+			skip -= len(s)
+			continue
+		}
+		dst = append(dst, s[skip:])
+		skip = 0
+	}
+	return dst
+}
+
 // CopyTo copies src into the concatenation of iov from its start and returns the bytes
 // copied.
 func CopyTo(iov [][]byte, src []byte) int {
